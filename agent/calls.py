@@ -1,0 +1,90 @@
+"""The ``model_calls`` table: one row per model attempt, written before the attempt is made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.events import EventType
+from agent.messages import Block
+from agent.spend import Usage
+from agent.store import Tx
+
+
+def reserve_call(
+    tx: Tx,
+    *,
+    call_id: str,
+    session_id: str,
+    turn_id: str,
+    guard_id: str | None,
+    provider: str,
+    model: str,
+    attempt: int,
+    tokens: int,
+    cost: float,
+) -> None:
+    """Make a reservation durable before the model is called."""
+    tx.execute(
+        "INSERT INTO model_calls(id, session_id, turn_id, guard_id, provider, model, attempt, state,"
+        " reserved_tokens, reserved_cost, started_at) VALUES (?,?,?,?,?,?,?,'reserved',?,?,?)",
+        (call_id, session_id, turn_id, guard_id, provider, model, attempt, tokens, cost, tx.now),
+    )
+
+
+def settle_call(
+    tx: Tx, call_id: str, usage: Usage, cost: float, *, error_class: str | None = None, error: str | None = None
+) -> None:
+    """Settle a reservation to the reported usage (zero if the attempt reported none)."""
+    tx.execute(
+        "UPDATE model_calls SET state='settled', input_tokens=?, output_tokens=?, cache_read_tokens=?,"
+        " cache_write_tokens=?, cost=?, error_class=?, error=?, ended_at=? WHERE id=? AND state='reserved'",
+        (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens,
+            usage.cache_write_tokens,
+            cost,
+            error_class,
+            error,
+            tx.now,
+            call_id,
+        ),
+    )
+
+
+def commit_assistant(
+    tx: Tx,
+    *,
+    session_id: str,
+    turn_id: str,
+    call_id: str,
+    model: str,
+    content: list[Block],
+    finish: str,
+    usage: Usage,
+    cost: float,
+) -> int:
+    """Settle the call and append the assistant message to the session, in one transaction."""
+    settle_call(tx, call_id, usage, cost)
+    data: dict[str, Any] = {
+        "turnId": turn_id,
+        "content": [b.model_dump(mode="json") for b in content],
+        "finishReason": finish,
+        "model": model,
+        "usage": usage.model_dump(),
+        "cost": cost,
+    }
+    return tx.emit(session_id, EventType.ASSISTANT_MESSAGE, data).seq
+
+
+def usage_of_guard(tx: Tx, guard_id: str) -> tuple[int, float]:
+    """Tokens and cost charged to a guard so far (settled usage; reservations charged in full)."""
+    row = tx.one(
+        "SELECT COALESCE(SUM(CASE state WHEN 'charged_in_full' THEN reserved_tokens"
+        " WHEN 'settled' THEN input_tokens + output_tokens + cache_read_tokens + cache_write_tokens"
+        " ELSE 0 END), 0) AS tokens, COALESCE(SUM(CASE state WHEN 'reserved' THEN 0 ELSE cost END), 0) AS cost"
+        " FROM model_calls WHERE guard_id=?",
+        (guard_id,),
+    )
+    assert row is not None
+    return int(row["tokens"]), float(row["cost"])

@@ -1,0 +1,640 @@
+"""The driver: :class:`Agent`, one asyncio task per session that runs turns.
+
+``followup``/``steer``/``inject`` only make a message durable as queued and return ``None``; the
+committed ``message/queued`` event wakes the driver. The driver loop opens a turn in the same
+transaction that admits the waking batch, or commits ``idle`` in a transaction that finds nothing
+waking (see :mod:`agent.inbox` for why no input is stranded). ``when_idle()`` and ``status``
+observe the whole agent, never one message.
+
+Cancellation, in one place:
+
+* ``interrupt()`` cancels the running turn's task with the reason ``cancelled``. The turn's
+  handler commits the text streamed so far (marked ``interrupted``), gives every tool call of the
+  turn without a result an error result, charges an open reservation in full, and the turn ends
+  ``cancelled``. Queued messages stay queued unless the caller asked to discard them; a follow-up
+  that arrives while the interrupt settles is simply queued and runs next.
+* ``stop(grace)`` stops taking turns; a running turn ends ``interrupted`` at its next safe point
+  (before a model call) or, when the grace period runs out, by cancellation as above.
+* Cancelling the driver task itself (a hard stop) leaves the turn open in the store, exactly as
+  a crash would; crash repair closes it when the store is next opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.calls import commit_assistant, reserve_call, settle_call
+from agent.events import HISTORY_TYPES, Event, EventType
+from agent.ids import MessageId, TypedId
+from agent.inbox import Admitted, admit, cancel, cancel_all, enqueue
+from agent.messages import (
+    CancelReason,
+    Content,
+    Delivery,
+    Source,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    content_from_json,
+    parse_content,
+)
+from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, ModelResponse
+from agent.spend import Refusal, SpendGuard, Usage, estimator_for
+from agent.store import SESSION_IDLE, SessionState, Store, Tx
+from agent.tools.base import ToolContext, ToolRegistry
+from agent.turns import (
+    EndReason,
+    OpenedTurn,
+    TurnEnd,
+    charge_open_reservations,
+    close_open_tool_calls,
+    end_turn,
+    take_or_idle,
+)
+
+CANCELLED_TOOL_TEXT = "cancelled: the turn was interrupted before this call finished"
+
+
+class CallId(TypedId):
+    """Identity of one model attempt (a ``model_calls`` row)."""
+
+    prefix = "mc_"
+
+
+class AgentStatus(enum.StrEnum):
+    """Whole-agent status."""
+
+    #: No turn running and no waking message queued.
+    IDLE = "idle"
+    #: A turn is running, or a waking message is queued for the next one.
+    RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """A status and the sequence number of the event that recorded it."""
+
+    status: AgentStatus
+    seq: int
+
+
+class RetryPolicy(BaseModel):
+    """How the driver retries failed model attempts (retryable kinds only)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(default=4, ge=1)
+    base_delay: float = Field(default=0.5, ge=0)
+    max_delay: float = Field(default=30.0, ge=0)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait before attempt ``attempt + 1``."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), max(self.max_delay, retry_after))
+        raw = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        return raw * (1 + self.jitter * (2 * random.random() - 1))
+
+
+class AgentConfig(BaseModel):
+    """Per-session driver settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    system: str | None = None
+    max_steps: int = Field(default=40, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    retry: RetryPolicy = RetryPolicy()
+
+
+SlotFactory = Callable[[], AbstractAsyncContextManager[Any]]
+DeltaListener = Callable[[str, str], None]
+
+
+def _message_bytes(msg: ConvMessage) -> int:
+    return sum(
+        len(b.text) if isinstance(b, TextBlock) else len(b.content) if isinstance(b, ToolResultBlock) else
+        len(json.dumps(b.input)) + len(b.name) + len(b.id)
+        for b in msg.content
+    ) + 16
+
+
+class Agent:
+    """One session's agent. Create through :class:`agent.runtime.Runtime`."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        session_id: str,
+        model: Model,
+        tools: ToolRegistry,
+        guard: SpendGuard,
+        config: AgentConfig,
+        state: SessionState,
+        workdir: Path | None = None,
+        slot: SlotFactory | None = None,
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.model = model
+        self.tools = tools
+        self.guard = guard
+        self.config = config
+        self.workdir = workdir
+        self._slot = slot
+        self._status = AgentStatus(state.status)
+        self._status_seq = state.status_seq
+        self._idle_waiters: list[asyncio.Future[StatusSnapshot]] = []
+        self._wake = asyncio.Event()
+        self._steer_hint = True
+        self._stopping = False
+        self._cancel_reason: EndReason | None = None
+        self._turn_task: asyncio.Task[TurnEnd] | None = None
+        self._turn_finished: asyncio.Future[None] | None = None
+        self._history: list[ConvMessage] | None = None
+        self._history_bytes = 0
+        self._fixed_bytes = len(config.system or "") + tools.specs_bytes()
+        self._estimator = estimator_for(model.spec)
+        self._stream: list[str] = []
+        self._delta_listeners: list[DeltaListener] = []
+        self._driver: asyncio.Task[None] | None = None
+
+    # -- the public API --------------------------------------------------------------------
+
+    @property
+    def status(self) -> AgentStatus:
+        """Whole-agent status as of the last committed status event."""
+        return self._status
+
+    @property
+    def status_seq(self) -> int:
+        """Sequence number of the event that recorded :attr:`status`."""
+        return self._status_seq
+
+    async def followup(
+        self,
+        content: str | Content | Any,
+        *,
+        message_id: MessageId | str | None = None,
+        source: Source | None = None,
+        pending_key: str | None = None,
+        yields_to_followup: bool = False,
+    ) -> None:
+        """Enqueue a follow-up: durable as queued when this returns; it opens or waits for the next turn."""
+        await self._enqueue(Delivery.FOLLOWUP, content, message_id, source, pending_key, yields_to_followup)
+
+    async def steer(
+        self, content: str | Content | Any, *, message_id: MessageId | str | None = None, source: Source | None = None
+    ) -> None:
+        """Enqueue steering: joins the running turn at its next model step; wakes an idle agent."""
+        await self._enqueue(Delivery.STEER, content, message_id, source, None, False)
+
+    async def inject(
+        self, content: str | Content | Any, *, message_id: MessageId | str | None = None, source: Source | None = None
+    ) -> None:
+        """Enqueue context: admitted with the next model step; never wakes the agent."""
+        await self._enqueue(Delivery.CONTEXT, content, message_id, source, None, False)
+
+    async def enqueue(
+        self,
+        content: str | Content | Any,
+        *,
+        delivery: Delivery | str = Delivery.FOLLOWUP,
+        message_id: MessageId | str | None = None,
+        source: Source | None = None,
+    ) -> MessageId:
+        """Validate and enqueue with a delivery given by name; returns the message's id (a receipt)."""
+        from agent.messages import parse_delivery
+
+        mid = MessageId.parse(message_id) if message_id is not None else MessageId.new()
+        await self._enqueue(parse_delivery(delivery), content, mid, source, None, False)
+        return mid
+
+    async def _enqueue(
+        self,
+        delivery: Delivery,
+        content: object,
+        message_id: MessageId | str | None,
+        source: Source | None,
+        pending_key: str | None,
+        yields: bool,
+    ) -> None:
+        blocks = parse_content(content)
+        mid = MessageId.parse(message_id) if message_id is not None else None
+        await self.store.transact(
+            partial(
+                enqueue,
+                session_id=self.session_id,
+                content=blocks,
+                delivery=delivery,
+                message_id=mid,
+                source=source,
+                pending_key=pending_key,
+                yields_to_followup=yields,
+            )
+        )
+
+    async def cancel_message(self, message_id: MessageId | str, reason: str = CancelReason.CANCELLED) -> None:
+        """Cancel a queued message. Raises ``InvalidTransition`` if it was already admitted."""
+        mid = MessageId.parse(message_id)
+        await self.store.transact(partial(cancel, session_id=self.session_id, message_id=mid, reason=reason))
+
+    async def interrupt(self, discard_queued: bool = False) -> None:
+        """End the running turn ``cancelled``; optionally cancel every queued message too.
+
+        Returns once the turn's end is durable. Interrupting an idle agent does nothing.
+        """
+        task, finished = self._turn_task, self._turn_finished
+        if self._status is AgentStatus.IDLE and task is None:
+            return
+        if discard_queued:
+            await self.store.transact(partial(cancel_all, session_id=self.session_id, reason=CancelReason.DISCARDED))
+        if task is not None and not task.done():
+            self._cancel_reason = EndReason.CANCELLED
+            task.cancel()
+        if finished is not None:
+            await asyncio.shield(finished)
+
+    async def when_idle(self) -> StatusSnapshot:
+        """Resolve at the next whole-agent idle (at once if the agent is idle now)."""
+        if self._status is AgentStatus.IDLE:
+            return StatusSnapshot(self._status, self._status_seq)
+        fut: asyncio.Future[StatusSnapshot] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(fut)
+        return await fut
+
+    def add_delta_listener(self, listener: DeltaListener) -> Callable[[], None]:
+        """Receive streamed text as ``(turn_id, text)`` (ephemeral; not durable)."""
+        self._delta_listeners.append(listener)
+        return lambda: self._delta_listeners.remove(listener) if listener in self._delta_listeners else None
+
+    # -- events ----------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        """Observe one committed event of this session (called in commit order)."""
+        if event.type == EventType.STATUS:
+            self._status = AgentStatus(event.data["status"])
+            self._status_seq = event.seq
+            if self._status is AgentStatus.IDLE:
+                snap = StatusSnapshot(self._status, event.seq)
+                waiters, self._idle_waiters = self._idle_waiters, []
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(snap)
+        elif event.type == EventType.MESSAGE_QUEUED:
+            delivery = event.data.get("delivery")
+            if delivery != Delivery.FOLLOWUP:
+                self._steer_hint = True
+            if delivery != Delivery.CONTEXT:
+                self._wake.set()
+
+    # -- the driver loop -------------------------------------------------------------------
+
+    def start(self, spawn: Callable[[Any], asyncio.Task[None]] | None = None) -> None:
+        """Start the driver task (``spawn`` creates it in the caller's task group)."""
+        if self._driver is not None:
+            return
+        coro = self._run()
+        self._driver = spawn(coro) if spawn is not None else asyncio.create_task(coro)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop taking turns; a running turn ends at a safe point, or ``interrupted`` after ``grace``."""
+        self._stopping = True
+        self._wake.set()
+        driver = self._driver
+        if driver is None or driver.done():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(driver), grace)
+        task = self._turn_task
+        if not driver.done() and task is not None and not task.done():
+            self._cancel_reason = EndReason.INTERRUPTED
+            task.cancel()
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(driver), max(grace, 5.0))
+        if not driver.done():
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
+
+    @contextlib.asynccontextmanager
+    async def _slot_cm(self) -> AsyncIterator[None]:
+        if self._slot is None:
+            yield
+        else:
+            async with self._slot():
+                yield
+
+    async def _run(self) -> None:
+        has_work = True
+        while not self._stopping:
+            if not has_work:
+                await self._wake.wait()
+                if self._stopping:
+                    break
+            self._wake.clear()
+            async with self._slot_cm():
+                if self._stopping:
+                    break
+                turn = await self.store.transact(partial(take_or_idle, session_id=self.session_id))
+                if turn is None:
+                    has_work = False
+                    continue
+                finished = asyncio.get_running_loop().create_future()
+                self._turn_finished = finished
+                try:
+                    end = await self._execute_turn(turn)
+                    has_work = await asyncio.shield(
+                        self.store.transact(
+                            partial(end_turn, session_id=self.session_id, turn_id=turn.turn_id, end=end)
+                        )
+                    )
+                finally:
+                    if not finished.done():
+                        finished.set_result(None)
+                    self._turn_finished = None
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
+
+    async def _execute_turn(self, turn: OpenedTurn) -> TurnEnd:
+        self._cancel_reason = None
+        task = asyncio.create_task(self._turn_body(turn), name=f"turn {turn.turn_id}")
+        self._turn_task = task
+        try:
+            return await task
+        finally:
+            self._turn_task = None
+
+    # -- one turn --------------------------------------------------------------------------
+
+    async def _turn_body(self, turn: OpenedTurn) -> TurnEnd:
+        steps = 0
+        try:
+            if self._history is None:
+                await self._load_history()
+            else:
+                self._append_admitted(turn.admitted)
+            while True:
+                if self._steer_hint:
+                    self._steer_hint = False
+                    admitted = await self.store.transact(
+                        partial(admit, session_id=self.session_id, turn_id=turn.turn_id, waking=False)
+                    )
+                    self._append_admitted(admitted)
+                if self._stopping:
+                    return TurnEnd(reason=EndReason.INTERRUPTED, error="the daemon is shutting down", steps=steps)
+                if steps >= self.config.max_steps:
+                    return TurnEnd(reason=EndReason.MAX_STEPS, steps=steps)
+                out = await self._model_step(turn)
+                if isinstance(out, TurnEnd):
+                    return out.model_copy(update={"steps": steps})
+                steps += 1
+                uses = [b for b in out.content if isinstance(b, ToolUseBlock)]
+                if out.finish_reason is FinishReason.MAX_TOKENS:
+                    return TurnEnd(reason=EndReason.MAX_TOKENS, model_finish=out.finish_reason, steps=steps)
+                if not uses:
+                    return TurnEnd(reason=EndReason.END_TURN, model_finish=out.finish_reason, steps=steps)
+                await self._run_tools(turn, uses)
+        except asyncio.CancelledError:
+            reason = self._cancel_reason
+            task = asyncio.current_task()
+            if reason is None or task is None:
+                raise
+            task.uncancel()
+            await self._cleanup(turn, CANCELLED_TOOL_TEXT)
+            why = "interrupted by request" if reason is EndReason.CANCELLED else "the daemon is shutting down"
+            return TurnEnd(reason=reason, error=why, steps=steps)
+        except Exception as exc:
+            logger.exception("turn {} of session {} failed", turn.turn_id, self.session_id)
+            await self._cleanup(turn, f"not run: the turn failed ({type(exc).__name__})")
+            return TurnEnd(reason=EndReason.ERROR, error=f"internal error: {type(exc).__name__}: {exc}",
+                           error_kind="internal", steps=steps)
+
+    async def _cleanup(self, turn: OpenedTurn, tool_text: str) -> None:
+        partial_text = "".join(self._stream)
+        self._stream = []
+        guard = self.guard
+
+        def run(tx: Tx) -> None:
+            if partial_text:
+                tx.emit(
+                    self.session_id,
+                    EventType.ASSISTANT_MESSAGE,
+                    {
+                        "turnId": turn.turn_id,
+                        "content": [{"type": "text", "text": partial_text}],
+                        "finishReason": None,
+                        "interrupted": True,
+                        "model": self.model.spec,
+                    },
+                )
+            close_open_tool_calls(tx, self.session_id, turn.turn_id, turn.start_seq, tool_text)
+            charged = charge_open_reservations(tx, self.session_id)
+            tx.after_commit(lambda: [guard.settle_in_full(c) for c in charged] and None)
+
+        await asyncio.shield(self.store.transact(run))
+        self._history = None  # reload: the cleanup wrote history the loop did not build
+
+    async def _model_step(self, turn: OpenedTurn) -> ModelResponse | TurnEnd:
+        model, guard, price = self.model, self.guard, self.model.price
+        max_tokens = self.config.max_tokens or model.max_tokens
+        attempt = 0
+        while True:
+            attempt += 1
+            history = self._history
+            assert history is not None
+            prompt_bytes = self._history_bytes + self._fixed_bytes
+            bound = self._estimator.bound(prompt_bytes)
+            call_id = CallId.new()
+            held = guard.reserve(call_id, bound + max_tokens, price.bound(bound, max_tokens) if price else None)
+            if isinstance(held, Refusal):
+                return TurnEnd(reason=EndReason.BUDGET, error=held.reason)
+            await self.store.transact(
+                partial(
+                    reserve_call,
+                    call_id=call_id,
+                    session_id=self.session_id,
+                    turn_id=turn.turn_id,
+                    guard_id=guard.id,
+                    provider=model.provider,
+                    model=model.name,
+                    attempt=attempt,
+                    tokens=held.tokens,
+                    cost=held.cost,
+                )
+            )
+            self._stream = []
+            request = ModelRequest(self.config.system, tuple(history), self.tools.specs(), max_tokens, prompt_bytes)
+            try:
+                response = await model.complete(request, self._on_delta(turn.turn_id))
+            except ModelError as exc:
+                retry = exc.retryable and attempt < self.config.retry.max_attempts and not self._stopping
+                await self._settle_failed(turn, call_id, exc, attempt, retry)
+                if retry:
+                    await asyncio.sleep(self.config.retry.delay(attempt, exc.retry_after))
+                    continue
+                return TurnEnd(reason=EndReason.ERROR, error=str(exc), error_kind=exc.kind.value)
+            self._stream = []
+            content = response.content
+            if response.finish_reason is FinishReason.MAX_TOKENS:
+                # Tool calls cut off by the output limit are incomplete; never run them.
+                content = [b for b in content if not isinstance(b, ToolUseBlock)]
+            if not content:
+                content = [TextBlock(text="")]
+            usage = response.usage
+            cost = price.cost(usage) if price else 0.0
+            await self.store.transact(
+                partial(
+                    self._commit_response,
+                    call_id=call_id,
+                    turn_id=turn.turn_id,
+                    content=content,
+                    finish=response.finish_reason.value,
+                    usage=usage,
+                    cost=cost,
+                )
+            )
+            self._estimator.observe(prompt_bytes, usage.prompt_tokens)
+            self._append(ConvMessage(role="assistant", content=content))
+            if content is not response.content:
+                response = response.model_copy(update={"content": content})
+            return response
+
+    def _commit_response(
+        self, tx: Tx, *, call_id: str, turn_id: str, content: Content, finish: str, usage: Usage, cost: float
+    ) -> None:
+        commit_assistant(
+            tx,
+            session_id=self.session_id,
+            turn_id=turn_id,
+            call_id=call_id,
+            model=self.model.spec,
+            content=content,
+            finish=finish,
+            usage=usage,
+            cost=cost,
+        )
+        guard = self.guard
+        tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
+
+    async def _settle_failed(self, turn: OpenedTurn, call_id: str, exc: ModelError, attempt: int, retry: bool) -> None:
+        usage = exc.usage or Usage()
+        cost = self.model.price.cost(usage) if self.model.price else 0.0
+        guard = self.guard
+        partial_text = "".join(self._stream)
+        self._stream = []
+
+        def run(tx: Tx) -> None:
+            settle_call(tx, call_id, usage, cost, error_class=exc.kind.value, error=exc.message[:2000])
+            tx.emit(
+                self.session_id,
+                EventType.MODEL_ERROR,
+                {
+                    "turnId": turn.turn_id,
+                    "attempt": attempt,
+                    "kind": exc.kind.value,
+                    "message": exc.message[:2000],
+                    "retrying": retry,
+                    "discardedChars": len(partial_text),
+                },
+            )
+            tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
+
+        await self.store.transact(run)
+
+    def _on_delta(self, turn_id: str) -> Callable[[str], None]:
+        def on_delta(text: str) -> None:
+            self._stream.append(text)
+            for listener in list(self._delta_listeners):
+                try:
+                    listener(turn_id, text)
+                except Exception:
+                    logger.exception("delta listener failed")
+
+        return on_delta
+
+    async def _run_tools(self, turn: OpenedTurn, uses: list[ToolUseBlock]) -> None:
+        if len(uses) == 1:
+            await self._run_tool(turn, uses[0])
+            return
+        async with asyncio.TaskGroup() as tg:
+            for use in uses:
+                tg.create_task(self._run_tool(turn, use))
+
+    async def _run_tool(self, turn: OpenedTurn, use: ToolUseBlock) -> None:
+        ctx = ToolContext(session_id=self.session_id, turn_id=turn.turn_id, call_id=use.id, workdir=self.workdir)
+        out = await self.tools.call(use.name, use.input, ctx)
+
+        def run(tx: Tx) -> None:
+            tx.emit(
+                self.session_id,
+                EventType.TOOL_RESULT,
+                {
+                    "turnId": turn.turn_id,
+                    "toolUseId": use.id,
+                    "name": use.name,
+                    "content": out.content,
+                    "isError": out.is_error,
+                },
+            )
+
+        await self.store.transact(run)
+        block = ToolResultBlock(tool_use_id=use.id, content=out.content, is_error=out.is_error)
+        self._append(ConvMessage(role="tool", content=[block]))
+
+    # -- history ---------------------------------------------------------------------------
+
+    def _append(self, msg: ConvMessage) -> None:
+        assert self._history is not None
+        self._history.append(msg)
+        self._history_bytes += _message_bytes(msg)
+
+    def _append_admitted(self, admitted: list[Admitted]) -> None:
+        for a in admitted:
+            self._append(ConvMessage(role="user", content=a.content))
+
+    async def _load_history(self) -> None:
+        self._history, self._history_bytes = [], 0
+        after = 0
+        while True:
+            page = await self.store.events_after(self.session_id, after, limit=5000, types=HISTORY_TYPES)
+            for event in page:
+                msg = history_message(event)
+                if msg is not None:
+                    self._append(msg)
+                after = event.seq
+            if len(page) < 5000:
+                return
+
+
+def history_message(event: Event) -> ConvMessage | None:
+    """The conversation message an event contributes, if any."""
+    data = event.data
+    if event.type == EventType.MESSAGE_ADMITTED:
+        return ConvMessage(role="user", content=content_from_json(json.dumps(data["content"])))
+    if event.type == EventType.ASSISTANT_MESSAGE:
+        return ConvMessage(role="assistant", content=content_from_json(json.dumps(data["content"])))
+    if event.type == EventType.TOOL_RESULT:
+        block = ToolResultBlock(tool_use_id=data["toolUseId"], content=data["content"], is_error=data["isError"])
+        return ConvMessage(role="tool", content=[block])
+    return None
+
+
+def is_idle(state: SessionState) -> bool:
+    """Whether a stored session state reads idle."""
+    return state.status == SESSION_IDLE

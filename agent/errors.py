@@ -1,0 +1,36 @@
+"""Errors of the agent runtime.
+
+Three kinds, kept apart: user misuse (bad input, unknown ids, illegal transitions) raised to the
+caller before anything is written; run failures (a model or tool failing) that end a turn and are
+recorded; and control-flow signals that never escape the driver.
+"""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Base of every error the agent runtime raises on purpose."""
+
+
+class InvalidInput(AgentError, ValueError):
+    """Input that is malformed or out of range; nothing was written."""
+
+
+class NotFound(AgentError, LookupError):
+    """A session, message or other row that does not exist."""
+
+
+class InvalidTransition(AgentError, RuntimeError):
+    """A lifecycle transition that the lifecycle does not allow (e.g. cancelling an admitted message)."""
+
+
+class Conflict(AgentError, RuntimeError):
+    """A write that conflicts with durable state (a pending key already queued, an id reused)."""
+
+
+class StoreClosed(AgentError, RuntimeError):
+    """The store was closed."""
+
+
+class SchemaTooNew(AgentError, RuntimeError):
+    """The database was written by a newer goald than this one."""

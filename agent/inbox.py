@@ -1,0 +1,252 @@
+"""The inbox: transaction functions that enqueue, cancel and admit messages.
+
+Each function takes a :class:`~agent.store.Tx`, so callers compose them with their own writes in
+one transaction (the goal engine records its continuation on the goal in the same commit).
+
+Durable invariant kept by these functions together with :mod:`agent.turns`: a session's status is
+``running`` exactly when it has an open turn or a queued waking message. Enqueuing a waking
+message flips an idle session to ``running`` in the enqueue's own transaction, and the driver
+commits ``idle`` only in a transaction that finds no waking message queued; since the store runs
+transactions one at a time, a message made durable at any instant is either seen by the driver's
+check or flips the status itself (no stranded input).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from agent.errors import Conflict, NotFound
+from agent.events import EventType
+from agent.ids import MessageId
+from agent.messages import (
+    CancelReason,
+    Content,
+    Delivery,
+    Fate,
+    Source,
+    content_from_json,
+    content_json,
+    transition_fate,
+)
+from agent.store import SESSION_IDLE, SESSION_RUNNING, Tx
+
+_WAKING = (Delivery.FOLLOWUP.value, Delivery.STEER.value)
+
+
+class Enqueued(BaseModel):
+    """What an enqueue wrote (or found, for a repeated id)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    message_id: MessageId
+    seq: int
+    created: bool
+
+
+class Admitted(BaseModel):
+    """A message as a turn admitted it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    message_id: MessageId
+    delivery: Delivery
+    source: Source
+    content: Content
+    seq: int
+
+
+def enqueue(
+    tx: Tx,
+    session_id: str,
+    content: Content,
+    *,
+    delivery: Delivery = Delivery.FOLLOWUP,
+    message_id: MessageId | None = None,
+    source: Source | None = None,
+    pending_key: str | None = None,
+    yields_to_followup: bool = False,
+) -> Enqueued:
+    """Make a message durable as queued; wake the session if the delivery wakes.
+
+    A repeated ``message_id`` for the same session returns the original receipt and writes
+    nothing. A waking follow-up cancels queued ``yields_to_followup`` messages as ``superseded``.
+
+    Raises:
+        NotFound: the session does not exist.
+        Conflict: the id belongs to another session, or ``pending_key`` is already queued.
+    """
+    source = source or Source()
+    mid = message_id or MessageId.new()
+    existing = tx.one("SELECT session_id, queued_seq FROM inbox WHERE id=?", (mid,))
+    if existing is not None:
+        if existing["session_id"] != session_id:
+            raise Conflict(f"message id {mid} was already used in another session")
+        return Enqueued(message_id=mid, seq=existing["queued_seq"], created=False)
+    tx.state(session_id)  # raises NotFound for an unknown session
+    data: dict[str, Any] = {
+        "messageId": mid,
+        "delivery": delivery.value,
+        "source": source.model_dump(mode="json", exclude_none=True),
+    }
+    if pending_key is not None:
+        data["pendingKey"] = pending_key
+    event = tx.emit(session_id, EventType.MESSAGE_QUEUED, data)
+    try:
+        tx.execute(
+            "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
+            " yields_to_followup, queued_seq, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                mid,
+                session_id,
+                delivery.value,
+                source.kind.value,
+                source.ref,
+                content_json(content),
+                pending_key,
+                int(yields_to_followup),
+                event.seq,
+                tx.now,
+            ),
+        )
+    except sqlite3.IntegrityError as exc:
+        if pending_key is not None and "pending_key" in str(exc):
+            raise Conflict(f"a message with pending key {pending_key!r} is already queued") from None
+        raise
+    if delivery is Delivery.FOLLOWUP and not yields_to_followup:
+        superseded = tx.all(
+            "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE session_id=? AND fate='queued'"
+            " AND yields_to_followup=1 RETURNING id",
+            (CancelReason.SUPERSEDED.value, tx.now, session_id),
+        )
+        for row in sorted(superseded, key=lambda r: str(r["id"])):
+            tx.emit(
+                session_id,
+                EventType.MESSAGE_CANCELLED,
+                {"messageId": row["id"], "reason": CancelReason.SUPERSEDED.value, "by": mid},
+            )
+    if delivery.wakes:
+        tx.set_status(session_id, SESSION_RUNNING)
+    return Enqueued(message_id=mid, seq=event.seq, created=True)
+
+
+def cancel(tx: Tx, session_id: str, message_id: MessageId, reason: str = CancelReason.CANCELLED) -> int:
+    """Cancel one queued message with ``reason``; returns the event's sequence number.
+
+    Raises:
+        NotFound: no such message in this session.
+        InvalidTransition: the message was already admitted or cancelled.
+    """
+    if not reason.strip():
+        raise ValueError("a cancel reason must not be empty")
+    row = tx.one("SELECT fate FROM inbox WHERE id=? AND session_id=?", (message_id, session_id))
+    if row is None:
+        raise NotFound(f"no message {message_id} in session {session_id}")
+    transition_fate(Fate(row["fate"]), Fate.CANCELLED)
+    tx.execute(
+        "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE id=?", (reason, tx.now, message_id)
+    )
+    event = tx.emit(session_id, EventType.MESSAGE_CANCELLED, {"messageId": message_id, "reason": reason})
+    settle_idle(tx, session_id)
+    return event.seq
+
+
+def cancel_all(tx: Tx, session_id: str, reason: str = CancelReason.DISCARDED) -> list[MessageId]:
+    """Cancel every queued message of the session with ``reason``."""
+    rows = tx.all(
+        "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE session_id=? AND fate='queued'"
+        " RETURNING id, queued_seq",
+        (reason, tx.now, session_id),
+    )
+    ids = [MessageId(r["id"]) for r in sorted(rows, key=lambda r: int(r["queued_seq"]))]
+    for mid in ids:
+        tx.emit(session_id, EventType.MESSAGE_CANCELLED, {"messageId": mid, "reason": reason})
+    settle_idle(tx, session_id)
+    return ids
+
+
+def has_waking(tx: Tx, session_id: str) -> bool:
+    """Whether a waking (follow-up or steer) message is queued for the session."""
+    row = tx.one(
+        "SELECT 1 FROM inbox WHERE session_id=? AND fate='queued' AND delivery IN (?, ?) LIMIT 1",
+        (session_id, *_WAKING),
+    )
+    return row is not None
+
+
+def settle_idle(tx: Tx, session_id: str) -> bool:
+    """Commit ``idle`` if the session has no open turn and no waking message queued.
+
+    Returns whether the session is idle afterwards.
+    """
+    st = tx.state(session_id)
+    if st.open_turn is not None:
+        return False
+    if st.status == SESSION_IDLE:
+        return True
+    if has_waking(tx, session_id):
+        return False
+    tx.set_status(session_id, SESSION_IDLE)
+    return True
+
+
+def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool) -> list[Admitted]:
+    """Admit queued messages into ``turn_id``: every queued one when ``waking``, else steer and context.
+
+    Admission is durable (the ``message/admitted`` event carries the content) before any model
+    sees it.
+    """
+    if waking:
+        rows = tx.all(
+            "SELECT id, delivery, source_kind, source_ref, content, fate FROM inbox WHERE session_id=?"
+            " AND fate='queued' ORDER BY queued_seq",
+            (session_id,),
+        )
+    else:
+        rows = tx.all(
+            "SELECT id, delivery, source_kind, source_ref, content, fate FROM inbox WHERE session_id=?"
+            " AND fate='queued' AND delivery IN ('steer', 'context') ORDER BY queued_seq",
+            (session_id,),
+        )
+    admitted: list[Admitted] = []
+    for row in rows:
+        transition_fate(Fate(row["fate"]), Fate.ADMITTED)
+        source = Source(kind=row["source_kind"], ref=row["source_ref"])
+        content = content_from_json(row["content"])
+        event = tx.emit(
+            session_id,
+            EventType.MESSAGE_ADMITTED,
+            {
+                "messageId": row["id"],
+                "turnId": turn_id,
+                "delivery": row["delivery"],
+                "source": source.model_dump(mode="json", exclude_none=True),
+                "content": [b.model_dump(mode="json") for b in content],
+            },
+        )
+        admitted.append(
+            Admitted(
+                message_id=MessageId(row["id"]),
+                delivery=Delivery(row["delivery"]),
+                source=source,
+                content=content,
+                seq=event.seq,
+            )
+        )
+    if admitted:
+        tx.execute(
+            "UPDATE inbox SET fate='admitted', turn_id=?, ended_at=? WHERE id IN ("
+            + ",".join("?" * len(admitted))
+            + ")",
+            (turn_id, tx.now, *(a.message_id for a in admitted)),
+        )
+    return admitted
+
+
+def get_message(tx_or_conn: Tx | sqlite3.Connection, message_id: str) -> dict[str, Any] | None:
+    """The inbox row of ``message_id`` as a plain dict (for inspection and tests)."""
+    conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
+    row = conn.execute("SELECT * FROM inbox WHERE id=?", (message_id,)).fetchone()
+    return dict(row) if row is not None else None

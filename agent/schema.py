@@ -1,0 +1,105 @@
+"""The runtime's tables, as forward migrations (one summary line each)."""
+
+from __future__ import annotations
+
+from agent.store import Migration
+
+MIGRATIONS: list[Migration] = [
+    Migration(
+        version=1,
+        summary="sessions, inbox, turns, events, spend guards and model calls",
+        sql="""
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    parent_session_id TEXT,
+    depth INTEGER NOT NULL DEFAULT 0,
+    model TEXT,
+    workdir TEXT,
+    guard_id TEXT,
+    config TEXT NOT NULL DEFAULT '{}',
+    created_at TEXT NOT NULL
+);
+CREATE INDEX sessions_parent ON sessions(parent_session_id) WHERE parent_session_id IS NOT NULL;
+
+CREATE TABLE inbox (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    delivery TEXT NOT NULL CHECK (delivery IN ('followup', 'steer', 'context')),
+    source_kind TEXT NOT NULL,
+    source_ref TEXT,
+    content TEXT NOT NULL,
+    pending_key TEXT,
+    yields_to_followup INTEGER NOT NULL DEFAULT 0,
+    fate TEXT NOT NULL DEFAULT 'queued' CHECK (fate IN ('queued', 'admitted', 'cancelled')),
+    turn_id TEXT,
+    cancel_reason TEXT,
+    queued_seq INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    ended_at TEXT,
+    CHECK ((fate = 'admitted') = (turn_id IS NOT NULL)),
+    CHECK ((fate = 'cancelled') = (cancel_reason IS NOT NULL))
+);
+CREATE UNIQUE INDEX inbox_pending_key ON inbox(pending_key) WHERE fate = 'queued' AND pending_key IS NOT NULL;
+CREATE INDEX inbox_queued ON inbox(session_id, queued_seq) WHERE fate = 'queued';
+CREATE INDEX inbox_turn ON inbox(turn_id) WHERE turn_id IS NOT NULL;
+
+CREATE TABLE turns (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    start_seq INTEGER NOT NULL,
+    end_seq INTEGER,
+    end_reason TEXT,
+    error TEXT,
+    steps INTEGER NOT NULL DEFAULT 0,
+    started_at TEXT NOT NULL,
+    ended_at TEXT
+);
+CREATE INDEX turns_session ON turns(session_id, start_seq);
+CREATE INDEX turns_open ON turns(session_id) WHERE end_reason IS NULL;
+
+CREATE TABLE events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    at TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+
+CREATE TABLE guards (
+    id TEXT PRIMARY KEY,
+    max_tokens INTEGER,
+    max_cost REAL,
+    deadline TEXT,
+    max_wall_seconds REAL,
+    wall_started_at TEXT,
+    created_at TEXT NOT NULL
+);
+
+CREATE TABLE model_calls (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    turn_id TEXT,
+    guard_id TEXT,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('reserved', 'settled', 'charged_in_full')),
+    reserved_tokens INTEGER NOT NULL,
+    reserved_cost REAL NOT NULL,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    cost REAL NOT NULL DEFAULT 0,
+    error_class TEXT,
+    error TEXT,
+    started_at TEXT NOT NULL,
+    ended_at TEXT
+);
+CREATE INDEX model_calls_open ON model_calls(session_id) WHERE state = 'reserved';
+CREATE INDEX model_calls_guard ON model_calls(guard_id) WHERE guard_id IS NOT NULL;
+CREATE INDEX model_calls_session ON model_calls(session_id, turn_id);
+""",
+    ),
+]

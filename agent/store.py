@@ -1,0 +1,350 @@
+"""The durable store: one SQLite file in WAL mode behind one long-lived aiosqlite connection.
+
+Why transactions run as whole functions on the connection's thread: every state change in goald
+is a small transaction of a few statements (an inbox row and its event, a goal decision and its
+continuation). Sending each statement across the thread boundary would cost a hop apiece; a
+transaction function costs one hop in all and can make decisions from what it reads without an
+``await`` in between. The functions are synchronous and receive a :class:`Tx`; they compose, so a
+package above (the goal engine) can enqueue a message and update its own rows in **one**
+transaction.
+
+Sequence numbers and each session's status are cached on the connection's thread and only
+changed by transaction functions, which that thread runs one at a time; a transaction's changes
+to the cache are applied only after its ``COMMIT``. Committed events are handed to the event loop
+in commit order from the same thread, before the caller's ``await`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import aiosqlite
+from loguru import logger
+from pydantic import BaseModel, ConfigDict
+
+from agent.errors import NotFound, SchemaTooNew, StoreClosed
+from agent.events import Event, EventHub, EventType
+
+T = TypeVar("T")
+Durability = Literal["normal", "full"]
+SESSION_IDLE = "idle"
+SESSION_RUNNING = "running"
+
+
+def utcnow() -> str:
+    """Now, in UTC, as an ISO 8601 string with microseconds (sorts as text)."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+class Migration(BaseModel):
+    """One forward schema step of one package."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int
+    summary: str
+    sql: str
+
+
+@dataclasses.dataclass
+class SessionState:
+    """What the store thread knows of a session between transactions."""
+
+    last_seq: int
+    status: str
+    status_seq: int
+    open_turn: str | None
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+class Tx:
+    """One open transaction on the store thread. Only transaction functions receive one."""
+
+    def __init__(self, store: Store, conn: sqlite3.Connection) -> None:
+        self.store = store
+        self.conn = conn
+        self.now = utcnow()
+        self.events: list[Event] = []
+        self._states: dict[str, SessionState] = {}
+        self._after: list[Callable[[], None]] = []
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        """Run one statement."""
+        return self.conn.execute(sql, params)
+
+    def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
+        """Run a query and return its first row."""
+        row: sqlite3.Row | None = self.conn.execute(sql, params).fetchone()
+        return row
+
+    def all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+        """Run a query and return every row."""
+        return self.conn.execute(sql, params).fetchall()
+
+    def state(self, session_id: str) -> SessionState:
+        """The session's cached state as this transaction sees it (changes apply at commit)."""
+        st = self._states.get(session_id)
+        if st is None:
+            base = self.store._states.get(session_id)
+            if base is None:
+                base = self.store._load_state(self.conn, session_id)
+            st = dataclasses.replace(base)
+            self._states[session_id] = st
+        return st
+
+    def emit(self, session_id: str, type: str, data: dict[str, Any]) -> Event:
+        """Append an event to the session's sequence (published after commit)."""
+        st = self.state(session_id)
+        st.last_seq += 1
+        event = Event(session_id=session_id, seq=st.last_seq, type=type, data=data, at=self.now)
+        self.conn.execute(
+            "INSERT INTO events(session_id, seq, type, data, at) VALUES (?,?,?,?,?)",
+            (session_id, event.seq, type, _dumps(data), self.now),
+        )
+        self.events.append(event)
+        return event
+
+    def set_status(self, session_id: str, status: str, **extra: Any) -> Event | None:
+        """Record a status transition (a no-op when the status is unchanged)."""
+        st = self.state(session_id)
+        if st.status == status:
+            return None
+        event = self.emit(session_id, EventType.STATUS, {"status": status, **extra})
+        st.status = status
+        st.status_seq = event.seq
+        return event
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the event loop after this transaction commits."""
+        self._after.append(callback)
+
+
+class Store:
+    """The goald store. Open with :meth:`open`; close with :meth:`close` (or ``async with``)."""
+
+    def __init__(self, path: Path, conn: aiosqlite.Connection, durability: Durability) -> None:
+        self.path = path
+        self.durability = durability
+        self.hub = EventHub()
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._states: dict[str, SessionState] = {}
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: str | Path, *, durability: Durability = "normal") -> Store:
+        """Open (creating if needed) the store at ``path`` and apply the runtime's migrations."""
+        from agent.schema import MIGRATIONS
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = await aiosqlite.connect(str(path), isolation_level=None)
+        try:
+            sync = "FULL" if durability == "full" else "NORMAL"
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute(f"PRAGMA synchronous={sync}")
+            await conn.execute("PRAGMA busy_timeout=5000")
+            await conn.execute("PRAGMA foreign_keys=OFF")
+            conn.row_factory = sqlite3.Row
+            store = cls(path, conn, durability)
+            await store.migrate("agent", MIGRATIONS)
+        except BaseException:
+            await conn.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        """Close the connection after the queued work finishes."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._conn.execute("PRAGMA optimize")
+        finally:
+            await self._conn.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def migrate(self, package: str, migrations: Sequence[Migration]) -> int:
+        """Apply ``package``'s migrations newer than the stored version; returns the version."""
+
+        def run(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_versions (package TEXT NOT NULL, version INTEGER NOT NULL,"
+                " summary TEXT NOT NULL, applied_at TEXT NOT NULL, PRIMARY KEY (package, version))"
+            )
+            row = conn.execute(
+                "SELECT COALESCE(MAX(version), 0) FROM schema_versions WHERE package=?", (package,)
+            ).fetchone()
+            current = int(row[0])
+            known = max((m.version for m in migrations), default=0)
+            if current > known:
+                raise SchemaTooNew(
+                    f"the database has {package} schema version {current}; this goald knows up to {known}"
+                )
+            for m in sorted(migrations, key=lambda m: m.version):
+                if m.version <= current:
+                    continue
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in _split_sql(m.sql):
+                        conn.execute(statement)
+                    conn.execute(
+                        "INSERT INTO schema_versions(package, version, summary, applied_at) VALUES (?,?,?,?)",
+                        (package, m.version, m.summary, utcnow()),
+                    )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                logger.debug("migrated {} schema to version {}: {}", package, m.version, m.summary)
+                current = m.version
+            return current
+
+        return await self._call(lambda: run(self._raw()))
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def _raw(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection = self._conn._conn
+        return conn
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        if self._closed:
+            raise StoreClosed("the store is closed")
+        # One hop to the connection's thread for the whole unit of work (see the module docstring).
+        result: T = await self._conn._execute(fn)
+        return result
+
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` … ``COMMIT`` on the store thread.
+
+        If ``fn`` raises, the transaction rolls back, no event is published and the cached
+        session state is unchanged. Committed events reach listeners before this returns.
+        """
+        return await self._call(lambda: self._run_tx(fn))
+
+    def _run_tx(self, fn: Callable[[Tx], T]) -> T:
+        conn = self._raw()
+        tx = Tx(self, conn)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(tx)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._states.update(tx._states)
+        if tx.events or tx._after:
+            self._loop.call_soon_threadsafe(self._deliver, tx.events, tx._after)
+        return result
+
+    def _deliver(self, events: list[Event], after: list[Callable[[], None]]) -> None:
+        self.hub.publish(events)
+        for callback in after:
+            try:
+                callback()
+            except Exception:
+                logger.exception("after-commit callback failed")
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read-only function on the store thread inside one consistent snapshot."""
+
+        def run() -> T:
+            conn = self._raw()
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("COMMIT")
+
+        return await self._call(run)
+
+    async def trace(self, callback: Callable[[str], None] | None) -> None:
+        """Install (or remove) a statement trace callback on the connection (benchmarks)."""
+        await self._conn.set_trace_callback(callback)
+
+    # -- session state ---------------------------------------------------------------------
+
+    def _load_state(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
+        row = conn.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no session {session_id}")
+        last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id=?", (session_id,))
+        last_seq = int(last.fetchone()[0])
+        status_row = conn.execute(
+            "SELECT seq, data FROM events WHERE session_id=? AND type=? ORDER BY seq DESC LIMIT 1",
+            (session_id, EventType.STATUS.value),
+        ).fetchone()
+        status, status_seq = SESSION_IDLE, 0
+        if status_row is not None:
+            status, status_seq = json.loads(status_row["data"])["status"], int(status_row["seq"])
+        turn = conn.execute(
+            "SELECT id FROM turns WHERE session_id=? AND end_reason IS NULL LIMIT 1", (session_id,)
+        ).fetchone()
+        return SessionState(last_seq, status, status_seq, turn["id"] if turn else None)
+
+    async def session_state(self, session_id: str) -> SessionState:
+        """A copy of the session's state as of the last commit."""
+
+        def run() -> SessionState:
+            st = self._states.get(session_id)
+            if st is None:
+                st = self._load_state(self._raw(), session_id)
+                self._states[session_id] = st
+            return dataclasses.replace(st)
+
+        return await self._call(run)
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def events_after(
+        self, session_id: str, after_seq: int, *, limit: int = 1000, types: Sequence[str] | None = None
+    ) -> list[Event]:
+        """Stored events of a session with ``seq > after_seq``, in order."""
+
+        def run(conn: sqlite3.Connection) -> list[Event]:
+            if types:
+                marks = ",".join("?" * len(types))
+                rows = conn.execute(
+                    f"SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND type IN ({marks})"
+                    " ORDER BY seq LIMIT ?",
+                    (session_id, after_seq, *types, limit),
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
+                    (session_id, after_seq, limit),
+                ).fetchall()
+            return [
+                Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"])
+                for r in rows
+            ]
+
+        return await self.read(run)
+
+
+def _split_sql(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def row_event(session_id: str, row: sqlite3.Row) -> Event:
+    """Build an :class:`Event` from an ``events`` row."""
+    return Event(session_id=session_id, seq=row["seq"], type=row["type"], data=json.loads(row["data"]), at=row["at"])

@@ -1,0 +1,156 @@
+"""The tool interface and registry.
+
+A tool is typed: its arguments are a pydantic model whose JSON schema is what the model sees, and
+the registry validates a call's arguments before the tool runs. Every call has a timeout and an
+output cap (longer output is cut with a clear marker), and each tool declares whether repeating it
+is safe, which matters when a crash leaves a call's outcome unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from agent.errors import InvalidInput
+from agent.models.base import ToolSpec
+
+A = TypeVar("A", bound=BaseModel)
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may know of its call."""
+
+    session_id: str
+    turn_id: str
+    call_id: str
+    workdir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolOutput:
+    """A tool's result as the model will see it."""
+
+    content: str
+    is_error: bool = False
+
+
+class Tool(ABC, Generic[A]):
+    """A typed, async tool."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Args: type[A]
+    timeout: float = 60.0
+    output_cap: int = 64_000
+    #: Whether running the call again after an unknown outcome is harmless.
+    repeat_safe: bool = False
+
+    @abstractmethod
+    async def run(self, args: A, ctx: ToolContext) -> ToolOutput | str:
+        """Do the work."""
+
+    def spec(self) -> ToolSpec:
+        """The tool as offered to the model."""
+        return ToolSpec(name=self.name, description=self.description, input_schema=self.Args.model_json_schema())
+
+
+class FunctionTool(Tool[A]):
+    """A tool made from an async function of (args, ctx)."""
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        args: type[A],
+        fn: Callable[[A, ToolContext], Awaitable[ToolOutput | str]],
+        *,
+        timeout: float = 60.0,
+        output_cap: int = 64_000,
+        repeat_safe: bool = False,
+    ) -> None:
+        self.name = name  # type: ignore[misc]
+        self.description = description  # type: ignore[misc]
+        self.Args = args
+        self._fn = fn
+        self.timeout = timeout
+        self.output_cap = output_cap
+        self.repeat_safe = repeat_safe
+
+    async def run(self, args: A, ctx: ToolContext) -> ToolOutput | str:
+        return await self._fn(args, ctx)
+
+
+def truncate(text: str, cap: int) -> str:
+    """Cut ``text`` to ``cap`` characters with a marker saying how much was left out."""
+    if len(text) <= cap:
+        return text
+    keep = max(0, cap - 80)
+    return text[:keep] + f"\n[... output truncated: {len(text) - keep} of {len(text)} characters not shown ...]"
+
+
+class ToolRegistry:
+    """The tools one session may use, by name."""
+
+    def __init__(self, tools: list[Tool[Any]] | None = None) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        self._specs: list[ToolSpec] | None = None
+        for tool in tools or []:
+            self.add(tool)
+
+    def add(self, tool: Tool[Any]) -> None:
+        """Register a tool (names are unique)."""
+        if tool.name in self._tools:
+            raise InvalidInput(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        self._specs = None
+
+    def get(self, name: str) -> Tool[Any] | None:
+        """The tool called ``name``, if any."""
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        """Registered tool names."""
+        return list(self._tools)
+
+    def specs(self) -> list[ToolSpec]:
+        """Every tool's spec, computed once."""
+        if self._specs is None:
+            self._specs = [t.spec() for t in self._tools.values()]
+        return self._specs
+
+    def specs_bytes(self) -> int:
+        """Size of the tool specs as sent to a model."""
+        return len(json.dumps([s.model_dump() for s in self.specs()]))
+
+    async def call(self, name: str, raw_args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Validate and run one call, with its timeout and output cap. Never raises for tool faults."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return ToolOutput(f"unknown tool {name!r}; available: {', '.join(self._tools) or 'none'}", True)
+        try:
+            args = tool.Args.model_validate(raw_args)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            return ToolOutput(f"invalid arguments for {name}: {problems}", True)
+        try:
+            async with asyncio.timeout(tool.timeout):
+                out = await tool.run(args, ctx)
+        except TimeoutError:
+            return ToolOutput(f"{name} timed out after {tool.timeout:g}s", True)
+        except Exception as exc:
+            return ToolOutput(f"{name} failed: {type(exc).__name__}: {exc}", True)
+        if isinstance(out, str):
+            out = ToolOutput(out)
+        return ToolOutput(truncate(out.content, tool.output_cap), out.is_error)

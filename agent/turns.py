@@ -1,0 +1,172 @@
+"""Turns: the end-reason lifecycle and the transaction functions that open, close and repair them.
+
+A turn opens in the same transaction that admits its waking batch, and closes in one that also
+decides whether the session goes idle. Crash repair closes a turn left open by a dead process as
+``interrupted``, gives every tool call without a result the "outcome unknown" result, and charges
+every reservation left open in full; queued messages stay queued for the next turn.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from agent.events import EventType
+from agent.inbox import Admitted, admit, has_waking, settle_idle
+from agent.ids import TurnId
+from agent.store import SESSION_IDLE, SESSION_RUNNING, Tx
+
+OUTCOME_UNKNOWN = "interrupted: outcome unknown — verify before retrying"
+
+
+class EndReason(enum.StrEnum):
+    """Why a turn ended."""
+
+    #: The model finished its answer (including a provider refusal, noted as ``modelFinish``).
+    END_TURN = "end_turn"
+    #: The model hit its output limit.
+    MAX_TOKENS = "max_tokens"
+    #: The turn used its allowed number of model steps.
+    MAX_STEPS = "max_steps"
+    #: The spend guard refused the next model call; it was not made.
+    BUDGET = "budget"
+    #: The model or the runtime failed (after retries).
+    ERROR = "error"
+    #: ``interrupt()`` ended the turn.
+    CANCELLED = "cancelled"
+    #: The process died or shut down mid-turn.
+    INTERRUPTED = "interrupted"
+
+
+class TurnEnd(BaseModel):
+    """How a turn ended, as recorded in ``turn/end``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: EndReason
+    error: str | None = None
+    error_kind: str | None = None
+    model_finish: str | None = None
+    steps: int = 0
+
+
+class OpenedTurn(BaseModel):
+    """A turn the driver just opened, with its admitted batch."""
+
+    model_config = ConfigDict(frozen=True)
+
+    turn_id: TurnId
+    start_seq: int
+    admitted: list[Admitted]
+
+
+def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
+    """Open a turn admitting every queued message if one of them wakes; else commit idle."""
+    st = tx.state(session_id)
+    if st.open_turn is not None:
+        raise RuntimeError(f"session {session_id} already has an open turn {st.open_turn}")
+    if not has_waking(tx, session_id):
+        settle_idle(tx, session_id)
+        return None
+    turn_id = TurnId.new()
+    tx.set_status(session_id, SESSION_RUNNING)
+    start = tx.emit(session_id, EventType.TURN_START, {"turnId": turn_id})
+    tx.execute(
+        "INSERT INTO turns(id, session_id, start_seq, started_at) VALUES (?,?,?,?)",
+        (turn_id, session_id, start.seq, tx.now),
+    )
+    st.open_turn = turn_id
+    admitted = admit(tx, session_id, turn_id, waking=True)
+    return OpenedTurn(turn_id=turn_id, start_seq=start.seq, admitted=admitted)
+
+
+def end_turn(tx: Tx, session_id: str, turn_id: str, end: TurnEnd) -> bool:
+    """Close the turn and commit idle unless a waking message is queued; returns "more work"."""
+    st = tx.state(session_id)
+    if st.open_turn != turn_id:
+        raise RuntimeError(f"turn {turn_id} is not the open turn of session {session_id}")
+    data: dict[str, Any] = {"turnId": turn_id, "reason": end.reason.value, "steps": end.steps}
+    if end.error is not None:
+        data["error"] = end.error
+    if end.error_kind is not None:
+        data["errorKind"] = end.error_kind
+    if end.model_finish is not None:
+        data["modelFinish"] = end.model_finish
+    event = tx.emit(session_id, EventType.TURN_END, data)
+    tx.execute(
+        "UPDATE turns SET end_seq=?, end_reason=?, error=?, steps=?, ended_at=? WHERE id=?",
+        (event.seq, end.reason.value, end.error, end.steps, tx.now, turn_id),
+    )
+    st.open_turn = None
+    return not settle_idle(tx, session_id)
+
+
+def close_open_tool_calls(tx: Tx, session_id: str, turn_id: str, start_seq: int, text: str) -> int:
+    """Give every tool call of the turn that has no result the result ``text``; returns how many."""
+    rows = tx.all(
+        "SELECT type, data FROM events WHERE session_id=? AND seq>=? AND type IN (?, ?) ORDER BY seq",
+        (session_id, start_seq, EventType.ASSISTANT_MESSAGE.value, EventType.TOOL_RESULT.value),
+    )
+    wanted: dict[str, str] = {}
+    for row in rows:
+        data = json.loads(row["data"])
+        if row["type"] == EventType.ASSISTANT_MESSAGE:
+            for block in data.get("content", []):
+                if block.get("type") == "tool_use":
+                    wanted[block["id"]] = block["name"]
+        else:
+            wanted.pop(data["toolUseId"], None)
+    for use_id, name in wanted.items():
+        tx.emit(
+            session_id,
+            EventType.TOOL_RESULT,
+            {"turnId": turn_id, "toolUseId": use_id, "name": name, "content": text, "isError": True},
+        )
+    return len(wanted)
+
+
+def charge_open_reservations(tx: Tx, session_id: str) -> list[str]:
+    """Charge every reservation still open for the session in full; returns the call ids."""
+    rows = tx.all(
+        "UPDATE model_calls SET state='charged_in_full', cost=reserved_cost, ended_at=?,"
+        " error_class=COALESCE(error_class, 'interrupted') WHERE session_id=? AND state='reserved' RETURNING id",
+        (tx.now, session_id),
+    )
+    return [str(r["id"]) for r in rows]
+
+
+def repair(tx: Tx) -> list[str]:
+    """Repair every session a dead process left mid-turn; returns the sessions that still have work.
+
+    Runs once when the runtime opens the store, before any driver starts.
+    """
+    touched: list[str] = []
+    for row in tx.all("SELECT id, session_id, start_seq FROM turns WHERE end_reason IS NULL"):
+        session_id = row["session_id"]
+        closed = close_open_tool_calls(tx, session_id, row["id"], row["start_seq"], OUTCOME_UNKNOWN)
+        charged = charge_open_reservations(tx, session_id)
+        end_turn(
+            tx,
+            session_id,
+            row["id"],
+            TurnEnd(reason=EndReason.INTERRUPTED, error="the process ended during the turn"),
+        )
+        touched.append(session_id)
+        del closed, charged
+    # Reservations left open outside a turn (never expected) are charged too.
+    for row in tx.all("SELECT DISTINCT session_id FROM model_calls WHERE state='reserved'"):
+        charge_open_reservations(tx, row["session_id"])
+    with_work = [
+        str(r["session_id"])
+        for r in tx.all(
+            "SELECT DISTINCT session_id FROM inbox WHERE fate='queued' AND delivery IN ('followup', 'steer')"
+        )
+    ]
+    # A session whose status says running with no turn and no waking message goes idle.
+    for session_id in touched:
+        if tx.state(session_id).status != SESSION_IDLE and session_id not in with_work:
+            settle_idle(tx, session_id)
+    return with_work

@@ -1,0 +1,1 @@
+"""goald's goal engine: durable goals that advance at whole-agent idle (imports ``agent`` only)."""
