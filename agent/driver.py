@@ -105,7 +105,7 @@ class RetryPolicy(BaseModel):
         """Seconds to wait before attempt ``attempt + 1``."""
         if retry_after is not None:
             return min(max(retry_after, 0.0), max(self.max_delay, retry_after))
-        raw = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        raw = min(self.max_delay, self.base_delay * float(2 ** (attempt - 1)))
         return raw * (1 + self.jitter * (2 * random.random() - 1))
 
 
@@ -331,6 +331,10 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError):
                 await driver
 
+    def is_stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopping
+
     @contextlib.asynccontextmanager
     async def _slot_cm(self) -> AsyncIterator[None]:
         if self._slot is None:
@@ -341,14 +345,14 @@ class Agent:
 
     async def _run(self) -> None:
         has_work = True
-        while not self._stopping:
+        while not self.is_stopping():
             if not has_work:
                 await self._wake.wait()
-                if self._stopping:
+                if self.is_stopping():
                     break
             self._wake.clear()
             async with self._slot_cm():
-                if self._stopping:
+                if self.is_stopping():
                     break
                 turn = await self.store.transact(partial(take_or_idle, session_id=self.session_id))
                 if turn is None:
@@ -445,7 +449,12 @@ class Agent:
                 )
             close_open_tool_calls(tx, self.session_id, turn.turn_id, turn.start_seq, tool_text)
             charged = charge_open_reservations(tx, self.session_id)
-            tx.after_commit(lambda: [guard.settle_in_full(c) for c in charged] and None)
+
+            def settle() -> None:
+                for call_id in charged:
+                    guard.settle_in_full(call_id)
+
+            tx.after_commit(settle)
 
         await asyncio.shield(self.store.transact(run))
         self._history = None  # reload: the cleanup wrote history the loop did not build

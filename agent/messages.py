@@ -170,6 +170,8 @@ def parse_content(value: object) -> Content:
 def parse_delivery(value: object) -> Delivery:
     """Validate a delivery mode name."""
     try:
+        if not isinstance(value, str):
+            raise ValueError
         return Delivery(value)
     except ValueError:
         allowed = ", ".join(d.value for d in Delivery)

@@ -229,7 +229,7 @@ class Store:
         if self._closed:
             raise StoreClosed("the store is closed")
         # One hop to the connection's thread for the whole unit of work (see the module docstring).
-        result: T = await self._conn._execute(fn)
+        result: T = await self._conn._execute(fn)  # type: ignore[no-untyped-call]
         return result
 
     async def transact(self, fn: Callable[[Tx], T]) -> T:
@@ -279,7 +279,7 @@ class Store:
 
     async def trace(self, callback: Callable[[str], None] | None) -> None:
         """Install (or remove) a statement trace callback on the connection (benchmarks)."""
-        await self._conn.set_trace_callback(callback)
+        await self._conn.set_trace_callback(callback)  # type: ignore[arg-type]
 
     # -- session state ---------------------------------------------------------------------
 

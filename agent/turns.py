@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from agent.events import EventType
-from agent.inbox import Admitted, admit, has_waking, settle_idle
 from agent.ids import TurnId
+from agent.inbox import Admitted, admit, has_waking, settle_idle
 from agent.store import SESSION_IDLE, SESSION_RUNNING, Tx
 
 OUTCOME_UNKNOWN = "interrupted: outcome unknown — verify before retrying"

@@ -165,7 +165,7 @@ class ScriptedModel(Model):
         content: list[Block] = []
         if reply.text:
             content.append(TextBlock(text=reply.text))
-        for i, call in enumerate(reply.tool_calls):
+        for call in reply.tool_calls:
             content.append(
                 ToolUseBlock(id=call.id or f"call_{uuid.uuid4().hex[:16]}", name=call.name, input=dict(call.args))
             )
