@@ -277,6 +277,13 @@ class Agent:
         self._idle_waiters.append(fut)
         return await fut
 
+    def add_tools(self, tools: list[Any]) -> None:
+        """Offer more tools from the next model step on (names already present are kept)."""
+        for tool in tools:
+            if self.tools.get(tool.name) is None:
+                self.tools.add(tool)
+        self._fixed_bytes = len(self.config.system or "") + self.tools.specs_bytes()
+
     def add_delta_listener(self, listener: DeltaListener) -> Callable[[], None]:
         """Receive streamed text as ``(turn_id, text)`` (ephemeral; not durable)."""
         self._delta_listeners.append(listener)
@@ -448,7 +455,7 @@ class Agent:
                     },
                 )
             close_open_tool_calls(tx, self.session_id, turn.turn_id, turn.start_seq, tool_text)
-            charged = charge_open_reservations(tx, self.session_id)
+            charged = charge_open_reservations(tx, self.session_id, turn.turn_id)
 
             def settle() -> None:
                 for call_id in charged:
@@ -560,6 +567,8 @@ class Agent:
                     "message": exc.message[:2000],
                     "retrying": retry,
                     "discardedChars": len(partial_text),
+                    "usage": usage.model_dump(),
+                    "cost": cost,
                 },
             )
             tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
@@ -586,7 +595,9 @@ class Agent:
                 tg.create_task(self._run_tool(turn, use))
 
     async def _run_tool(self, turn: OpenedTurn, use: ToolUseBlock) -> None:
-        ctx = ToolContext(session_id=self.session_id, turn_id=turn.turn_id, call_id=use.id, workdir=self.workdir)
+        ctx = ToolContext(
+            session_id=self.session_id, turn_id=turn.turn_id, call_id=use.id, workdir=self.workdir, store=self.store
+        )
         out = await self.tools.call(use.name, use.input, ctx)
 
         def run(tx: Tx) -> None:

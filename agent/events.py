@@ -34,6 +34,7 @@ class EventType(enum.StrEnum):
     ASSISTANT_MESSAGE = "assistant/message"
     TOOL_RESULT = "tool/result"
     MODEL_ERROR = "model/error"
+    MODEL_CHARGED = "model/charged"
     STATUS = "status"
     SESSION_CREATED = "session/created"
 

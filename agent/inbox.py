@@ -79,12 +79,14 @@ def enqueue(
         Conflict: the id belongs to another session, or ``pending_key`` is already queued.
     """
     source = source or Source()
+    if message_id is not None:
+        # Only a caller-supplied id can repeat; a fresh one needs no look-up.
+        existing = tx.one("SELECT session_id, queued_seq FROM inbox WHERE id=?", (message_id,))
+        if existing is not None:
+            if existing["session_id"] != session_id:
+                raise Conflict(f"message id {message_id} was already used in another session")
+            return Enqueued(message_id=message_id, seq=existing["queued_seq"], created=False)
     mid = message_id or MessageId.new()
-    existing = tx.one("SELECT session_id, queued_seq FROM inbox WHERE id=?", (mid,))
-    if existing is not None:
-        if existing["session_id"] != session_id:
-            raise Conflict(f"message id {mid} was already used in another session")
-        return Enqueued(message_id=mid, seq=existing["queued_seq"], created=False)
     tx.state(session_id)  # raises NotFound for an unknown session
     data: dict[str, Any] = {
         "messageId": mid,

@@ -347,8 +347,11 @@ class Runtime:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` in the runtime's task group; an exception is logged, never spread to siblings."""
         return self._tg.create_task(self._supervise(coro))
+
+    _spawn = spawn
 
     async def _supervise(self, coro: Coroutine[Any, Any, None]) -> None:
         try:

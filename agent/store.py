@@ -316,22 +316,30 @@ class Store:
     # -- events ----------------------------------------------------------------------------
 
     async def events_after(
-        self, session_id: str, after_seq: int, *, limit: int = 1000, types: Sequence[str] | None = None
+        self,
+        session_id: str,
+        after_seq: int,
+        *,
+        limit: int = 1000,
+        types: Sequence[str] | None = None,
+        upto: int | None = None,
     ) -> list[Event]:
-        """Stored events of a session with ``seq > after_seq``, in order."""
+        """Stored events of a session with ``after_seq < seq <= upto``, in order, at most ``limit``."""
+        high = upto if upto is not None else 2**62
 
         def run(conn: sqlite3.Connection) -> list[Event]:
             if types:
                 marks = ",".join("?" * len(types))
                 rows = conn.execute(
-                    f"SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND type IN ({marks})"
-                    " ORDER BY seq LIMIT ?",
-                    (session_id, after_seq, *types, limit),
+                    "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
+                    f" AND type IN ({marks}) ORDER BY seq LIMIT ?",
+                    (session_id, after_seq, high, *types, limit),
                 ).fetchall()
             else:
                 rows = conn.execute(
-                    "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
-                    (session_id, after_seq, limit),
+                    "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
+                    " ORDER BY seq LIMIT ?",
+                    (session_id, after_seq, high, limit),
                 ).fetchall()
             return [
                 Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"])

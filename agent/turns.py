@@ -128,13 +128,30 @@ def close_open_tool_calls(tx: Tx, session_id: str, turn_id: str, start_seq: int,
     return len(wanted)
 
 
-def charge_open_reservations(tx: Tx, session_id: str) -> list[str]:
-    """Charge every reservation still open for the session in full; returns the call ids."""
+def charge_open_reservations(tx: Tx, session_id: str, turn_id: str | None = None) -> list[str]:
+    """Charge every reservation still open for the session in full; returns the call ids.
+
+    A ``model/charged`` event records what was charged, so that whoever sums a session's spend
+    from its events (the goal engine) agrees with the spend guard.
+    """
     rows = tx.all(
         "UPDATE model_calls SET state='charged_in_full', cost=reserved_cost, ended_at=?,"
-        " error_class=COALESCE(error_class, 'interrupted') WHERE session_id=? AND state='reserved' RETURNING id",
+        " error_class=COALESCE(error_class, 'interrupted') WHERE session_id=? AND state='reserved'"
+        " RETURNING id, reserved_tokens, reserved_cost",
         (tx.now, session_id),
     )
+    if rows:
+        tx.emit(
+            session_id,
+            EventType.MODEL_CHARGED,
+            {
+                "turnId": turn_id,
+                "callIds": [r["id"] for r in rows],
+                "tokens": sum(int(r["reserved_tokens"]) for r in rows),
+                "cost": sum(float(r["reserved_cost"]) for r in rows),
+                "reason": "outcome unknown: the reservation is charged in full",
+            },
+        )
     return [str(r["id"]) for r in rows]
 
 
@@ -147,7 +164,7 @@ def repair(tx: Tx) -> list[str]:
     for row in tx.all("SELECT id, session_id, start_seq FROM turns WHERE end_reason IS NULL"):
         session_id = row["session_id"]
         closed = close_open_tool_calls(tx, session_id, row["id"], row["start_seq"], OUTCOME_UNKNOWN)
-        charged = charge_open_reservations(tx, session_id)
+        charged = charge_open_reservations(tx, session_id, row["id"])
         end_turn(
             tx,
             session_id,
@@ -158,7 +175,7 @@ def repair(tx: Tx) -> list[str]:
         del closed, charged
     # Reservations left open outside a turn (never expected) are charged too.
     for row in tx.all("SELECT DISTINCT session_id FROM model_calls WHERE state='reserved'"):
-        charge_open_reservations(tx, row["session_id"])
+        charge_open_reservations(tx, row["session_id"], None)
     with_work = [
         str(r["session_id"])
         for r in tx.all(

@@ -1,1 +1,46 @@
-"""goald's goal engine: durable goals that advance at whole-agent idle (imports ``agent`` only)."""
+"""goald's goal engine: durable goals that advance at whole-agent idle, exactly once.
+
+``goals`` imports ``agent`` and never the reverse; it knows nothing of sockets. Its public names
+are re-exported here.
+"""
+
+from goals.continuation import quote, render, stable_part
+from goals.engine import GoalEngine, guard_limits, interval_facts, tools_for_goal_sessions
+from goals.model import (
+    Budgets,
+    Goal,
+    GoalId,
+    GoalMemory,
+    GoalSpec,
+    GoalStatus,
+    StopReason,
+    StopRules,
+    VerifyCommand,
+    VerifyResult,
+    transition,
+)
+from goals.policy import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput, budget_spent, decide
+from goals.store import (
+    GOAL_BLOCKED,
+    GOAL_CHANGED,
+    GOAL_CLAIM,
+    GOAL_PROGRESS,
+    MIGRATIONS,
+    StaleDecision,
+    goal_from_row,
+    live_goal_of_session,
+    load_goal,
+    pending_key,
+)
+from goals.tools import GOAL_TOOL_NAMES, GoalBlocked, GoalComplete, GoalProgress, goal_tools
+from goals.verify import CommandRunner, fingerprint, run_all, run_command
+
+__all__ = [
+    "GOAL_BLOCKED", "GOAL_CHANGED", "GOAL_CLAIM", "GOAL_PROGRESS", "GOAL_TOOL_NAMES", "MIGRATIONS", "Budgets",
+    "Claim", "CommandRunner", "ContinuationFate", "Decision", "DecisionKind", "Goal", "GoalBlocked",
+    "GoalComplete", "GoalEngine", "GoalId", "GoalMemory", "GoalProgress", "GoalSpec", "GoalStatus", "Interval",
+    "PolicyInput", "StaleDecision", "StopReason", "StopRules", "VerifyCommand", "VerifyResult", "budget_spent",
+    "decide", "fingerprint", "goal_from_row", "goal_tools", "guard_limits", "interval_facts",
+    "live_goal_of_session", "load_goal", "pending_key", "quote", "render", "run_all", "run_command",
+    "stable_part", "tools_for_goal_sessions", "transition",
+]

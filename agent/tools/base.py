@@ -14,12 +14,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from agent.errors import InvalidInput
 from agent.models.base import ToolSpec
+
+if TYPE_CHECKING:
+    from agent.store import Store
 
 A = TypeVar("A", bound=BaseModel)
 
@@ -32,6 +35,8 @@ class ToolContext:
     turn_id: str
     call_id: str
     workdir: Path | None = None
+    #: The store, for tools that record durable facts in their own transaction.
+    store: Store | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

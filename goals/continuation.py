@@ -1,0 +1,64 @@
+"""The continuation message a goal enqueues to keep its agent going.
+
+Its first part (the goal's id, the quoted objective and the standing instructions) is the same
+from round to round, so providers' prompt caches can reuse it; what changes (round, budget left,
+notes, the last verification output, a stall warning) comes after. The objective is quoted with
+``<``, ``>`` and ``&`` escaped, so multi-line or tag-like text cannot close the quote and pose as
+instructions.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from goals.model import Goal
+
+INSTRUCTIONS = (
+    "You are working toward this goal unattended; no person is watching. Work in steps, use your "
+    "tools, and check your own progress. After meaningful progress call goal_progress(note). Call "
+    "goal_complete(summary, evidence) only when the objective is met and you can show evidence "
+    "(its verification commands will be run). If you truly cannot proceed, call goal_blocked(reason)."
+)
+
+
+def quote(text: str) -> str:
+    """Escape text so it cannot break out of the ``<objective>`` element."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def stable_part(goal: Goal) -> str:
+    """The part that does not change from round to round."""
+    return f"[goal {goal.id}] {goal.title}\n<objective>\n{quote(goal.objective)}\n</objective>\n\n{INSTRUCTIONS}"
+
+
+def _budget_left(goal: Goal, now: datetime) -> str:
+    b = goal.budgets
+    parts = []
+    if b.max_tokens_total is not None:
+        parts.append(f"{max(b.max_tokens_total - goal.tokens, 0):,} tokens")
+    if b.max_cost is not None:
+        parts.append(f"{max(b.max_cost - goal.cost, 0.0):.4f} cost units")
+    if b.max_wall_seconds is not None:
+        parts.append(f"{max(b.max_wall_seconds - goal.wall_used, 0.0):.0f} s of wall time")
+    if b.deadline is not None:
+        parts.append(f"{max((b.deadline - now).total_seconds(), 0.0):.0f} s until the deadline")
+    return ", ".join(parts) if parts else "no limit set"
+
+
+def render(goal: Goal, round_no: int, now: datetime, *, stall_warning: bool = False) -> str:
+    """The whole continuation text for round ``round_no``."""
+    of = f" of {goal.budgets.max_rounds}" if goal.budgets.max_rounds else ""
+    lines = [stable_part(goal), "", "---", f"Round {round_no}{of}. Budget left: {_budget_left(goal, now)}."]
+    if goal.memory.notes:
+        lines.append("Latest progress notes:")
+        lines.extend(f"- {quote(n)}" for n in goal.memory.notes[-5:])
+    if goal.memory.verify_output:
+        lines.append("Your last completion claim was refused; the verification said:")
+        lines.append(goal.memory.verify_output)
+    if stall_warning:
+        lines.append(
+            f"Warning: no progress in the last {goal.stall_streak} round(s): nothing changed in the work "
+            "directory and no new progress was noted. Change approach, or the goal will be paused as stalled."
+        )
+    lines.append("Verify where things stand, then continue.")
+    return "\n".join(lines)

@@ -1,0 +1,586 @@
+"""The goal engine: advances each goal at whole-agent idle of its session, from durable state.
+
+It listens for committed ``status: idle`` events of goal sessions (never ``turn/end``) and for
+durable timers falling due (``not_before`` after a model error, the deadline, the end of the wall
+time) while the session is idle. For one goal at a time it reads the goal row and the session's
+events in ``(evaluated_seq, latest]``, measures the work directory and runs the verification
+commands when the agent claimed completion, asks the pure :func:`goals.policy.decide`, and commits
+the decision, the cursor, the counters and any continuation in **one** transaction, and only if
+that idle is still the session's latest status and nobody changed the goal meanwhile. A stale
+decision writes nothing; the next idle (or a re-read) decides again. The goal recognizes its own
+continuation by ``MessageId`` only; it never reads the outcome of a turn for its message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from agent import (
+    Conflict,
+    Event,
+    EventType,
+    InvalidInput,
+    Limits,
+    NotFound,
+    Runtime,
+    SessionId,
+    Tx,
+    create_guard,
+    create_session,
+    update_guard,
+)
+from goals.continuation import render
+from goals.model import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopReason, VerifyCommand
+from goals.policy import (
+    Claim,
+    ContinuationFate,
+    Decision,
+    DecisionKind,
+    Interval,
+    PolicyInput,
+    budget_spent,
+    decide,
+)
+from goals.store import (
+    GOAL_BLOCKED,
+    GOAL_CLAIM,
+    GOAL_PROGRESS,
+    MIGRATIONS,
+    StaleDecision,
+    cancel_continuation,
+    emit_changed,
+    goal_from_row,
+    insert_goal,
+    issue_continuation,
+    live_goal_of_session,
+    load_goal,
+    resolve_goal_id,
+    save_goal,
+    set_status,
+)
+from goals.tools import GOAL_TOOL_NAMES, goal_tools
+from goals.verify import CommandRunner, fingerprint, run_all, run_command
+
+DecisionListener = Callable[[PolicyInput, Decision], None]
+Clock = Callable[[], datetime]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
+    """Gather the policy's facts from the session's events of one interval."""
+    fate = ContinuationFate.NONE
+    cancel_reason = None
+    tokens, cost, turns = 0, 0.0, 0
+    claims: list[Claim] = []
+    blocked: list[str] = []
+    notes: list[str] = []
+    calls: list[str] = []
+    uses: dict[str, tuple[str, str]] = {}
+    last_reason = last_kind = last_error = None
+    cid = goal.continuation_id
+    for ev in events:
+        d = ev.data
+        match ev.type:
+            case EventType.MESSAGE_QUEUED if d.get("messageId") == cid:
+                fate = ContinuationFate.QUEUED
+            case EventType.MESSAGE_ADMITTED if d.get("messageId") == cid:
+                fate = ContinuationFate.ADMITTED
+            case EventType.MESSAGE_CANCELLED if d.get("messageId") == cid:
+                fate, cancel_reason = ContinuationFate.CANCELLED, d.get("reason")
+            case EventType.ASSISTANT_MESSAGE:
+                usage = d.get("usage") or {}
+                tokens += sum(int(v) for v in usage.values())
+                cost += float(d.get("cost") or 0.0)
+                for block in d.get("content", []):
+                    if block.get("type") == "tool_use" and block.get("name") not in GOAL_TOOL_NAMES:
+                        uses[block["id"]] = (block["name"], json.dumps(block.get("input"), sort_keys=True))
+            case EventType.TOOL_RESULT if d.get("toolUseId") in uses:
+                name, args = uses.pop(d["toolUseId"])
+                digest = hashlib.sha256(f"{name}\0{args}\0{d.get('content')}".encode()).hexdigest()[:12]
+                calls.append(digest)
+            case EventType.MODEL_ERROR:
+                usage = d.get("usage") or {}
+                tokens += sum(int(v) for v in usage.values())
+                cost += float(d.get("cost") or 0.0)
+            case EventType.MODEL_CHARGED:
+                tokens += int(d.get("tokens") or 0)
+                cost += float(d.get("cost") or 0.0)
+            case EventType.TURN_END:
+                turns += 1
+                last_reason, last_kind, last_error = d.get("reason"), d.get("errorKind"), d.get("error")
+            case _ if ev.type == GOAL_CLAIM and d.get("goalId") == goal.id:
+                claims.append(Claim(summary=d["summary"], evidence=d["evidence"]))
+            case _ if ev.type == GOAL_PROGRESS and d.get("goalId") == goal.id:
+                notes.append(d["note"])
+            case _ if ev.type == GOAL_BLOCKED and d.get("goalId") == goal.id:
+                blocked.append(d["reason"])
+            case _:
+                pass
+    return Interval(
+        end_seq=end_seq,
+        continuation_fate=fate,
+        cancel_reason=cancel_reason,
+        tokens=tokens,
+        cost=cost,
+        claims=claims,
+        blocked=blocked,
+        notes=notes,
+        tool_calls=calls,
+        turns=turns,
+        last_end_reason=last_reason,
+        last_error_kind=last_kind,
+        last_error=last_error,
+    )
+
+
+def guard_limits(goal: Goal, now: datetime) -> Limits:
+    """The spend guard's limits for a goal: its token and cost budgets, and the earlier of its
+    deadline and the end of its wall time (counted while active)."""
+    b = goal.budgets
+    deadline = b.deadline
+    if b.max_wall_seconds is not None and goal.status is GoalStatus.ACTIVE:
+        wall_end = now + timedelta(seconds=max(b.max_wall_seconds - goal.wall_used, 0.0))
+        deadline = wall_end if deadline is None else min(deadline, wall_end)
+    return Limits(max_tokens=b.max_tokens_total, max_cost=b.max_cost, deadline=deadline)
+
+
+class GoalEngine:
+    """Goals over a :class:`~agent.Runtime`. Use ``async with GoalEngine.running(rt) as engine``."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        runner: CommandRunner = run_command,
+        clock: Clock = _utcnow,
+        timer_interval: float = 1.0,
+        model_check: Callable[[str | None], None] | None = None,
+        allowed_roots: list[Path] | None = None,
+    ) -> None:
+        self.rt = runtime
+        self.store = runtime.store
+        self.runner = runner
+        self.clock = clock
+        self.timer_interval = timer_interval
+        self.model_check = model_check
+        self.allowed_roots = allowed_roots
+        self._sessions: dict[str, str] = {}
+        self._due: dict[str, datetime] = {}
+        self._evaluating: set[str] = set()
+        self._dirty: set[str] = set()
+        self._listeners: list[DecisionListener] = []
+        self._remove: Callable[[], None] | None = None
+        self._timer_task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(cls, runtime: Runtime, **kw: Any) -> AsyncIterator[GoalEngine]:
+        """Start the engine (every live goal's pending decision is made before this yields)."""
+        engine = cls(runtime, **kw)
+        await engine.start()
+        try:
+            yield engine
+        finally:
+            await engine.stop()
+
+    async def start(self, resume: bool = True) -> None:
+        """Load live goals, listen for idles, and (``resume``) make every pending decision now."""
+        await self.store.migrate("goals", MIGRATIONS)
+        rows = await self.store.read(
+            lambda conn: conn.execute("SELECT * FROM goals WHERE status IN ('active', 'paused')").fetchall()
+        )
+        goals = [goal_from_row(r) for r in rows]
+        for goal in goals:
+            self._track(goal)
+        self._remove = self.store.hub.add_listener(self._on_event)
+        if resume:
+            await asyncio.gather(*(self._evaluate_loop(g.id) for g in goals if g.status is GoalStatus.ACTIVE))
+        self._timer_task = self.rt.spawn(self._timers())
+
+    async def stop(self) -> None:
+        """Stop listening and timing; evaluations in flight finish first."""
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
+        if self._timer_task is not None:
+            self._timer_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer_task
+        await self.settled()
+
+    async def settled(self) -> None:
+        """Wait until no evaluation is running."""
+        while self._evaluating:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def add_decision_listener(self, listener: DecisionListener) -> Callable[[], None]:
+        """Observe every committed decision with the inputs it was taken from."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    # -- the public API --------------------------------------------------------------------
+
+    async def create(self, spec: GoalSpec) -> Goal:
+        """Create a goal; round 1's continuation is enqueued in the same transaction.
+
+        A repeated ``idempotency_key`` returns the goal first created with it.
+        """
+        if self.model_check is not None:
+            self.model_check(spec.model)
+        workdir = self._check_workdir(spec.workdir)
+        now = self.clock()
+        goal_id = GoalId.new()
+
+        def run(tx: Tx) -> tuple[Goal, bool]:
+            if spec.idempotency_key is not None:
+                row = tx.one("SELECT * FROM goals WHERE idempotency_key=?", (spec.idempotency_key,))
+                if row is not None:
+                    return goal_from_row(row), False
+            if spec.key is not None and tx.one("SELECT 1 FROM goals WHERE key=?", (spec.key,)) is not None:
+                raise Conflict(f"a goal with key {spec.key!r} already exists")
+            draft = Goal(
+                id=goal_id,
+                key=spec.key,
+                idempotency_key=spec.idempotency_key,
+                title=spec.title or spec.objective.strip().splitlines()[0][:80],
+                objective=spec.objective,
+                status=GoalStatus.ACTIVE,
+                session_id="ses_pending",
+                guard_id="grd_pending",
+                workdir=str(workdir) if workdir else None,
+                model=spec.model,
+                tools=spec.tools,
+                budgets=spec.budgets,
+                verify=spec.verify,
+                rules=spec.rules,
+                active_since=now,
+                created_at=now,
+                updated_at=now,
+            )
+            guard_id = create_guard(tx, guard_limits(draft, now))
+            if spec.session_id is not None:
+                sid = SessionId.parse(spec.session_id)
+                if tx.one("SELECT 1 FROM sessions WHERE id=?", (sid,)) is None:
+                    raise NotFound(f"no session {sid}")
+                if live_goal_of_session(tx, sid) is not None:
+                    raise Conflict(f"session {sid} already has an active or paused goal")
+                tx.execute(
+                    "UPDATE sessions SET guard_id=?, config=json_set(config, '$.goal', json('true')) WHERE id=?",
+                    (guard_id, sid),
+                )
+            else:
+                sid = create_session(
+                    tx, model=spec.model, workdir=draft.workdir, guard_id=guard_id, config={"goal": True}
+                )
+            goal = draft.model_copy(update={"session_id": sid, "guard_id": guard_id})
+            emit_changed(tx, None, goal)
+            goal = goal.model_copy(update={"evaluated_seq": tx.state(sid).last_seq})
+            goal = issue_continuation(tx, goal, 1, render(goal, 1, now))
+            insert_goal(tx, goal)
+            return goal, True
+
+        goal, created = await self.store.transact(run)
+        if created:
+            self._track(goal)
+            await self._attach(goal)
+        return goal
+
+    async def get(self, goal_ref: str) -> Goal:
+        """A goal by id or unique id prefix."""
+        return await self.store.read(lambda conn: load_goal(conn, resolve_goal_id(conn, goal_ref)))
+
+    async def list_goals(self, status: GoalStatus | str | None = None) -> list[Goal]:
+        """Goals, newest first, optionally of one status."""
+        wanted = GoalStatus(status) if status is not None else None
+
+        def run(conn: Any) -> list[Goal]:
+            if wanted is None:
+                rows = conn.execute("SELECT * FROM goals ORDER BY id DESC").fetchall()
+            else:
+                rows = conn.execute("SELECT * FROM goals WHERE status=? ORDER BY id DESC", (wanted.value,)).fetchall()
+            return [goal_from_row(r) for r in rows]
+
+        return await self.store.read(run)
+
+    async def pause(self, goal_ref: str, reason: str = StopReason.BY_REQUEST) -> Goal:
+        """Pause: a queued continuation is cancelled; a running turn finishes; nothing new starts."""
+        return await self._change(goal_ref, GoalStatus.PAUSED, reason, "goal paused")
+
+    async def cancel(self, goal_ref: str, reason: str = "cancelled by request") -> Goal:
+        """Cancel: the queued continuation is cancelled and a running turn is interrupted."""
+        goal = await self._change(goal_ref, GoalStatus.CANCELLED, reason, "goal cancelled")
+        agent = self.rt.live_agents.get(goal.session_id)
+        if agent is not None:
+            await agent.interrupt()
+        return goal
+
+    async def resume(self, goal_ref: str, budgets: Budgets | None = None) -> Goal:
+        """Resume a paused or exhausted goal (an exhausted one needs budgets that are not spent)."""
+        now = self.clock()
+
+        def run(tx: Tx) -> Goal:
+            goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
+            before = goal.status
+            if budgets is not None:
+                goal = goal.model_copy(update={"budgets": budgets})
+            if before is GoalStatus.EXHAUSTED:
+                spent = budget_spent(goal, now)
+                if spent is not None:
+                    raise InvalidInput(f"the goal is still out of budget ({spent.value}): raise that budget to resume")
+            goal = set_status(tx, goal, GoalStatus.ACTIVE, None, now)
+            goal = goal.model_copy(
+                update={
+                    "stall_streak": 0,
+                    "error_streak": 0,
+                    "blocked_streak": 0,
+                    "refused_claims": 0,
+                    "not_before": None,
+                    "memory": goal.memory.model_copy(update={"warned_stall": False}),
+                }
+            )
+            st = tx.state(goal.session_id)
+            queued = tx.one(
+                "SELECT 1 FROM inbox WHERE pending_key=? AND fate='queued'", (f"goal:{goal.id}",)
+            )
+            if st.status == "idle" and queued is None:
+                goal = issue_continuation(tx, goal, goal.rounds + 1, render(goal, goal.rounds + 1, now))
+            update_guard(tx, goal.guard_id, guard_limits(goal, now))
+            saved = save_goal(tx, goal, goal.revision)
+            emit_changed(tx, before, saved)
+            return saved
+
+        goal = await self.store.transact(run)
+        await self._sync_guard(goal)
+        self._track(goal)
+        return goal
+
+    async def update(
+        self,
+        goal_ref: str,
+        *,
+        objective: str | None = None,
+        title: str | None = None,
+        budgets: Budgets | None = None,
+        verify: list[VerifyCommand] | None = None,
+    ) -> Goal:
+        """Edit a goal's objective, title, budgets or verification (durable; used from the next round)."""
+        now = self.clock()
+        if objective is not None and not objective.strip():
+            raise InvalidInput("objective must not be empty")
+        if title is not None and not title.strip():
+            raise InvalidInput("title must not be blank")
+
+        def run(tx: Tx) -> Goal:
+            goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
+            changes: dict[str, Any] = {}
+            if objective is not None:
+                changes["objective"] = objective
+            if title is not None:
+                changes["title"] = title
+            if budgets is not None:
+                changes["budgets"] = budgets
+            if verify is not None:
+                changes["verify"] = verify
+            goal = goal.model_copy(update=changes)
+            update_guard(tx, goal.guard_id, guard_limits(goal, now))
+            return save_goal(tx, goal, goal.revision)
+
+        goal = await self.store.transact(run)
+        await self._sync_guard(goal)
+        self._track(goal)
+        return goal
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def kick(self, goal_id: str) -> None:
+        """Ask for an evaluation of ``goal_id`` (coalesced with one in flight)."""
+        if goal_id in self._evaluating:
+            self._dirty.add(goal_id)
+            return
+        self.rt.spawn(self._evaluate_loop(goal_id))
+
+    async def _evaluate_loop(self, goal_id: str) -> None:
+        if goal_id in self._evaluating:
+            self._dirty.add(goal_id)
+            return
+        self._evaluating.add(goal_id)
+        self._idle.clear()
+        try:
+            again = True
+            while again:
+                self._dirty.discard(goal_id)
+                try:
+                    again = await self.evaluate(goal_id) == "stale"
+                except Exception:
+                    logger.exception("evaluating goal {} failed", goal_id)
+                    again = False
+                again = again or goal_id in self._dirty
+        finally:
+            self._evaluating.discard(goal_id)
+            if not self._evaluating:
+                self._idle.set()
+
+    async def evaluate(self, goal_id: str) -> Decision | str | None:
+        """Decide for one goal at its session's current idle; returns the decision, "stale" or ``None``."""
+        goal = await self.store.read(lambda conn: load_goal(conn, goal_id))
+        if not goal.status.live:
+            self._forget(goal)
+            return None
+        st = await self.store.session_state(goal.session_id)
+        if st.status != "idle" or st.open_turn is not None:
+            return None
+        events = await self.store.events_after(
+            goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq
+        )
+        interval = interval_facts(goal, events, st.last_seq)
+        now = self.clock()
+        workdir = Path(goal.workdir) if goal.workdir else None
+        fp = await asyncio.to_thread(fingerprint, workdir) if workdir is not None else None
+        exists = workdir is None or fp is not None
+        verification, reused = None, False
+        if interval.claims and goal.verify and exists and goal.status is GoalStatus.ACTIVE and workdir is not None:
+            previous = goal.memory.verify_results
+            if fp is not None and fp == goal.memory.verify_fingerprint and previous and not all(
+                r.passed for r in previous
+            ):
+                verification, reused = previous, True
+            else:
+                verification = await run_all(goal.verify, workdir, self.runner)
+        inp = PolicyInput(goal, interval, now, fp, exists, verification, reused)
+        decision = decide(inp)
+        if decision.kind is DecisionKind.NOTHING:
+            return decision
+
+        def commit(tx: Tx) -> Goal:
+            cur = tx.state(goal.session_id)
+            if cur.status != "idle" or cur.status_seq != st.status_seq or cur.open_turn is not None:
+                raise StaleDecision("the session is no longer at that idle")
+            new = decision.goal
+            if decision.continuation is not None and decision.round is not None:
+                new = issue_continuation(tx, new, decision.round, decision.continuation)
+            saved = save_goal(tx, new, goal.revision)
+            emit_changed(tx, goal.status, saved)
+            return saved
+
+        try:
+            saved = await self.store.transact(commit)
+        except StaleDecision:
+            return "stale" if (await self.store.session_state(goal.session_id)).status == "idle" else None
+        for listener in list(self._listeners):
+            try:
+                listener(inp, decision)
+            except Exception:
+                logger.exception("decision listener failed")
+        if saved.status is not goal.status or saved.budgets != goal.budgets:
+            await self._sync_guard(saved)
+        self._track(saved)
+        return decision
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _change(self, goal_ref: str, status: GoalStatus, reason: str, cancel_reason: str) -> Goal:
+        now = self.clock()
+
+        def run(tx: Tx) -> Goal:
+            goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
+            before = goal.status
+            goal = set_status(tx, goal, status, reason, now)
+            cancel_continuation(tx, goal, cancel_reason)
+            saved = save_goal(tx, goal, goal.revision)
+            emit_changed(tx, before, saved)
+            return saved
+
+        goal = await self.store.transact(run)
+        self._track(goal)
+        return goal
+
+    def _check_workdir(self, raw: str | None) -> Path | None:
+        if raw is None:
+            return None
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            raise InvalidInput(f"workdir {raw!r} must be an absolute path")
+        path = path.resolve()
+        if self.allowed_roots is not None and not any(
+            path == root.resolve() or path.is_relative_to(root.resolve()) for root in self.allowed_roots
+        ):
+            roots = ", ".join(str(r) for r in self.allowed_roots) or "none configured"
+            raise InvalidInput(f"workdir {raw!r} is outside the allowed work-directory roots ({roots})")
+        if not path.is_dir():
+            raise InvalidInput(f"workdir {raw!r} does not exist or is not a directory")
+        return path
+
+    async def _attach(self, goal: Goal) -> None:
+        agent = self.rt.live_agents.get(goal.session_id)
+        if agent is not None:
+            agent.add_tools(list(goal_tools()))
+            agent.guard = await self.rt.guard(goal.guard_id)
+
+    async def _sync_guard(self, goal: Goal) -> None:
+        guard = await self.rt.guard(goal.guard_id)
+        guard.limits = guard_limits(goal, self.clock())
+
+    def _track(self, goal: Goal) -> None:
+        if goal.status.live:
+            self._sessions[goal.session_id] = goal.id
+        else:
+            self._forget(goal)
+            return
+        due = [d for d in (goal.not_before, goal.budgets.deadline) if d is not None]
+        if goal.budgets.max_wall_seconds is not None and goal.active_since is not None:
+            due.append(goal.active_since + timedelta(seconds=max(goal.budgets.max_wall_seconds - goal.wall_used, 0)))
+        if goal.status is GoalStatus.ACTIVE and due:
+            self._due[goal.id] = min(due)
+        else:
+            self._due.pop(goal.id, None)
+
+    def _forget(self, goal: Goal) -> None:
+        if self._sessions.get(goal.session_id) == goal.id:
+            del self._sessions[goal.session_id]
+        self._due.pop(goal.id, None)
+
+    def _on_event(self, event: Event) -> None:
+        if event.type != EventType.STATUS or event.data.get("status") != "idle":
+            return
+        goal_id = self._sessions.get(event.session_id)
+        if goal_id is not None:
+            self.kick(goal_id)
+
+    async def _timers(self) -> None:
+        while True:
+            now = self.clock()
+            for goal_id, due in list(self._due.items()):
+                if due <= now:
+                    self._due.pop(goal_id, None)
+                    self.kick(goal_id)
+            nearest = min(self._due.values(), default=None)
+            wait = self.timer_interval
+            if nearest is not None:
+                wait = min(wait, max((nearest - now).total_seconds(), 0.01))
+            await asyncio.sleep(wait)
+
+
+def tools_for_goal_sessions(row_config: dict[str, Any]) -> list[Any]:
+    """The goal tools for a session whose config marks it as a goal's."""
+    return list(goal_tools()) if row_config.get("goal") else []
+
+
+__all__ = ["GoalEngine", "guard_limits", "interval_facts", "tools_for_goal_sessions"]
+_ = (NotFound, SessionId)

@@ -1,0 +1,238 @@
+"""The goal model: status lifecycle, budgets, verification commands, and the goal row.
+
+Every status change goes through :func:`transition`; an illegal one raises. A goal row is a
+pydantic model; what the engine remembers between rounds (notes, fingerprints, seen tool calls,
+the last verification) lives in :class:`GoalMemory`, stored as one JSON column.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, assert_never
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agent import InvalidTransition, TypedId
+
+
+class GoalId(TypedId):
+    """Identity of one goal."""
+
+    prefix = "goal_"
+
+
+class GoalStatus(enum.StrEnum):
+    """Where a goal stands."""
+
+    #: The engine advances it at each whole-agent idle of its session.
+    ACTIVE = "active"
+    #: Held: by a person, or by a stop rule (stalled, blocked, unverified, model_error, ...).
+    PAUSED = "paused"
+    #: Done, with its verification commands (if any) passing.
+    COMPLETED = "completed"
+    #: An unrecoverable fault (an unknown model, a vanished work directory).
+    FAILED = "failed"
+    #: Ended by a person.
+    CANCELLED = "cancelled"
+    #: A budget, the round limit or the deadline ran out; resumable with a raised budget.
+    EXHAUSTED = "exhausted"
+
+    @property
+    def live(self) -> bool:
+        """Whether the goal still holds its session (active or paused)."""
+        return self in (GoalStatus.ACTIVE, GoalStatus.PAUSED)
+
+
+def transition(current: GoalStatus, target: GoalStatus) -> GoalStatus:
+    """Perform one goal status transition, or raise :class:`InvalidTransition`."""
+    allowed: tuple[GoalStatus, ...]
+    match current:
+        case GoalStatus.ACTIVE:
+            allowed = (
+                GoalStatus.PAUSED,
+                GoalStatus.COMPLETED,
+                GoalStatus.FAILED,
+                GoalStatus.CANCELLED,
+                GoalStatus.EXHAUSTED,
+            )
+        case GoalStatus.PAUSED:
+            allowed = (GoalStatus.ACTIVE, GoalStatus.CANCELLED, GoalStatus.FAILED)
+        case GoalStatus.EXHAUSTED:
+            allowed = (GoalStatus.ACTIVE, GoalStatus.CANCELLED)
+        case GoalStatus.COMPLETED | GoalStatus.FAILED | GoalStatus.CANCELLED:
+            allowed = ()
+        case _:
+            assert_never(current)
+    if target not in allowed:
+        raise InvalidTransition(f"a goal that is {current.value} cannot become {target.value}")
+    return target
+
+
+class StopReason(enum.StrEnum):
+    """Well-known status reasons set by the engine's stop rules."""
+
+    STALLED = "stalled"
+    BLOCKED = "blocked"
+    UNVERIFIED = "unverified"
+    MODEL_ERROR = "model_error"
+    AUTH_ERROR = "auth_error"
+    BY_REQUEST = "by_request"
+    ROUND_LIMIT = "round_limit"
+    TOKEN_BUDGET = "token_budget"
+    COST_BUDGET = "cost_budget"
+    DEADLINE = "deadline"
+    WALL_TIME = "wall_time"
+    VERIFIED = "verified"
+    WORKDIR_MISSING = "workdir_missing"
+
+
+class Budgets(BaseModel):
+    """What a goal may spend. ``None`` means no limit of that kind."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_rounds: int | None = Field(default=None, ge=1)
+    max_tokens_total: int | None = Field(default=None, ge=1)
+    max_cost: float | None = Field(default=None, gt=0)
+    max_wall_seconds: float | None = Field(default=None, gt=0)
+    deadline: datetime | None = None
+
+    @field_validator("deadline")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("deadline must carry a time zone (UTC recommended)")
+        return value
+
+
+class VerifyCommand(BaseModel):
+    """One verification command, run in the goal's work directory; exit 0 passes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cmd: str = Field(min_length=1)
+    timeout: float = Field(default=300.0, gt=0, le=86_400)
+
+
+class StopRules(BaseModel):
+    """Thresholds of the engine's stop rules for one goal."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stall_rounds: int = Field(default=3, ge=1)
+    max_refused_claims: int = Field(default=3, ge=1)
+    blocked_rounds: int = Field(default=3, ge=1)
+    max_model_errors: int = Field(default=5, ge=1)
+    error_backoff_seconds: float = Field(default=30.0, ge=0)
+    error_backoff_max_seconds: float = Field(default=3600.0, ge=0)
+
+
+class GoalSpec(BaseModel):
+    """What a caller gives to create a goal (validated before anything is written)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    objective: str
+    title: str | None = None
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    budgets: Budgets = Budgets()
+    verify: list[VerifyCommand] = []
+    model: str | None = None
+    workdir: str | None = None
+    tools: list[str] | None = None
+    session_id: str | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    rules: StopRules = StopRules()
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("objective must not be empty")
+        if len(value.encode()) > 64 * 1024:
+            raise ValueError("objective is over 64 KiB")
+        return value
+
+    @model_validator(mode="after")
+    def _title(self) -> GoalSpec:
+        if self.title is not None and not self.title.strip():
+            raise ValueError("title must not be blank")
+        return self
+
+
+class VerifyResult(BaseModel):
+    """What one verification command did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cmd: str
+    exit_code: int | None
+    output_tail: str
+    timed_out: bool = False
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Exit code 0 within the timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+
+class GoalMemory(BaseModel):
+    """What the engine carries between rounds (one JSON column)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    notes: list[str] = []
+    fingerprint: str | None = None
+    seen_calls: list[str] = []
+    verify_fingerprint: str | None = None
+    verify_results: list[VerifyResult] = []
+    verify_output: str | None = None
+    last_error: str | None = None
+    warned_stall: bool = False
+
+
+class Goal(BaseModel):
+    """A goal row."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: GoalId
+    key: str | None = None
+    idempotency_key: str | None = None
+    title: str
+    objective: str
+    status: GoalStatus
+    status_reason: str | None = None
+    session_id: str
+    guard_id: str
+    workdir: str | None = None
+    model: str | None = None
+    tools: list[str] | None = None
+    budgets: Budgets
+    verify: list[VerifyCommand]
+    rules: StopRules
+    rounds: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+    refused_claims: int = 0
+    stall_streak: int = 0
+    error_streak: int = 0
+    blocked_streak: int = 0
+    wall_used: float = 0.0
+    active_since: datetime | None = None
+    continuation_id: str | None = None
+    continuation_round: int | None = None
+    evaluated_seq: int = 0
+    not_before: datetime | None = None
+    memory: GoalMemory = GoalMemory()
+    result_summary: str | None = None
+    evidence: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    revision: int = 1
+
+    def public(self) -> dict[str, Any]:
+        """The goal as the control protocol shows it (camelCase-free, JSON-ready)."""
+        return self.model_dump(mode="json")

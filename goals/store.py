@@ -1,0 +1,273 @@
+"""Goal rows in the runtime's SQLite file, and the transaction functions that change them.
+
+Goals live in the same file as sessions and inboxes so that a decision, ``evaluated_seq``, the
+counters and the continuation commit in **one** transaction (invariant 10). The continuation uses
+the runtime's generic ``pending_key`` (at most one queued continuation per goal, by constraint) and
+``yields_to_followup`` (a person's follow-up supersedes it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+from agent import (
+    Conflict,
+    EventType,
+    InvalidInput,
+    MessageId,
+    Migration,
+    NotFound,
+    Source,
+    SourceKind,
+    Tx,
+    enqueue,
+    parse_content,
+)
+from goals.model import Budgets, Goal, GoalId, GoalMemory, GoalStatus, StopRules, VerifyCommand, transition
+
+GOAL_CHANGED = "goal/changed"
+GOAL_PROGRESS = "goal/progress"
+GOAL_CLAIM = "goal/claim"
+GOAL_BLOCKED = "goal/blocked"
+
+MIGRATIONS = [
+    Migration(
+        version=1,
+        summary="goals with budgets, counters, cursor and memory; one live goal per session",
+        sql="""
+CREATE TABLE goals (
+    id TEXT PRIMARY KEY,
+    key TEXT UNIQUE,
+    idempotency_key TEXT UNIQUE,
+    title TEXT NOT NULL,
+    objective TEXT NOT NULL,
+    status TEXT NOT NULL,
+    status_reason TEXT,
+    session_id TEXT NOT NULL,
+    guard_id TEXT NOT NULL,
+    workdir TEXT,
+    model TEXT,
+    tools TEXT,
+    budgets TEXT NOT NULL,
+    verify TEXT NOT NULL,
+    rules TEXT NOT NULL,
+    rounds INTEGER NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    cost REAL NOT NULL DEFAULT 0,
+    refused_claims INTEGER NOT NULL DEFAULT 0,
+    stall_streak INTEGER NOT NULL DEFAULT 0,
+    error_streak INTEGER NOT NULL DEFAULT 0,
+    blocked_streak INTEGER NOT NULL DEFAULT 0,
+    wall_used REAL NOT NULL DEFAULT 0,
+    active_since TEXT,
+    continuation_id TEXT,
+    continuation_round INTEGER,
+    evaluated_seq INTEGER NOT NULL DEFAULT 0,
+    not_before TEXT,
+    memory TEXT NOT NULL DEFAULT '{}',
+    result_summary TEXT,
+    evidence TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    revision INTEGER NOT NULL DEFAULT 1
+);
+CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN ('active', 'paused');
+CREATE INDEX goals_status ON goals(status);
+""",
+    ),
+]
+
+_COLUMNS = (
+    "id", "key", "idempotency_key", "title", "objective", "status", "status_reason", "session_id", "guard_id",
+    "workdir", "model", "tools", "budgets", "verify", "rules", "rounds", "tokens", "cost", "refused_claims",
+    "stall_streak", "error_streak", "blocked_streak", "wall_used", "active_since", "continuation_id",
+    "continuation_round", "evaluated_seq", "not_before", "memory", "result_summary", "evidence", "created_at",
+    "updated_at", "revision",
+)  # fmt: skip
+
+
+class StaleDecision(Exception):
+    """The goal or its session changed after the engine read them; nothing was written."""
+
+
+def goal_from_row(row: sqlite3.Row | dict[str, Any]) -> Goal:
+    """Build a :class:`Goal` from a ``goals`` row."""
+    d = dict(row)
+    d["budgets"] = Budgets.model_validate_json(d["budgets"])
+    d["verify"] = [VerifyCommand.model_validate(v) for v in json.loads(d["verify"])]
+    d["rules"] = StopRules.model_validate_json(d["rules"])
+    d["memory"] = GoalMemory.model_validate_json(d["memory"])
+    d["tools"] = json.loads(d["tools"]) if d["tools"] else None
+    return Goal.model_validate(d)
+
+
+def _row_values(goal: Goal) -> dict[str, Any]:
+    return {
+        "id": goal.id,
+        "key": goal.key,
+        "idempotency_key": goal.idempotency_key,
+        "title": goal.title,
+        "objective": goal.objective,
+        "status": goal.status.value,
+        "status_reason": goal.status_reason,
+        "session_id": goal.session_id,
+        "guard_id": goal.guard_id,
+        "workdir": goal.workdir,
+        "model": goal.model,
+        "tools": json.dumps(goal.tools) if goal.tools is not None else None,
+        "budgets": goal.budgets.model_dump_json(),
+        "verify": json.dumps([v.model_dump() for v in goal.verify]),
+        "rules": goal.rules.model_dump_json(),
+        "rounds": goal.rounds,
+        "tokens": goal.tokens,
+        "cost": goal.cost,
+        "refused_claims": goal.refused_claims,
+        "stall_streak": goal.stall_streak,
+        "error_streak": goal.error_streak,
+        "blocked_streak": goal.blocked_streak,
+        "wall_used": goal.wall_used,
+        "active_since": goal.active_since.isoformat() if goal.active_since else None,
+        "continuation_id": goal.continuation_id,
+        "continuation_round": goal.continuation_round,
+        "evaluated_seq": goal.evaluated_seq,
+        "not_before": goal.not_before.isoformat() if goal.not_before else None,
+        "memory": goal.memory.model_dump_json(exclude_defaults=True),
+        "result_summary": goal.result_summary,
+        "evidence": goal.evidence,
+        "created_at": goal.created_at.isoformat(),
+        "updated_at": goal.updated_at.isoformat(),
+        "revision": goal.revision,
+    }
+
+
+def insert_goal(tx: Tx, goal: Goal) -> None:
+    """Insert a new goal row."""
+    values = _row_values(goal)
+    try:
+        tx.execute(
+            f"INSERT INTO goals({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+            [values[c] for c in _COLUMNS],
+        )
+    except sqlite3.IntegrityError as exc:
+        text = str(exc)
+        if "goals.session_id" in text:
+            raise Conflict(f"session {goal.session_id} already has an active or paused goal") from None
+        if "goals.key" in text:
+            raise Conflict(f"a goal with key {goal.key!r} already exists") from None
+        raise
+
+
+def save_goal(tx: Tx, goal: Goal, expected_revision: int) -> Goal:
+    """Write ``goal`` if the stored revision is still ``expected_revision``; returns the saved goal.
+
+    Raises:
+        StaleDecision: someone changed the goal since it was read.
+    """
+    saved = goal.model_copy(update={"revision": expected_revision + 1, "updated_at": datetime.fromisoformat(tx.now)})
+    values = _row_values(saved)
+    cols = [c for c in _COLUMNS if c not in ("id", "created_at")]
+    cur = tx.execute(
+        f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
+        [*(values[c] for c in cols), goal.id, expected_revision],
+    )
+    if cur.rowcount != 1:
+        raise StaleDecision(f"goal {goal.id} changed since it was read")
+    return saved
+
+
+def load_goal(tx_or_conn: Tx | sqlite3.Connection, goal_id: str) -> Goal:
+    """The goal ``goal_id``. Raises ``NotFound``."""
+    conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
+    row = conn.execute("SELECT * FROM goals WHERE id=?", (goal_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no goal {goal_id}")
+    return goal_from_row(row)
+
+
+def live_goal_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> Goal | None:
+    """The active or paused goal that holds ``session_id``, if any."""
+    conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
+    row = conn.execute(
+        "SELECT * FROM goals WHERE session_id=? AND status IN ('active', 'paused')", (session_id,)
+    ).fetchone()
+    return goal_from_row(row) if row is not None else None
+
+
+def resolve_goal_id(conn: sqlite3.Connection, ref: str) -> str:
+    """A goal id from a full id or a unique prefix of one. Raises ``NotFound`` / ``InvalidInput``."""
+    if not ref.startswith(GoalId.prefix):
+        raise InvalidInput(f"malformed goal id {ref[:40]!r}: must start with {GoalId.prefix!r}")
+    rows = conn.execute("SELECT id FROM goals WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "\uffff")).fetchall()
+    if not rows:
+        raise NotFound(f"no goal {ref}")
+    if len(rows) > 1 and rows[0]["id"] != ref:
+        raise InvalidInput(f"goal id prefix {ref!r} is ambiguous")
+    return str(rows[0]["id"])
+
+
+def emit_changed(tx: Tx, before: GoalStatus | None, goal: Goal) -> None:
+    """Record a status change as a ``goal/changed`` event in the goal's session."""
+    if before is goal.status:
+        return
+    tx.emit(
+        goal.session_id,
+        GOAL_CHANGED,
+        {
+            "goalId": goal.id,
+            "from": before.value if before else None,
+            "status": goal.status.value,
+            "reason": goal.status_reason,
+            "rounds": goal.rounds,
+            "tokens": goal.tokens,
+            "cost": goal.cost,
+        },
+    )
+
+
+def pending_key(goal_id: str) -> str:
+    """The inbox ``pending_key`` of a goal's continuation."""
+    return f"goal:{goal_id}"
+
+
+def issue_continuation(tx: Tx, goal: Goal, round_no: int, text: str) -> Goal:
+    """Enqueue the goal's continuation for ``round_no`` and record it on the goal (same transaction)."""
+    receipt = enqueue(
+        tx,
+        goal.session_id,
+        parse_content(text),
+        source=Source(kind=SourceKind.GOAL, ref=f"{goal.id}#{round_no}"),
+        pending_key=pending_key(goal.id),
+        yields_to_followup=True,
+    )
+    return goal.model_copy(update={"continuation_id": receipt.message_id, "continuation_round": round_no})
+
+
+def cancel_continuation(tx: Tx, goal: Goal, reason: str) -> None:
+    """Cancel the goal's continuation if it is still queued."""
+    rows = tx.all(
+        "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE pending_key=? AND fate='queued'"
+        " RETURNING id",
+        (reason, tx.now, pending_key(goal.id)),
+    )
+    for row in rows:
+        tx.emit(goal.session_id, EventType.MESSAGE_CANCELLED, {"messageId": row["id"], "reason": reason})
+    if rows:
+        from agent import settle_idle
+
+        settle_idle(tx, goal.session_id)
+
+
+def set_status(tx: Tx, goal: Goal, status: GoalStatus, reason: str | None, now: datetime) -> Goal:
+    """Apply a person's status change (pause/resume/cancel) through the one transition function."""
+    from goals.policy import _with_status
+
+    transition(goal.status, status)
+    return _with_status(goal, status, reason, now)
+
+
+def continuation_id_of(goal: Goal) -> MessageId | None:
+    """The goal's latest continuation id, typed."""
+    return MessageId(goal.continuation_id) if goal.continuation_id else None

@@ -1,0 +1,106 @@
+"""The tools a goal's agent gets: ``goal_progress``, ``goal_complete``, ``goal_blocked``.
+
+Each records a durable event in the goal's session; the engine reads those events at the next
+whole-agent idle. None of them changes the goal's status by itself: a completion claim is only a
+claim until the verification commands pass.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from agent import Tool, ToolContext, ToolOutput, Tx
+from goals.store import GOAL_BLOCKED, GOAL_CLAIM, GOAL_PROGRESS, live_goal_of_session
+
+
+class ProgressArgs(BaseModel):
+    """Arguments of ``goal_progress``."""
+
+    note: str = Field(min_length=1, max_length=2000, description="What changed since the last note")
+
+
+class CompleteArgs(BaseModel):
+    """Arguments of ``goal_complete``."""
+
+    summary: str = Field(min_length=1, max_length=4000, description="What was done")
+    evidence: str = Field(min_length=1, max_length=8000, description="How you checked that the objective is met")
+
+
+class BlockedArgs(BaseModel):
+    """Arguments of ``goal_blocked``."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="Why you cannot proceed")
+
+
+class _GoalTool:
+    async def _record(self, ctx: ToolContext, event_type: str, data: dict[str, str]) -> tuple[str, int, int] | None:
+        def run(tx: Tx) -> tuple[str, int, int] | None:
+            goal = live_goal_of_session(tx, ctx.session_id)
+            if goal is None:
+                return None
+            tx.emit(ctx.session_id, event_type, {"goalId": goal.id, "turnId": ctx.turn_id, **data})
+            return goal.id, goal.blocked_streak, goal.rules.blocked_rounds
+
+        if ctx.store is None:
+            return None
+        return await ctx.store.transact(run)
+
+
+class GoalProgress(_GoalTool, Tool[ProgressArgs]):
+    """Note progress."""
+
+    name = "goal_progress"
+    description = "Record a short note of the progress made toward the goal."
+    Args = ProgressArgs
+    repeat_safe = True
+
+    async def run(self, args: ProgressArgs, ctx: ToolContext) -> ToolOutput:
+        found = await self._record(ctx, GOAL_PROGRESS, {"note": args.note})
+        if found is None:
+            return ToolOutput("this session has no active goal", True)
+        return ToolOutput("progress noted")
+
+
+class GoalComplete(_GoalTool, Tool[CompleteArgs]):
+    """Claim completion."""
+
+    name = "goal_complete"
+    description = (
+        "Claim that the goal's objective is met, with a summary and the evidence. The goal's verification "
+        "commands run when this turn ends; the claim is refused if one fails."
+    )
+    Args = CompleteArgs
+    repeat_safe = True
+
+    async def run(self, args: CompleteArgs, ctx: ToolContext) -> ToolOutput:
+        found = await self._record(ctx, GOAL_CLAIM, {"summary": args.summary, "evidence": args.evidence})
+        if found is None:
+            return ToolOutput("this session has no active goal", True)
+        return ToolOutput("claim recorded; it will be verified when this turn ends. Finish your turn now.")
+
+
+class GoalBlocked(_GoalTool, Tool[BlockedArgs]):
+    """Report being blocked."""
+
+    name = "goal_blocked"
+    description = "Report that you cannot make progress, and why. Repeated in consecutive rounds, it pauses the goal."
+    Args = BlockedArgs
+    repeat_safe = True
+
+    async def run(self, args: BlockedArgs, ctx: ToolContext) -> ToolOutput:
+        found = await self._record(ctx, GOAL_BLOCKED, {"reason": args.reason})
+        if found is None:
+            return ToolOutput("this session has no active goal", True)
+        _, streak, rounds = found
+        k = min(streak + 1, rounds)
+        if k >= rounds:
+            return ToolOutput(f"noted ({k}/{rounds}); the goal will be paused as blocked when this turn ends")
+        return ToolOutput(f"noted ({k}/{rounds}); keep trying")
+
+
+GOAL_TOOL_NAMES = ("goal_progress", "goal_complete", "goal_blocked")
+
+
+def goal_tools() -> list[Tool[ProgressArgs] | Tool[CompleteArgs] | Tool[BlockedArgs]]:
+    """The goal tools (they find their goal through the session at call time)."""
+    return [GoalProgress(), GoalComplete(), GoalBlocked()]

@@ -1,0 +1,108 @@
+"""Proof of completion: verification commands and the work-directory fingerprint.
+
+Verification commands run in the goal's work directory through a command runner (a plain
+subprocess in its own process group until the sandbox exists; a timeout kills the whole group).
+The fingerprint tells whether the work directory changed: git HEAD and status where it is a
+repository, else a hash of every file's name, size and modification time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from goals.model import VerifyCommand, VerifyResult
+
+OUTPUT_TAIL = 4000
+CommandRunner = Callable[[VerifyCommand, Path], Awaitable[VerifyResult]]
+
+
+async def run_command(command: VerifyCommand, workdir: Path) -> VerifyResult:
+    """Run one command with ``bash -c`` in ``workdir``; stdout and stderr are merged."""
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        command.cmd,
+        cwd=str(workdir),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        async with asyncio.timeout(command.timeout):
+            out, _ = await proc.communicate()
+    except TimeoutError:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    text = out.decode("utf-8", errors="replace")
+    if timed_out:
+        text += f"\n[timed out after {command.timeout:g}s; process group killed]"
+    return VerifyResult(
+        cmd=command.cmd,
+        exit_code=None if timed_out else proc.returncode,
+        output_tail=text[-OUTPUT_TAIL:],
+        timed_out=timed_out,
+        seconds=round(time.monotonic() - started, 3),
+    )
+
+
+async def run_all(
+    commands: list[VerifyCommand], workdir: Path, runner: CommandRunner = run_command
+) -> list[VerifyResult]:
+    """Run every command in order; stop at the first failure."""
+    results = []
+    for command in commands:
+        result = await runner(command, workdir)
+        results.append(result)
+        if not result.passed:
+            break
+    return results
+
+
+def fingerprint(workdir: Path) -> str | None:
+    """A digest that changes when the work directory's content changes (``None`` if it is missing)."""
+    if not workdir.is_dir():
+        return None
+    h = hashlib.sha256()
+    if (workdir / ".git").exists():
+        try:
+            head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, timeout=30)
+            status = subprocess.run(
+                ["git", "status", "--porcelain=v1", "-uall"], cwd=workdir, capture_output=True, timeout=60
+            )
+            h.update(b"git\0" + head.stdout + b"\0" + status.stdout)
+            # Status lists changed paths but not further edits to an already-changed file.
+            for line in status.stdout.decode(errors="replace").splitlines():
+                path = workdir / line[3:].strip().strip('"')
+                with contextlib.suppress(OSError):
+                    st = path.stat()
+                    h.update(f"{line}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            return h.hexdigest()[:32]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    for root, dirs, files in os.walk(workdir):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        for name in sorted(files):
+            path = Path(root) / name
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                rel = path.relative_to(workdir)
+                h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()[:32]
