@@ -3,9 +3,9 @@
 One goal on an instant scripted model (a text answer per round) runs N rounds (default 1,000).
 For each round it measures the time from the committed ``status: idle`` event to the next
 continuation's ``message/admitted`` event, and it counts, with ``set_trace_callback``, the SQL
-statements the engine issues from the idle to its committed decision (BEGIN/COMMIT excluded, the trace stops at the goal's UPDATE) and
-the bytes those writes carry beyond the continuation's text (the expanded SQL of each INSERT and
-UPDATE, an upper bound of the row bytes), plus the WAL bytes appended per round.
+statements the engine issues from the idle to its committed decision (BEGIN/COMMIT excluded; the
+trace stops at the goal's UPDATE) and the bytes those writes carry beyond the continuation's text
+(the expanded SQL of each INSERT and UPDATE, an upper bound of the row bytes).
 
 Run: ``python benchmarks/bench_goal_rounds.py [--rounds N]``.
 """
