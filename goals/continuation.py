@@ -28,7 +28,9 @@ def quote(text: str) -> str:
 
 def stable_part(goal: Goal) -> str:
     """The part that does not change from round to round."""
-    return f"[goal {goal.id}] {goal.title}\n<objective>\n{quote(goal.objective)}\n</objective>\n\n{INSTRUCTIONS}"
+    # The title defaults to the objective's first line, so it is quoted like the objective.
+    title = quote(" ".join(goal.title.split()))
+    return f"[goal {goal.id}] {title}\n<objective>\n{quote(goal.objective)}\n</objective>\n\n{INSTRUCTIONS}"
 
 
 def _budget_left(goal: Goal, now: datetime) -> str:

@@ -237,7 +237,7 @@ class GoalEngine:
 
     # -- the public API --------------------------------------------------------------------
 
-    async def create(self, spec: GoalSpec) -> Goal:
+    async def create(self, spec: GoalSpec, *, goal_id: GoalId | None = None) -> Goal:
         """Create a goal; round 1's continuation is enqueued in the same transaction.
 
         A repeated ``idempotency_key`` returns the goal first created with it.
@@ -246,7 +246,7 @@ class GoalEngine:
             self.model_check(spec.model)
         workdir = self._check_workdir(spec.workdir)
         now = self.clock()
-        goal_id = GoalId.new()
+        goal_id = goal_id or GoalId.new()
 
         def run(tx: Tx) -> tuple[Goal, bool]:
             if spec.idempotency_key is not None:

@@ -200,6 +200,10 @@ def resolve_goal_id(conn: sqlite3.Connection, ref: str) -> str:
     """A goal id from a full id or a unique prefix of one. Raises ``NotFound`` / ``InvalidInput``."""
     if not ref.startswith(GoalId.prefix):
         raise InvalidInput(f"malformed goal id {ref[:40]!r}: must start with {GoalId.prefix!r}")
+    body = ref[len(GoalId.prefix) :]
+    if len(body) > 26 or not set(body) <= set("0123456789ABCDEFGHJKMNPQRSTVWXYZ"):
+        # No stored id can match it; say it is malformed rather than not found.
+        raise InvalidInput(f"malformed goal id {ref[:40]!r}: expected {GoalId.prefix!r} and Crockford base32")
     rows = conn.execute("SELECT id FROM goals WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "\uffff")).fetchall()
     if not rows:
         raise NotFound(f"no goal {ref}")
