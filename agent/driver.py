@@ -263,7 +263,8 @@ class Agent:
             return
         if discard_queued:
             await self.store.transact(partial(cancel_all, session_id=self.session_id, reason=CancelReason.DISCARDED))
-        if task is not None and not task.done():
+        # A second cancel while the first settles would break the turn's cleanup (and the driver).
+        if task is not None and not task.done() and self._cancel_reason is None:
             self._cancel_reason = EndReason.CANCELLED
             task.cancel()
         if finished is not None:
@@ -328,7 +329,7 @@ class Agent:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(driver), grace)
         task = self._turn_task
-        if not driver.done() and task is not None and not task.done():
+        if not driver.done() and task is not None and not task.done() and self._cancel_reason is None:
             self._cancel_reason = EndReason.INTERRUPTED
             task.cancel()
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
@@ -382,12 +383,26 @@ class Agent:
             if task is not None and task.cancelling():
                 raise asyncio.CancelledError
 
+    def _pending_cancel(self) -> EndReason | None:
+        # A method, so type checkers do not assume the attribute kept the value set before an await.
+        return self._cancel_reason
+
     async def _execute_turn(self, turn: OpenedTurn) -> TurnEnd:
         self._cancel_reason = None
         task = asyncio.create_task(self._turn_body(turn), name=f"turn {turn.turn_id}")
         self._turn_task = task
         try:
             return await task
+        except asyncio.CancelledError:
+            # Cancelled before its first step, the body never ran, so it could not handle the
+            # cancel: end the turn here (nothing ran, so nothing needs cleaning up).
+            me = asyncio.current_task()
+            reason = self._pending_cancel()
+            if reason is None or not task.cancelled() or (me is not None and me.cancelling()):
+                raise
+            self._history = None  # the body did not append the admitted batch; reload
+            why = "interrupted by request" if reason is EndReason.CANCELLED else "the daemon is shutting down"
+            return TurnEnd(reason=reason, error=why, steps=0)
         finally:
             self._turn_task = None
 

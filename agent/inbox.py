@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.errors import Conflict, NotFound
+from agent.errors import Conflict, InvalidInput, NotFound
 from agent.events import EventType
 from agent.ids import MessageId
 from agent.messages import (
@@ -138,11 +138,12 @@ def cancel(tx: Tx, session_id: str, message_id: MessageId, reason: str = CancelR
     """Cancel one queued message with ``reason``; returns the event's sequence number.
 
     Raises:
+        InvalidInput: ``reason`` is empty.
         NotFound: no such message in this session.
         InvalidTransition: the message was already admitted or cancelled.
     """
     if not reason.strip():
-        raise ValueError("a cancel reason must not be empty")
+        raise InvalidInput("a cancel reason must not be empty")
     row = tx.one("SELECT fate FROM inbox WHERE id=? AND session_id=?", (message_id, session_id))
     if row is None:
         raise NotFound(f"no message {message_id} in session {session_id}")

@@ -145,9 +145,15 @@ def echo_model() -> ScriptedModel:
 class ModelRegistry:
     """Model instances by ``PROVIDER:MODEL`` spec (shared by every session that names them)."""
 
-    def __init__(self, models: dict[str, Model] | None = None, default: str = "scripted:echo") -> None:
+    def __init__(
+        self,
+        models: dict[str, Model] | None = None,
+        default: str = "scripted:echo",
+        factory: Callable[[str], Model | None] | None = None,
+    ) -> None:
         self._models: dict[str, Model] = dict(models or {})
         self.default = default
+        self._factory = factory
         self._models.setdefault("scripted:echo", echo_model())
 
     def add(self, model: Model, spec: str | None = None) -> None:
@@ -158,6 +164,10 @@ class ModelRegistry:
         """The model for ``spec`` (the default when ``None``)."""
         key = spec or self.default
         model = self._models.get(key)
+        if model is None and self._factory is not None:
+            model = self._factory(key)
+            if model is not None:
+                self._models[key] = model
         if model is None:
             known = ", ".join(sorted(self._models))
             raise InvalidInput(f"unknown model {key!r}; known: {known}")
