@@ -1,11 +1,22 @@
-"""The ``goald`` command. Thin: parse arguments, call the packages, map outcomes to exit codes."""
+"""The ``goald`` command. Thin: parse arguments, call the daemon (or the packages), map outcomes to
+exit codes. All logic lives in the packages; ``main(argv) -> int`` never calls ``sys.exit``.
+
+Exit codes (also in the README): 0 success; 1 failure; 2 usage error or invalid input; 3 not
+found; 4 conflict or a transition that is not allowed; 69 no daemon answers; 78 invalid
+configuration.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from daemon import __version__
 from daemon.logs import setup_logging
@@ -13,16 +24,126 @@ from daemon.logs import setup_logging
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_CONFLICT = 4
+EXIT_UNAVAILABLE = 69
+EXIT_CONFIG = 78
+
+
+class UsageError(Exception):
+    """Bad command-line usage (exit 2)."""
+
+
+def _add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> None:
+    p.add_argument("--title")
+    p.add_argument("--max-rounds", type=int)
+    p.add_argument("--max-tokens", type=int, help="total token budget")
+    p.add_argument("--max-cost", type=float)
+    p.add_argument("--max-wall", type=float, metavar="SECONDS", help="wall time while active")
+    p.add_argument("--deadline", help="ISO 8601 with a time zone, e.g. 2026-12-31T23:00:00Z")
+    p.add_argument("--verify", action="append", metavar="CMD", help="a verification command (repeatable)")
+    p.add_argument("--verify-timeout", type=float, default=300.0)
+    if not for_edit:
+        p.add_argument("--key")
+        p.add_argument("--model", help="PROVIDER:MODEL")
+        p.add_argument("--workdir")
+        p.add_argument("--session", help="run the goal on an existing session")
+        p.add_argument("--idempotency-key")
+        p.add_argument("--stall-rounds", type=int)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="goald", description="goald: a goal-driven autonomous agent daemon")
     parser.add_argument("--version", action="version", version=f"goald {__version__}")
-    parser.add_argument("--log-level", default="WARNING", help="log level on stderr (default WARNING)")
+    parser.add_argument("--config", type=Path, default=None, help="TOML settings file (or GOALD_CONFIG)")
+    parser.add_argument("--socket", type=Path, default=None, help="control socket (default from settings)")
+    parser.add_argument("--log-level", default=None, help="log level on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser("demo", help="run the demo on the embedded defaults (temp state dir, scripted model)")
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--stdio", action="store_true", help="also serve the protocol on stdin/stdout")
+    serve.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
+
+    status = sub.add_parser("status", help="the daemon's health")
+    status.add_argument("--json", action="store_true")
+
+    goal = sub.add_parser("goal", help="manage goals")
+    gsub = goal.add_subparsers(dest="goal_command", metavar="ACTION")
+    add = gsub.add_parser("add", help="create a goal")
+    add.add_argument("objective")
+    _add_goal_options(add)
+    add.add_argument("--json", action="store_true")
+    lst = gsub.add_parser("list", help="list goals")
+    lst.add_argument("--status")
+    lst.add_argument("--json", action="store_true")
+    show = gsub.add_parser("show", help="show one goal")
+    show.add_argument("goal")
+    show.add_argument("--json", action="store_true")
+    show.add_argument("--watch", action="store_true", help="follow changes until the goal stops")
+    for action in ("pause", "resume", "cancel"):
+        a = gsub.add_parser(action, help=f"{action} a goal")
+        a.add_argument("goal")
+        a.add_argument("--json", action="store_true")
+        if action == "resume":
+            a.add_argument("--max-rounds", type=int)
+            a.add_argument("--max-tokens", type=int)
+            a.add_argument("--max-cost", type=float)
+            a.add_argument("--max-wall", type=float)
+            a.add_argument("--deadline")
+    edit = gsub.add_parser("edit", help="edit a goal's objective, budgets or verification")
+    edit.add_argument("goal")
+    edit.add_argument("--objective")
+    _add_goal_options(edit, for_edit=True)
+    edit.add_argument("--json", action="store_true")
+    logs = gsub.add_parser("logs", help="a goal's events")
+    logs.add_argument("goal")
+    logs.add_argument("--follow", "-f", action="store_true")
+    logs.add_argument("--json", action="store_true")
+
+    send = sub.add_parser("send", help="send a message to a session or a goal's session")
+    send.add_argument("target", metavar="SESSION_OR_GOAL")
+    send.add_argument("text")
+    send.add_argument("--steer", action="store_true")
+    send.add_argument("--context", action="store_true")
+    send.add_argument("--json", action="store_true")
+
+    sched = sub.add_parser("schedule", help="manage schedules")
+    ssub = sched.add_subparsers(dest="schedule_command", metavar="ACTION")
+    sadd = ssub.add_parser("add", help="add (or update, by --key) a schedule that creates a goal")
+    trig = sadd.add_mutually_exclusive_group(required=True)
+    trig.add_argument("--cron", help='5 fields, e.g. "0 3 * * *"')
+    trig.add_argument("--every", type=float, metavar="SECONDS")
+    trig.add_argument("--at", help="one-shot ISO 8601 instant with a time zone")
+    sadd.add_argument("--timezone", default="UTC")
+    sadd.add_argument("--key")
+    sadd.add_argument("--misfire", choices=["coalesce", "skip"], default="coalesce")
+    sadd.add_argument("--concurrency", choices=["forbid", "replace", "allow"], default="forbid")
+    sadd.add_argument("--starting-deadline", type=float, metavar="SECONDS")
+    sadd.add_argument("objective")
+    sadd.add_argument("--title")
+    sadd.add_argument("--model")
+    sadd.add_argument("--max-rounds", type=int)
+    sadd.add_argument("--max-tokens", type=int)
+    sadd.add_argument("--verify", action="append", metavar="CMD")
+    sadd.add_argument("--json", action="store_true")
+    slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
+    slist.add_argument("--json", action="store_true")
+    srm = ssub.add_parser("rm", help="remove a schedule")
+    srm.add_argument("schedule")
+    sruns = ssub.add_parser("runs", help="a schedule's runs")
+    sruns.add_argument("schedule")
+    sruns.add_argument("--limit", type=int, default=20)
+    sruns.add_argument("--json", action="store_true")
+
+    config = sub.add_parser("config", help="configuration")
+    csub = config.add_subparsers(dest="config_command", metavar="ACTION")
+    check = csub.add_parser("check", help="validate and print the effective settings (secrets masked)")
+    check.add_argument("--config", dest="check_config", type=Path, default=None)
+
+    demo = sub.add_parser("demo", help="run the demo goal on the embedded defaults")
     demo.add_argument("--state-dir", type=Path, default=None, help="keep the demo's state here (default: temp)")
+    demo.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     return parser
 
 
@@ -32,14 +153,118 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
-        return int(exc.code or 0)
-    setup_logging(args.log_level)
-    if args.command == "demo":
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _dispatch(args)
+    except UsageError as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from daemon.settings import load_settings
+
+    path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
+    return load_settings(path)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from daemon.settings import ConfigError
+
+    cmd = args.command
+    if cmd == "demo":
+        setup_logging(args.log_level or "WARNING")
         from daemon.demo import run_demo
 
-        return asyncio.run(run_demo(args.state_dir, sys.stdout))
-    parser.print_help(sys.stderr)
-    return EXIT_USAGE
+        return asyncio.run(run_demo(args.state_dir, sys.stdout, plain=args.plain))
+    if cmd == "config":
+        return _config_check(args)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if cmd == "serve":
+        setup_logging(args.log_level or settings.log_level, settings.log_format)
+        from daemon.host import Host
+
+        try:
+            return asyncio.run(Host(settings).run(stdio=args.stdio))
+        except RuntimeError as exc:
+            print(f"goald: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    setup_logging(args.log_level or "WARNING")
+    socket_path = args.socket or settings.socket_path
+    from daemon.commands import COMMANDS
+
+    handler: Callable[[Any, argparse.Namespace], Awaitable[int]] | None = COMMANDS.get(cmd)
+    if handler is None:
+        raise UsageError(f"unknown command {cmd}")
+    return asyncio.run(_with_client(socket_path, handler, args))
+
+
+async def _with_client(
+    socket_path: Path, handler: Callable[[Any, argparse.Namespace], Awaitable[int]], args: argparse.Namespace
+) -> int:
+    from daemon.client import Client, DaemonUnavailable
+    from daemon.protocol import ErrorCode, RpcError
+
+    try:
+        client = await Client.connect(socket_path)
+    except DaemonUnavailable as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        return await handler(client, args)
+    except RpcError as exc:
+        print(f"goald: {exc.message}", file=sys.stderr)
+        codes: dict[int, int] = {
+            ErrorCode.NOT_FOUND: EXIT_NOT_FOUND,
+            ErrorCode.CONFLICT: EXIT_CONFLICT,
+            ErrorCode.INVALID_TRANSITION: EXIT_CONFLICT,
+            ErrorCode.INVALID_PARAMS: EXIT_USAGE,
+        }
+        return codes.get(exc.code, EXIT_FAILURE)
+    except ConnectionError as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    finally:
+        await client.close()
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    from daemon.settings import ConfigError, load_settings
+
+    if args.config_command != "check":
+        raise UsageError("usage: goald config check [--config FILE]")
+    path = args.check_config or args.config
+    if path is None and os.environ.get("GOALD_CONFIG"):
+        path = Path(os.environ["GOALD_CONFIG"])
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(settings.masked(), indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def parse_deadline(raw: str | None) -> str | None:
+    """Validate an ISO 8601 instant with a time zone."""
+    if raw is None:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--deadline {raw!r} is not an ISO 8601 date-time") from None
+    if value.tzinfo is None:
+        raise UsageError(f"--deadline {raw!r} needs a time zone (e.g. Z or +01:00)")
+    return value.isoformat()
 
 
 def entrypoint() -> None:

@@ -1,134 +1,179 @@
 """``goald demo``: the main job on the embedded defaults.
 
-A temporary state directory, SQLite in it, and the shipped scripted model: a session does a few
-turns of real file work in its work directory through the file tools, while the demo prints the
-session's durable events as they commit. At the end it says where the state and events are.
+A temporary state directory, SQLite in it, the daemon's host in this process, and the shipped
+scripted model (``scripted:demo``). A demo goal does several rounds of real file work in its work
+directory, claims completion once too early (its verification command refuses the claim, and the
+output reaches the next round), fixes the work and completes. The live display shows each durable
+event as it commits; at the end the demo says where the state and the events are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import re
+import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from agent import (
-    Event,
-    EventType,
-    ModelRegistry,
-    ModelRequest,
-    Reply,
-    Runtime,
-    ScriptedModel,
-    TextBlock,
-    ToolCall,
-    ToolRegistry,
-    file_tools,
+from agent import Event, ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall
+from daemon.display import describe_event, goal_line
+
+DEMO_OBJECTIVE = (
+    "Keep the nightly report current: write report.md from the inputs in data.csv, "
+    "ending with a line that starts with 'Summary:'."
 )
+DEMO_VERIFY = "test -s data.csv && grep -q '^Summary:' report.md"
 
-DEMO_PROMPTS = [
-    "Start a notes file for the nightly report: list what is in the work directory, then write notes.md.",
-    "Add a summary line to notes.md and check the file.",
-]
+_ROUND = re.compile(r"Round (\d+)")
 
 
-def demo_model() -> ScriptedModel:
-    """A scripted model that does real file work, step by step, for the demo prompts."""
-    plan: dict[int, list[Reply]] = {
-        0: [
-            Reply(text="Let me look at the work directory first.", tool_calls=[ToolCall("list_dir", {"path": "."})]),
-            Reply(
-                text="Writing the notes file.",
-                tool_calls=[
-                    ToolCall("write_file", {"path": "notes.md", "content": "# Nightly report\n\n- data: fresh\n"})
-                ],
-            ),
-            Reply.say("notes.md is written with a header and one item."),
-        ],
-        1: [
-            Reply(
-                text="Adding the summary.",
-                tool_calls=[
-                    ToolCall("edit_file", {"path": "notes.md", "old": "- data: fresh\n",
-                                           "new": "- data: fresh\n\nSummary: all inputs current.\n"})
-                ],
-            ),
-            Reply(text="Checking the result.", tool_calls=[ToolCall("read_file", {"path": "notes.md"})]),
-            Reply.say("Done: notes.md now ends with a summary line."),
-        ],
-    }
-    progress: dict[int, int] = {}
+def _round_and_step(request: ModelRequest) -> tuple[int, int]:
+    last_user = max((i for i, m in enumerate(request.messages) if m.role == "user"), default=-1)
+    round_no = 1
+    if last_user >= 0:
+        text = "".join(b.text for b in request.messages[last_user].content if isinstance(b, TextBlock))
+        found = _ROUND.search(text)
+        round_no = int(found.group(1)) if found else 1
+    step = sum(1 for m in request.messages[last_user + 1 :] if m.role == "assistant")
+    return round_no, step
+
+
+_PLAN: dict[int, list[Reply]] = {
+    1: [
+        Reply(text="Looking at the work directory.", tool_calls=[ToolCall("list_dir", {"path": "."})]),
+        Reply(
+            text="Writing the inputs.",
+            tool_calls=[
+                ToolCall("write_file", {"path": "data.csv", "content": "source,rows\norders,1200\nrefunds,31\n"})
+            ],
+        ),
+        Reply(tool_calls=[ToolCall("goal_progress", {"note": "inputs written to data.csv"})]),
+        Reply.say("Inputs are in place; the report comes next."),
+    ],
+    2: [
+        Reply(
+            text="Drafting the report.",
+            tool_calls=[
+                ToolCall(
+                    "write_file",
+                    {"path": "report.md", "content": "# Nightly report\n\n- orders: 1200\n- refunds: 31\n"},
+                )
+            ],
+        ),
+        Reply(
+            text="I believe the report is done.",
+            tool_calls=[ToolCall("goal_complete", {"summary": "report.md written", "evidence": "report.md exists"})],
+        ),
+        Reply.say("Claimed completion."),
+    ],
+    3: [
+        Reply(
+            text="The check wants a Summary line; reading the report.",
+            tool_calls=[ToolCall("read_file", {"path": "report.md"})],
+        ),
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "edit_file",
+                    {
+                        "path": "report.md",
+                        "old": "- refunds: 31\n",
+                        "new": "- refunds: 31\n\nSummary: 1200 orders, 31 refunds.\n",
+                    },
+                )
+            ]
+        ),
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "goal_complete", {"summary": "report.md with a Summary line", "evidence": "grep finds Summary:"}
+                )
+            ]
+        ),
+        Reply.say("Report complete with its summary."),
+    ],
+}
+
+
+def demo_goal_model() -> ScriptedModel:
+    """The scripted model of the demo goal: real file work over three rounds."""
 
     def rule(request: ModelRequest) -> Reply:
-        users = [m for m in request.messages if m.role == "user"]
-        turn = len(users) - 1
-        step = progress.get(turn, 0)
-        progress[turn] = step + 1
-        replies = plan.get(turn, [])
-        return replies[step] if step < len(replies) else Reply.say("Nothing more to do.")
+        round_no, step = _round_and_step(request)
+        replies = _PLAN.get(round_no, [])
+        if step < len(replies):
+            return replies[step]
+        return Reply.say("Nothing more to do this round.")
 
-    return ScriptedModel(rule, name="demo")
-
-
-def describe(event: Event) -> str:
-    """One plain line for an event."""
-    d: dict[str, Any] = event.data
-    match event.type:
-        case EventType.MESSAGE_QUEUED:
-            return f"queued {d['messageId']} ({d['delivery']})"
-        case EventType.MESSAGE_ADMITTED:
-            text = "".join(b.get("text", "") for b in d["content"])
-            return f"admitted {d['messageId']}: {text[:70]}"
-        case EventType.TURN_START:
-            return f"turn {d['turnId']} started"
-        case EventType.TURN_END:
-            return f"turn ended: {d['reason']} after {d['steps']} step(s)"
-        case EventType.ASSISTANT_MESSAGE:
-            parts = []
-            for b in d["content"]:
-                if b["type"] == "text" and b["text"]:
-                    parts.append(repr(b["text"][:70]))
-                elif b["type"] == "tool_use":
-                    parts.append(f"calls {b['name']}({json.dumps(b['input'])[:60]})")
-            return "assistant: " + "; ".join(parts)
-        case EventType.TOOL_RESULT:
-            first = d["content"].splitlines()[0] if d["content"] else ""
-            return f"tool {d['name']} -> {'ERROR ' if d['isError'] else ''}{first[:70]}"
-        case EventType.STATUS:
-            return f"status: {d['status']}"
-        case _:
-            return event.type
+    return ScriptedModel(rule, name="demo", record=False)
 
 
-async def run_demo(state_dir: Path | None, out: TextIO, *, print_line: Callable[[str], None] | None = None) -> int:
-    """Run the demo session; returns an exit code."""
-    state = state_dir or Path(tempfile.mkdtemp(prefix="goald-demo-"))
-    state.mkdir(parents=True, exist_ok=True)
-    workdir = state / "work"
-    workdir.mkdir(exist_ok=True)
-    db = state / "goald.db"
-    emit = print_line or (lambda line: print(line, file=out, flush=True))
-    model = demo_model()
-    registry = ModelRegistry({model.spec: model}, default=model.spec)
-    async with Runtime.open(db, models=registry, tools=lambda row: ToolRegistry(list(file_tools()))) as rt:
-        sid = await rt.create_session(workdir=workdir)
-        emit(f"session {sid} on {model.spec}, work directory {workdir}")
-        rt.store.hub.add_listener(lambda e: emit(f"  [{e.seq:>3}] {describe(e)}") if e.session_id == sid else None)
-        agent = await rt.agent(sid)
-        for prompt in DEMO_PROMPTS:
-            emit(f"> {prompt}")
-            await agent.followup(prompt)
-            await asyncio.wait_for(agent.when_idle(), 60)
-    notes = workdir / "notes.md"
-    emit("")
-    emit(f"notes.md:\n{notes.read_text() if notes.exists() else '(missing)'}")
-    emit(f"state directory: {state}")
-    emit(f"database (events, inbox, turns): {db}")
-    return 0 if notes.exists() and "Summary" in notes.read_text() else 1
+async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) -> int:
+    """Run the demo goal in an embedded daemon; returns an exit code (0 when the goal completed)."""
+    from daemon.host import Host
+    from daemon.settings import load_settings
+    from goals import GoalSpec, GoalStatus, VerifyCommand
+
+    state = (state_dir or Path(tempfile.mkdtemp(prefix="goald-demo-"))).resolve()
+    settings = load_settings(None, state_dir=state, default_model="scripted:demo", sandbox="none")
+    host = Host(settings)
+    server = asyncio.get_running_loop().create_task(host.run())
+    live = not plain and out.isatty()
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    try:
+        await asyncio.wait_for(host.ready.wait(), 30)
+        assert host.rt is not None and host.engine is not None
+        rt, engine = host.rt, host.engine
+        workdir = host.workdir_for(None, "demo")
+        goal = await engine.create(
+            GoalSpec(
+                objective=DEMO_OBJECTIVE,
+                title="Nightly report",
+                model="scripted:demo",
+                workdir=str(workdir),
+                verify=[VerifyCommand(cmd=DEMO_VERIFY, timeout=30)],
+            )
+        )
+        say(f"goal {goal.id} on session {goal.session_id}; work directory {workdir}")
+        say(f"objective: {DEMO_OBJECTIVE}")
+        say(f"verification: {DEMO_VERIFY}")
+        done = asyncio.Event()
+
+        def show(event: Event) -> None:
+            if event.session_id != goal.session_id:
+                return
+            line = f"  [{event.seq:>3}] {describe_event(event.type, event.data)}"
+            say(f"\x1b[2m{line}\x1b[0m" if live and event.type in ("status", "turn/start") else line)
+            if event.type == "goal/changed" and event.data.get("status") != "active":
+                done.set()
+
+        remove = rt.store.hub.add_listener(show)
+        try:
+            await asyncio.wait_for(done.wait(), 120)
+        finally:
+            remove()
+        final = await engine.get(goal.id)
+        from daemon.methods import goal_view
+
+        say("")
+        say(goal_line(goal_view(final)))
+        report = workdir / "report.md"
+        if report.exists():
+            say("report.md:")
+            say("".join(f"  {line}\n" for line in report.read_text().splitlines()).rstrip())
+        say(f"state directory: {state}")
+        say(f"database (goals, events, inbox, turns): {settings.database_path}")
+        say(f"follow it again: GOALD_STATE_DIR={state} goald serve & goald goal logs {goal.id}")
+        return 0 if final.status is GoalStatus.COMPLETED else 1
+    finally:
+        host.request_stop()
+        await asyncio.wait_for(server, 60)
 
 
-def text_of(blocks: list[Any]) -> str:
-    """Text of content blocks."""
-    return "".join(b.text for b in blocks if isinstance(b, TextBlock))
+def main() -> int:  # pragma: no cover - convenience for ``python -m daemon.demo``
+    """Run the demo to stdout."""
+    return asyncio.run(run_demo(None, sys.stdout))

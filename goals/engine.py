@@ -54,6 +54,7 @@ from goals.store import (
     GOAL_BLOCKED,
     GOAL_CLAIM,
     GOAL_PROGRESS,
+    GOAL_VERIFIED,
     MIGRATIONS,
     StaleDecision,
     cancel_continuation,
@@ -473,6 +474,17 @@ class GoalEngine:
             if cur.status != "idle" or cur.status_seq != st.status_seq or cur.open_turn is not None:
                 raise StaleDecision("the session is no longer at that idle")
             new = decision.goal
+            if verification is not None:
+                tx.emit(
+                    goal.session_id,
+                    GOAL_VERIFIED,
+                    {
+                        "goalId": goal.id,
+                        "passed": all(r.passed for r in verification),
+                        "reused": reused,
+                        "results": [r.model_dump(mode="json") for r in verification],
+                    },
+                )
             if decision.continuation is not None and decision.round is not None:
                 new = issue_continuation(tx, new, decision.round, decision.continuation)
             saved = save_goal(tx, new, goal.revision)

@@ -32,6 +32,7 @@ GOAL_CHANGED = "goal/changed"
 GOAL_PROGRESS = "goal/progress"
 GOAL_CLAIM = "goal/claim"
 GOAL_BLOCKED = "goal/blocked"
+GOAL_VERIFIED = "goal/verified"
 
 MIGRATIONS = [
     Migration(

@@ -1,0 +1,5 @@
+"""``python -m daemon`` runs the ``goald`` command."""
+
+from daemon.cli import entrypoint
+
+entrypoint()

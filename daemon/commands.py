@@ -1,0 +1,222 @@
+"""The CLI's commands that talk to a running daemon, one coroutine each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from daemon.client import Client
+from daemon.display import describe_event, goal_line, goal_lines, watch_goal
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _budgets(args: argparse.Namespace) -> dict[str, Any] | None:
+    from daemon.cli import parse_deadline
+
+    b = {
+        "maxRounds": getattr(args, "max_rounds", None),
+        "maxTokensTotal": getattr(args, "max_tokens", None),
+        "maxCost": getattr(args, "max_cost", None),
+        "maxWallSeconds": getattr(args, "max_wall", None),
+        "deadline": parse_deadline(getattr(args, "deadline", None)),
+    }
+    b = {k: v for k, v in b.items() if v is not None}
+    return b or None
+
+
+def _verify(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    cmds = getattr(args, "verify", None)
+    if not cmds:
+        return None
+    timeout = getattr(args, "verify_timeout", 300.0)
+    return [{"cmd": c, "timeout": timeout} for c in cmds]
+
+
+async def _goal_session(client: Client, target: str) -> str:
+    if target.startswith("goal_"):
+        goal = await client.call("goal/get", {"goalId": target})
+        return str(goal["sessionId"])
+    if target.startswith("ses_") and len(target) < 30:
+        found = await client.call("session/list", {"prefix": target})
+        if len(found["sessions"]) != 1:
+            from daemon.protocol import ErrorCode, RpcError
+
+            raise RpcError(ErrorCode.NOT_FOUND, f"no single session matches {target!r}")
+        return str(found["sessions"][0]["sessionId"])
+    return target
+
+
+async def status(client: Client, args: argparse.Namespace) -> int:
+    health = await client.call("daemon/health")
+    if args.json:
+        _print_json(health)
+    else:
+        goals = ", ".join(f"{k} {v}" for k, v in health["goals"].items() if v)
+        print(f"goald {health['version']}: {health['status']}, up {health['uptimeSeconds']:.0f}s")
+        print(f"goals: {goals or 'none'}; sessions running: {health['sessionsRunning']}")
+    return EXIT_OK
+
+
+async def goal(client: Client, args: argparse.Namespace) -> int:
+    action = args.goal_command
+    if action is None:
+        from daemon.cli import UsageError
+
+        raise UsageError("usage: goald goal add|list|show|pause|resume|cancel|edit|logs")
+    handler: Callable[[Client, argparse.Namespace], Awaitable[int]] = GOAL_ACTIONS[action]
+    return await handler(client, args)
+
+
+async def goal_add(client: Client, args: argparse.Namespace) -> int:
+    params = {
+        "objective": args.objective,
+        "title": args.title,
+        "key": args.key,
+        "budgets": _budgets(args),
+        "verify": _verify(args),
+        "model": args.model,
+        "workdir": args.workdir,
+        "sessionId": args.session,
+        "idempotencyKey": args.idempotency_key,
+        "stallRounds": args.stall_rounds,
+    }
+    created = await client.call("goal/create", params)
+    if args.json:
+        _print_json(created)
+    else:
+        print(f"{created['goalId']} on session {created['sessionId']}")
+    return EXIT_OK
+
+
+async def goal_list(client: Client, args: argparse.Namespace) -> int:
+    result = await client.call("goal/list", {"status": args.status})
+    if args.json:
+        _print_json(result["goals"])
+        return EXIT_OK
+    for g in result["goals"]:
+        print(goal_line(g))
+    if not result["goals"]:
+        print("no goals", file=sys.stderr)
+    return EXIT_OK
+
+
+async def goal_show(client: Client, args: argparse.Namespace) -> int:
+    g = await client.call("goal/get", {"goalId": args.goal})
+    if args.watch:
+        return await watch_goal(client, g, as_json=args.json)
+    if args.json:
+        _print_json(g)
+    else:
+        print("\n".join(goal_lines(g)))
+    return EXIT_OK
+
+
+def _status_change(method: str) -> Callable[[Client, argparse.Namespace], Awaitable[int]]:
+    async def run(client: Client, args: argparse.Namespace) -> int:
+        params: dict[str, Any] = {"goalId": args.goal}
+        if method == "goal/resume":
+            params["budgets"] = _budgets(args)
+        g = await client.call(method, params)
+        if args.json:
+            _print_json(g)
+        else:
+            print(goal_line(g))
+        return EXIT_OK
+
+    return run
+
+
+async def goal_edit(client: Client, args: argparse.Namespace) -> int:
+    g = await client.call(
+        "goal/update",
+        {
+            "goalId": args.goal,
+            "objective": args.objective,
+            "title": args.title,
+            "budgets": _budgets(args),
+            "verify": _verify(args),
+        },
+    )
+    if args.json:
+        _print_json(g)
+    else:
+        print(goal_line(g))
+    return EXIT_OK
+
+
+async def goal_logs(client: Client, args: argparse.Namespace) -> int:
+    g = await client.call("goal/get", {"goalId": args.goal})
+    sid = g["sessionId"]
+    after = 0
+    while True:
+        page = await client.call("session/events", {"sessionId": sid, "afterSeq": after, "limit": 1000})
+        for ev in page["events"]:
+            _emit_event(sid, ev["seq"], ev, args.json)
+        after = page["lastSeq"]
+        if len(page["events"]) < 1000:
+            break
+    if not args.follow:
+        return EXIT_OK
+    await client.call("session/subscribe", {"sessionId": sid, "afterSeq": after})
+    async for note in client.notifications():
+        if note.get("method") != "session.event":
+            continue
+        p = note["params"]
+        _emit_event(sid, p["seq"], p["event"], args.json)
+        ev = p["event"]
+        if ev["type"] == "goal/changed" and ev["data"].get("status") in TERMINAL:
+            break
+    return EXIT_OK
+
+
+def _emit_event(sid: str, seq: int, ev: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"sessionId": sid, "seq": seq, **ev}, default=str), flush=True)
+    else:
+        print(f"[{seq:>5}] {ev['at'][11:23]} {describe_event(ev['type'], ev['data'])}", flush=True)
+
+
+async def send(client: Client, args: argparse.Namespace) -> int:
+    sid = await _goal_session(client, args.target)
+    delivery = "steer" if args.steer else "context" if args.context else "followup"
+    result = await client.call("session/prompt", {"sessionId": sid, "text": args.text, "delivery": delivery})
+    if args.json:
+        _print_json({"sessionId": sid, **result})
+    else:
+        print(result["messageId"])
+    return EXIT_OK
+
+
+async def schedule(client: Client, args: argparse.Namespace) -> int:
+    from daemon.schedule_commands import schedule_command
+
+    return await schedule_command(client, args)
+
+
+GOAL_ACTIONS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
+    "add": goal_add,
+    "list": goal_list,
+    "show": goal_show,
+    "pause": _status_change("goal/pause"),
+    "resume": _status_change("goal/resume"),
+    "cancel": _status_change("goal/cancel"),
+    "edit": goal_edit,
+    "logs": goal_logs,
+}
+
+COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
+    "status": status,
+    "goal": goal,
+    "send": send,
+    "schedule": schedule,
+}

@@ -1,0 +1,260 @@
+"""The host: the long-running process that holds the store, the sessions, the goal engine, the
+scheduler and the control server, all inside one ``asyncio.TaskGroup``.
+
+Start order: state directory → store (crash repair) → goal engine (every active goal's pending
+decision is made: that is what "resumed" means; histories are not loaded) → scheduler (missed
+fires applied) → control socket → ``READY=1``. Stop order (SIGTERM/SIGINT, or the ``shutdown``
+method): ``STOPPING=1`` → the socket and the scheduler stop taking work → running turns get the
+grace period to reach a safe point, else end ``interrupted`` → the store closes → exit 0.
+SIGHUP reloads declared goals and schedules by ``key``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import signal
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from agent import (
+    AgentConfig,
+    InvalidInput,
+    ModelRegistry,
+    Runtime,
+    SessionRow,
+    SessionSetup,
+    ToolRegistry,
+    file_tools,
+)
+from daemon import __version__
+from daemon.settings import Settings
+from goals import GoalEngine, GoalStatus, tools_for_goal_sessions
+
+
+class RunState(enum.StrEnum):
+    """The daemon's lifecycle."""
+
+    #: Opening the store, repairing, resuming goals.
+    STARTING = "starting"
+    #: Serving the control protocol.
+    SERVING = "serving"
+    #: Taking no new work; letting running turns stop.
+    STOPPING = "stopping"
+    #: Everything closed.
+    STOPPED = "stopped"
+
+
+def transition_run_state(current: RunState, target: RunState) -> RunState:
+    """The one place the daemon's run state changes; an illegal step raises."""
+    allowed = {
+        RunState.STARTING: (RunState.SERVING, RunState.STOPPING),
+        RunState.SERVING: (RunState.STOPPING,),
+        RunState.STOPPING: (RunState.STOPPED,),
+        RunState.STOPPED: (),
+    }[current]
+    if target not in allowed:
+        raise RuntimeError(f"the daemon cannot go from {current.value} to {target.value}")
+    return target
+
+
+class Host:
+    """One daemon process. ``await Host(settings).run()`` serves until stopped."""
+
+    def __init__(self, settings: Settings, *, models: ModelRegistry | None = None) -> None:
+        self.settings = settings
+        from daemon.models import build_registry
+
+        self.models = models or build_registry(settings)
+        self.state = RunState.STARTING
+        self.started = time.monotonic()
+        self.rt: Runtime | None = None
+        self.engine: GoalEngine | None = None
+        self.scheduler: Any = None
+        self._stop = asyncio.Event()
+        self._slots = asyncio.Semaphore(settings.max_concurrent_turns)
+        self._notifier: Any = None
+        self.ready = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _set_state(self, target: RunState) -> None:
+        self.state = transition_run_state(self.state, target)
+        logger.info("daemon {}", self.state.value)
+
+    def request_stop(self) -> None:
+        """Begin a graceful shutdown."""
+        self._stop.set()
+
+    async def run(self, *, stdio: bool = False) -> int:
+        """Serve until stopped; returns the exit code."""
+        from daemon.notify import Notifier, watchdog_loop
+        from daemon.server import UnixServer, serve_stdio
+
+        s = self.settings
+        s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for root in s.roots:
+            root.mkdir(parents=True, exist_ok=True)
+        self._notifier = Notifier.from_env()
+        loop = asyncio.get_running_loop()
+        self._install_signals(loop)
+        async with Runtime.open(
+            s.database_path, durability=s.durability, resolver=self._resolve, grace=s.shutdown_grace_seconds
+        ) as rt:
+            self.rt = rt
+            engine = GoalEngine(rt, allowed_roots=s.roots, model_check=self._check_model)
+            self.engine = engine
+            await engine.start(resume=s.resume_on_start)
+            await self._start_scheduler()
+            from daemon.methods import build_dispatcher
+
+            dispatcher = build_dispatcher(self)
+            server = UnixServer(s.socket_path, dispatcher, s.max_frame_bytes)
+            await server.start()
+            stdio_task = rt.spawn(self._stdio(serve_stdio, dispatcher)) if stdio else None
+            self._set_state(RunState.SERVING)
+            self.ready.set()
+            self._notifier.ready(self.status_line())
+            watchdog = rt.spawn(watchdog_loop(self._notifier, self.status_line))
+            try:
+                await self._stop.wait()
+            finally:
+                self._set_state(RunState.STOPPING)
+                self._notifier.stopping()
+                watchdog.cancel()
+                if stdio_task is not None:
+                    stdio_task.cancel()
+                await server.stop()
+                if self.scheduler is not None:
+                    await self.scheduler.stop()
+                await engine.stop()
+        self._set_state(RunState.STOPPED)
+        return 0
+
+    async def _stdio(self, serve: Callable[..., Any], dispatcher: Any) -> None:
+        await serve(dispatcher, self.settings.max_frame_bytes)
+        # stdin closed: the client is gone, and with it the reason to run.
+        self.request_stop()
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn_reload())
+
+    def _spawn_reload(self) -> None:
+        if self.rt is not None:
+            self.rt.spawn(self._reload_quietly())
+
+    async def _reload_quietly(self) -> None:
+        try:
+            await self.reload()
+        except Exception:
+            logger.exception("SIGHUP reload failed; nothing was changed")
+
+    async def reload(self) -> dict[str, int]:
+        """Reload declared goals and schedules from the goals file, by key."""
+        from daemon.declared import apply_declared
+
+        if self.settings.goals_file is None or self.engine is None:
+            return {"goals": 0, "schedules": 0}
+        try:
+            return await apply_declared(self, self.settings.goals_file)
+        except Exception as exc:
+            logger.error("reloading {} failed: {}", self.settings.goals_file, exc)
+            raise
+
+    async def _start_scheduler(self) -> None:
+        try:
+            from daemon.scheduler import Scheduler
+        except ImportError:  # pragma: no cover - the scheduler ships with the daemon
+            return
+        assert self.rt is not None and self.engine is not None
+        engine = self.engine
+        from daemon.schedule_glue import cancel_goal, fire_goal, goal_status
+
+        self.scheduler = Scheduler(
+            self.rt.store,
+            fire=lambda sched, at: fire_goal(self, sched, at),
+            goal_status=lambda gid: goal_status(engine, gid),
+            cancel_goal=lambda gid: cancel_goal(engine, gid),
+        )
+        await self.scheduler.start()
+        if self.settings.goals_file is not None:
+            await self.reload()
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def _check_model(self, spec: str | None) -> None:
+        self.models.get(spec)
+
+    def _resolve(self, row: SessionRow) -> SessionSetup:
+        model = self.models.get(row.model)
+        tools = ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
+        config = AgentConfig.model_validate(row.config.get("agent", {}))
+        return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots)
+
+    def workdir_for(self, raw: str | None, name: str) -> Path:
+        """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``."""
+        roots = [r.resolve() for r in self.settings.roots]
+        if raw is None:
+            path = roots[0] / name
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            raise InvalidInput(f"workdir {raw!r} must be an absolute path")
+        path = path.resolve()
+        if not any(path == r or path.is_relative_to(r) for r in roots):
+            raise InvalidInput(
+                f"workdir {raw!r} is outside the allowed work-directory roots ({', '.join(map(str, roots))})"
+            )
+        if not path.is_dir():
+            raise InvalidInput(f"workdir {raw!r} does not exist or is not a directory")
+        return path
+
+    # -- observation -----------------------------------------------------------------------
+
+    def uptime(self) -> float:
+        """Seconds since the process started serving."""
+        return time.monotonic() - self.started
+
+    async def goal_counts(self) -> dict[str, int]:
+        """Goals by status."""
+        assert self.rt is not None
+        rows = await self.rt.store.read(
+            lambda conn: conn.execute("SELECT status, COUNT(*) AS n FROM goals GROUP BY status").fetchall()
+        )
+        counts = {s.value: 0 for s in GoalStatus}
+        counts.update({r["status"]: int(r["n"]) for r in rows})
+        return counts
+
+    def sessions_running(self) -> int:
+        """Live sessions whose status is running."""
+        if self.rt is None:
+            return 0
+        return sum(1 for a in self.rt.live_agents.values() if a.status == "running")
+
+    def status_line(self) -> str:
+        """The one-line status for systemd's ``STATUS=``."""
+        engine = self.engine
+        live = len(engine._sessions) if engine is not None else 0
+        return f"{self.state.value}; {live} live goal(s); {self.sessions_running()} session(s) running"
+
+    async def health(self) -> dict[str, Any]:
+        """The ``daemon/health`` answer."""
+        return {
+            "status": self.state.value,
+            "version": __version__,
+            "uptimeSeconds": round(self.uptime(), 3),
+            "goals": await self.goal_counts() if self.rt is not None else {},
+            "sessionsRunning": self.sessions_running(),
+            "time": datetime.now(UTC).isoformat(),
+        }

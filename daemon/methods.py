@@ -1,0 +1,407 @@
+"""The control protocol's methods (the canonical list is in the daemon issue and the README).
+
+Every method validates its params with a pydantic model (camelCase on the wire) before it touches
+anything, so bad input is answered with an error naming the field and changes nothing.
+``session/prompt`` answers ``{messageId}`` as soon as the enqueue is durable — never a result;
+there is no ``session.finished``: a client that wants a result subscribes and owns the interval
+from its message's receipt to the next whole-agent idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from agent import Event, EventType, MessageId, SessionId, Subscription, create_session
+from daemon import __version__
+from daemon.protocol import PROTOCOL_VERSION, Dispatcher, ErrorCode, Peer, RpcError
+from goals import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopRules, VerifyCommand
+
+if TYPE_CHECKING:
+    from daemon.host import Host
+
+
+class Params(BaseModel):
+    """Base of every params model: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class BudgetsIn(Params):
+    """Goal budgets on the wire."""
+
+    max_rounds: int | None = Field(default=None, ge=1)
+    max_tokens_total: int | None = Field(default=None, ge=1)
+    max_cost: float | None = Field(default=None, gt=0)
+    max_wall_seconds: float | None = Field(default=None, gt=0)
+    deadline: datetime | None = None
+
+    def to_budgets(self) -> Budgets:
+        """As the goal model's budgets."""
+        return Budgets.model_validate(self.model_dump())
+
+
+class VerifyIn(Params):
+    """One verification command on the wire."""
+
+    cmd: str = Field(min_length=1)
+    timeout: float = Field(default=300.0, gt=0, le=86_400)
+
+
+class NoParams(Params):
+    """No params."""
+
+
+class SessionNew(Params):
+    """``session/new``."""
+
+    model: str | None = None
+    workdir: str | None = None
+
+
+class SessionRef(Params):
+    """A session id."""
+
+    session_id: SessionId
+
+
+class Prompt(Params):
+    """``session/prompt``."""
+
+    session_id: SessionId
+    text: str | None = None
+    content: list[dict[str, Any]] | None = None
+    delivery: Literal["followup", "steer", "context"] = "followup"
+    message_id: MessageId | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Prompt:
+        if (self.text is None) == (self.content is None):
+            raise ValueError("give exactly one of text or content")
+        return self
+
+
+class CancelMessage(Params):
+    """``session/cancelMessage``."""
+
+    session_id: SessionId
+    message_id: MessageId
+
+
+class Interrupt(Params):
+    """``session/interrupt``."""
+
+    session_id: SessionId
+    discard_queued: bool = False
+
+
+class Subscribe(Params):
+    """``session/subscribe`` (no session: every session, live only)."""
+
+    session_id: SessionId | None = None
+    after_seq: int | None = Field(default=None, ge=0)
+
+
+class SessionList(Params):
+    """``session/list``."""
+
+    prefix: str | None = None
+    limit: int = Field(default=100, ge=1, le=10_000)
+
+
+class EventsPage(Params):
+    """``session/events``."""
+
+    session_id: SessionId
+    after_seq: int = Field(default=0, ge=0)
+    limit: int = Field(default=200, ge=1, le=10_000)
+
+
+class GoalCreate(Params):
+    """``goal/create``."""
+
+    objective: str
+    title: str | None = None
+    key: str | None = None
+    budgets: BudgetsIn | None = None
+    verify: list[VerifyIn] = []
+    model: str | None = None
+    workdir: str | None = None
+    tools: list[str] | None = None
+    session_id: SessionId | None = None
+    idempotency_key: str | None = None
+    stall_rounds: int | None = Field(default=None, ge=1)
+
+
+class GoalRef(Params):
+    """A goal id (or a unique prefix of one)."""
+
+    goal_id: str = Field(min_length=len(GoalId.prefix))
+
+
+class GoalResume(GoalRef):
+    """``goal/resume``."""
+
+    budgets: BudgetsIn | None = None
+
+
+class GoalUpdate(GoalRef):
+    """``goal/update``."""
+
+    objective: str | None = None
+    title: str | None = None
+    budgets: BudgetsIn | None = None
+    verify: list[VerifyIn] | None = None
+
+
+class GoalList(Params):
+    """``goal/list``."""
+
+    status: GoalStatus | None = None
+
+
+def goal_view(goal: Goal) -> dict[str, Any]:
+    """A goal as the protocol shows it."""
+    data = goal.model_dump(mode="json", exclude={"memory"})
+    out = {to_camel(k): v for k, v in data.items()}
+    out["budgets"] = {to_camel(k): v for k, v in data["budgets"].items()}
+    out["rules"] = {to_camel(k): v for k, v in data["rules"].items()}
+    mem = goal.memory
+    out["notes"] = mem.notes
+    out["lastVerification"] = [r.model_dump(mode="json") for r in mem.verify_results]
+    out["lastError"] = mem.last_error
+    return out
+
+
+def event_view(event: Event) -> dict[str, Any]:
+    """An event as the protocol shows it."""
+    return {"type": event.type, "data": event.data, "at": event.at}
+
+
+def build_dispatcher(host: Host) -> Dispatcher:
+    """Every method, bound to ``host``."""
+    d = Dispatcher()
+
+    def runtime() -> Any:
+        if host.rt is None:
+            raise RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is not serving")
+        return host.rt
+
+    def engine() -> Any:
+        if host.engine is None:
+            raise RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is not serving")
+        return host.engine
+
+    def taking_work() -> None:
+        if host.state != "serving":
+            raise RpcError(ErrorCode.SHUTTING_DOWN, f"the daemon is {host.state}; it takes no new work")
+
+    @d.method("initialize", NoParams)
+    async def initialize(p: NoParams, peer: Peer) -> dict[str, Any]:
+        return {"serverInfo": {"name": "goald", "version": __version__}, "protocolVersion": PROTOCOL_VERSION}
+
+    @d.method("session/new", SessionNew)
+    async def session_new(p: SessionNew, peer: Peer) -> dict[str, Any]:
+        taking_work()
+        host.models.get(p.model)
+        rt = runtime()
+        sid = SessionId.new()
+        workdir = host.workdir_for(p.workdir, sid)
+        await rt.store.transact(lambda tx: create_session(tx, model=p.model, workdir=str(workdir), session_id=sid))
+        return {"sessionId": sid, "workdir": str(workdir)}
+
+    @d.method("session/prompt", Prompt)
+    async def session_prompt(p: Prompt, peer: Peer) -> dict[str, Any]:
+        taking_work()
+        agent = await runtime().agent(p.session_id)
+        content: Any = p.text if p.text is not None else p.content
+        mid = await agent.enqueue(content, delivery=p.delivery, message_id=p.message_id)
+        return {"messageId": mid}
+
+    @d.method("session/cancelMessage", CancelMessage)
+    async def cancel_message(p: CancelMessage, peer: Peer) -> dict[str, Any]:
+        agent = await runtime().agent(p.session_id)
+        await agent.cancel_message(p.message_id)
+        return {}
+
+    @d.method("session/interrupt", Interrupt)
+    async def interrupt(p: Interrupt, peer: Peer) -> dict[str, Any]:
+        agent = await runtime().agent(p.session_id)
+        await agent.interrupt(discard_queued=p.discard_queued)
+        return {}
+
+    @d.method("session/list", SessionList)
+    async def session_list(p: SessionList, peer: Peer) -> dict[str, Any]:
+        rt = runtime()
+        prefix = p.prefix or "ses_"
+
+        def run(conn: Any) -> list[Any]:
+            return list(
+                conn.execute(
+                    "SELECT id, model, workdir, parent_session_id, created_at FROM sessions WHERE id >= ? AND id < ?"
+                    " ORDER BY id DESC LIMIT ?",
+                    (prefix, prefix + "\uffff", p.limit),
+                ).fetchall()
+            )
+
+        rows = await rt.store.read(run)
+        return {
+            "sessions": [
+                {
+                    "sessionId": r["id"],
+                    "model": r["model"],
+                    "workdir": r["workdir"],
+                    "parentSessionId": r["parent_session_id"],
+                    "createdAt": r["created_at"],
+                }
+                for r in rows
+            ]
+        }
+
+    @d.method("agent/status", SessionRef)
+    async def agent_status(p: SessionRef, peer: Peer) -> dict[str, Any]:
+        rt = runtime()
+        await rt.session(p.session_id)
+        st = await rt.store.session_state(p.session_id)
+        return {"sessionId": p.session_id, "status": st.status, "seq": st.status_seq, "lastSeq": st.last_seq}
+
+    @d.method("session/events", EventsPage)
+    async def session_events(p: EventsPage, peer: Peer) -> dict[str, Any]:
+        rt = runtime()
+        await rt.session(p.session_id)
+        events = await rt.store.events_after(p.session_id, p.after_seq, limit=p.limit)
+        return {
+            "sessionId": p.session_id,
+            "events": [{"seq": e.seq, **event_view(e)} for e in events],
+            "lastSeq": events[-1].seq if events else p.after_seq,
+        }
+
+    @d.method("session/subscribe", Subscribe)
+    async def subscribe(p: Subscribe, peer: Peer) -> dict[str, Any]:
+        rt = runtime()
+        if p.session_id is None:
+            sub = rt.store.hub.open(None)
+            _start(peer, _pump_all(sub, peer))
+            return {"sessionId": None, "live": True}
+        await rt.session(p.session_id)
+        st = await rt.store.session_state(p.session_id)
+        first = await rt.store.read(
+            lambda conn: conn.execute("SELECT MIN(seq) FROM events WHERE session_id=?", (p.session_id,)).fetchone()[0]
+        )
+        after = p.after_seq if p.after_seq is not None else st.last_seq
+        if first is not None and after < int(first) - 1:
+            raise RpcError(
+                ErrorCode.EVENTS_PRUNED, f"events before seq {first} are no longer kept", {"firstSeq": int(first)}
+            )
+        _start(peer, _pump_session(rt, p.session_id, after, peer))
+        return {"sessionId": p.session_id, "afterSeq": after}
+
+    @d.method("goal/create", GoalCreate)
+    async def goal_create(p: GoalCreate, peer: Peer) -> dict[str, Any]:
+        taking_work()
+        eng = engine()
+        goal_id = GoalId.new()
+        spec = GoalSpec(
+            objective=p.objective,
+            title=p.title,
+            key=p.key,
+            budgets=p.budgets.to_budgets() if p.budgets else Budgets(),
+            verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify],
+            model=p.model or host.settings.default_model,
+            workdir=None,
+            tools=p.tools,
+            session_id=p.session_id,
+            idempotency_key=p.idempotency_key,
+            rules=StopRules(stall_rounds=p.stall_rounds) if p.stall_rounds else StopRules(),
+        )
+        host.models.get(spec.model)
+        if p.workdir is not None or p.session_id is None:
+            workdir = host.workdir_for(p.workdir, goal_id)
+            spec = spec.model_copy(update={"workdir": str(workdir)})
+        goal = await eng.create(spec, goal_id=goal_id)
+        return {"goalId": goal.id, "sessionId": goal.session_id, "workdir": goal.workdir}
+
+    @d.method("goal/list", GoalList)
+    async def goal_list(p: GoalList, peer: Peer) -> dict[str, Any]:
+        goals = await engine().list_goals(p.status)
+        return {"goals": [goal_view(g) for g in goals]}
+
+    @d.method("goal/get", GoalRef)
+    async def goal_get(p: GoalRef, peer: Peer) -> dict[str, Any]:
+        return goal_view(await engine().get(p.goal_id))
+
+    @d.method("goal/pause", GoalRef)
+    async def goal_pause(p: GoalRef, peer: Peer) -> dict[str, Any]:
+        return goal_view(await engine().pause(p.goal_id))
+
+    @d.method("goal/resume", GoalResume)
+    async def goal_resume(p: GoalResume, peer: Peer) -> dict[str, Any]:
+        taking_work()
+        budgets = p.budgets.to_budgets() if p.budgets else None
+        return goal_view(await engine().resume(p.goal_id, budgets))
+
+    @d.method("goal/cancel", GoalRef)
+    async def goal_cancel(p: GoalRef, peer: Peer) -> dict[str, Any]:
+        return goal_view(await engine().cancel(p.goal_id))
+
+    @d.method("goal/update", GoalUpdate)
+    async def goal_update(p: GoalUpdate, peer: Peer) -> dict[str, Any]:
+        goal = await engine().update(
+            p.goal_id,
+            objective=p.objective,
+            title=p.title,
+            budgets=p.budgets.to_budgets() if p.budgets else None,
+            verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify] if p.verify is not None else None,
+        )
+        return goal_view(goal)
+
+    @d.method("daemon/health", NoParams)
+    async def health(p: NoParams, peer: Peer) -> dict[str, Any]:
+        return await host.health()
+
+    @d.method("daemon/reload", NoParams)
+    async def reload(p: NoParams, peer: Peer) -> dict[str, Any]:
+        return await host.reload()
+
+    @d.method("shutdown", NoParams)
+    async def shutdown(p: NoParams, peer: Peer) -> dict[str, Any]:
+        asyncio.get_running_loop().call_soon(host.request_stop)
+        return {}
+
+    from daemon.schedule_methods import register_schedule_methods
+
+    register_schedule_methods(d, host)
+    return d
+
+
+def _start(peer: Peer, coro: Any) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    peer.tasks.add(task)
+    task.add_done_callback(peer.tasks.discard)
+
+
+async def _send_event(peer: Peer, event: Event) -> None:
+    await peer.notify("session.event", {"sessionId": event.session_id, "seq": event.seq, "event": event_view(event)})
+    if event.type == EventType.STATUS:
+        await peer.notify(
+            "session.status", {"sessionId": event.session_id, "seq": event.seq, "status": event.data["status"]}
+        )
+
+
+async def _pump_session(rt: Any, session_id: str, after: int, peer: Peer) -> None:
+    # Let the subscribe response go out first.
+    await asyncio.sleep(0)
+    async for event in rt.store.hub.subscribe(rt.store, session_id, after):
+        await _send_event(peer, event)
+
+
+async def _pump_all(sub: Subscription, peer: Peer) -> None:
+    try:
+        while True:
+            await _send_event(peer, await sub.queue.get())
+    finally:
+        sub.close()
