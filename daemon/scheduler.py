@@ -26,7 +26,7 @@ import asyncio
 import builtins
 import json
 import sqlite3
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,7 +35,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[impo
 from apscheduler.triggers.base import BaseTrigger  # type: ignore[import-untyped]
 from loguru import logger
 
-from agent import InvalidInput, Migration, NotFound, Store, Tx, create_session
+from agent import AgentError, InvalidInput, Migration, NotFound, Store, Tx, create_session
 from daemon.schedules import (
     AnyTrigger,
     DateTrigger,
@@ -212,7 +212,7 @@ class _DueExecutor(BaseExecutor):  # type: ignore[misc]
         self._do_submit_job(job, run_times)
 
     def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
-        self._spawn(job.func(*job.args, list(run_times)))
+        self._spawn(job.func(*job.args, run_times=list(run_times)))
 
 
 class Scheduler:
@@ -248,11 +248,12 @@ class Scheduler:
             executors={"default": _DueExecutor(self._spawn)},
             job_defaults={"misfire_grace_time": None, "coalesce": False},
         )
-        for sched in await self.list():
+        schedules = await self.list()
+        for sched in schedules:
             await self._catch_up(sched)
             self._plan(await self.get(sched.id))
         self._aps.start()
-        logger.info("scheduler started with {} schedule(s)", len(self._aps.get_jobs()))
+        logger.info("scheduler started: {} schedule(s), {} armed", len(schedules), len(self.planned()))
 
     async def stop(self) -> None:
         """Stop timing; fires in flight get a grace period to finish, then are cancelled."""
@@ -359,6 +360,7 @@ class Scheduler:
         sched = await self.store.transact(run)
         if self._aps is not None and self._aps.get_job(sched.id) is not None:
             self._aps.remove_job(sched.id)
+        self._locks.pop(sched.id, None)
         return sched
 
     async def runs(self, ref: str, limit: int = 20) -> builtins.list[ScheduleRun]:
@@ -386,6 +388,12 @@ class Scheduler:
         """
         async with self._lock(schedule_id):
             return await self._fire_locked(schedule_id, scheduled_for, note)
+
+    def planned(self) -> dict[str, datetime]:
+        """The next wake-up of every APScheduler job, by schedule id (what timing is armed)."""
+        if self._aps is None:
+            return {}
+        return {job.id: job.next_run_time for job in self._aps.get_jobs()}
 
     # -- internals -------------------------------------------------------------------------
 
@@ -430,15 +438,20 @@ class Scheduler:
         settled: list[RunRow] = [
             (r.scheduled_for, r.outcome, r.reason, None) for r in plan if r.outcome != RunOutcome.FIRED
         ]
-        if settled:
-            await self.store.transact(lambda tx: _record(tx, sched, settled))
-            logger.info("schedule {}: {} fire(s) missed while goald was down", sched.id, len(settled))
-        for r in plan:
-            if r.outcome == RunOutcome.FIRED:
-                await self.fire_now(sched.id, r.scheduled_for, note=r.reason)
+        async with self._lock(sched.id):
+            if settled:
+                await self.store.transact(lambda tx: _record(tx, sched, settled))
+                logger.info("schedule {}: {} fire(s) missed while goald was down", sched.id, len(settled))
+            for r in plan:
+                if r.outcome == RunOutcome.FIRED:
+                    await self._fire_locked(sched.id, r.scheduled_for, r.reason)
 
-    async def _run_due(self, schedule_id: str, run_times: builtins.list[datetime]) -> None:
-        """What a job runs: settle the instants APScheduler found due (normally exactly one)."""
+    async def _run_due(self, schedule_id: str, run_times: Sequence[datetime] = ()) -> None:
+        """What a job runs: settle the instants APScheduler found due (normally exactly one).
+
+        ``run_times`` is passed by :class:`_DueExecutor` (APScheduler checks the job's signature
+        against its ``args``, hence the default).
+        """
         try:
             async with self._lock(schedule_id):
                 try:
@@ -498,10 +511,20 @@ class Scheduler:
                     if sched.concurrency == "forbid":
                         reason = f"the previous goal {prev} is still {status} (concurrency forbid)"
                         return RunOutcome.SKIPPED_CONCURRENCY, None, reason
-                    await self._cancel_goal(prev)
-                    replaced = f"; cancelled the previous goal {prev}, which was {status} (concurrency replace)"
+                    try:
+                        await self._cancel_goal(prev)
+                        replaced = f"; cancelled the previous goal {prev}, which was {status} (concurrency replace)"
+                    except Exception:
+                        # It may have ended between the two calls; only a goal still live is a problem.
+                        now_status = await self._goal_status(prev)
+                        if now_status in _LIVE:
+                            raise
+                        replaced = f"; the previous goal {prev} ended ({now_status}) before it could be replaced"
             goal_id = await self._fire(sched, scheduled_for)
         except Exception as exc:
-            logger.opt(exception=exc).warning("schedule {}: firing {} failed", sched.id, scheduled_for)
+            if isinstance(exc, AgentError | ValueError | LookupError):  # bad template, workdir, model: no trace
+                logger.warning("schedule {}: firing {} failed: {}", sched.id, _iso(scheduled_for), exc)
+            else:
+                logger.opt(exception=exc).error("schedule {}: firing {} failed", sched.id, _iso(scheduled_for))
             return RunOutcome.ERROR, None, f"{type(exc).__name__}: {exc}"
         return RunOutcome.FIRED, goal_id, f"created goal {goal_id}{replaced}"

@@ -454,6 +454,8 @@ class ScheduleSpec(_Model):
     @classmethod
     def parse(cls, raw: Any) -> ScheduleSpec:
         """Validate ``raw`` (a mapping, or a spec). Raises ``InvalidInput`` naming each problem."""
+        if isinstance(raw, Schedule):
+            return raw.spec()
         if isinstance(raw, ScheduleSpec):
             return raw
         try:
