@@ -48,7 +48,7 @@ from agent.messages import (
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
-    content_from_json,
+    content_from_python,
     parse_content,
 )
 from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, ModelResponse
@@ -172,6 +172,7 @@ class Agent:
         self._stream: list[str] = []
         self._delta_listeners: list[DeltaListener] = []
         self._driver: asyncio.Task[None] | None = None
+        self._waiting_slot = False
 
     # -- the public API --------------------------------------------------------------------
 
@@ -326,14 +327,15 @@ class Agent:
         driver = self._driver
         if driver is None or driver.done():
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(driver), grace)
+        if self._waiting_slot:
+            # No turn is open while the driver waits for a slot: nothing to let finish.
+            driver.cancel()
+        await asyncio.wait([driver], timeout=grace)
         task = self._turn_task
         if not driver.done() and task is not None and not task.done() and self._cancel_reason is None:
             self._cancel_reason = EndReason.INTERRUPTED
             task.cancel()
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(driver), max(grace, 5.0))
+        await asyncio.wait([driver], timeout=max(grace, 5.0))
         if not driver.done():
             driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -347,9 +349,21 @@ class Agent:
     async def _slot_cm(self) -> AsyncIterator[None]:
         if self._slot is None:
             yield
+            return
+        cm = self._slot()
+        # Waiting for a slot is a safe point: stop() may cancel the driver while it waits.
+        self._waiting_slot = True
+        try:
+            await cm.__aenter__()
+        finally:
+            self._waiting_slot = False
+        try:
+            yield
+        except BaseException as exc:
+            if not await cm.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
         else:
-            async with self._slot():
-                yield
+            await cm.__aexit__(None, None, None)
 
     async def _run(self) -> None:
         has_work = True
@@ -661,9 +675,9 @@ def history_message(event: Event) -> ConvMessage | None:
     """The conversation message an event contributes, if any."""
     data = event.data
     if event.type == EventType.MESSAGE_ADMITTED:
-        return ConvMessage(role="user", content=content_from_json(json.dumps(data["content"])))
+        return ConvMessage(role="user", content=content_from_python(data["content"]))
     if event.type == EventType.ASSISTANT_MESSAGE:
-        return ConvMessage(role="assistant", content=content_from_json(json.dumps(data["content"])))
+        return ConvMessage(role="assistant", content=content_from_python(data["content"]))
     if event.type == EventType.TOOL_RESULT:
         block = ToolResultBlock(tool_use_id=data["toolUseId"], content=data["content"], is_error=data["isError"])
         return ConvMessage(role="tool", content=[block])

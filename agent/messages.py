@@ -188,6 +188,11 @@ def content_from_json(raw: str | bytes) -> Content:
     return _content_adapter.validate_json(raw)
 
 
+def content_from_python(raw: object) -> Content:
+    """Validate content blocks already decoded from JSON."""
+    return _content_adapter.validate_python(raw)
+
+
 def content_text(content: Content) -> str:
     """The concatenated text of the text blocks."""
     return "".join(b.text for b in content if isinstance(b, TextBlock))

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent.calls import usage_of_guard
 from agent.driver import Agent, AgentConfig, SlotFactory
-from agent.errors import InvalidInput, NotFound
+from agent.errors import InvalidInput, NotFound, StoreClosed
 from agent.events import Event, EventType
 from agent.ids import GuardId, SessionId
 from agent.messages import Delivery
@@ -186,6 +186,7 @@ class Runtime:
         self._buffers: dict[str, list[Event]] = {}
         self._guards: dict[str, SpendGuard] = {}
         self._closing = False
+        self._pending_resume: list[str] = []
         self._remove_listener = store.hub.add_listener(self._on_event)
 
     @classmethod
@@ -199,11 +200,14 @@ class Runtime:
         models: ModelRegistry | None = None,
         tools: Callable[[SessionRow], ToolRegistry] | None = None,
         grace: float = 10.0,
+        resume: bool = True,
     ) -> AsyncIterator[Runtime]:
         """Open the store at ``path``, repair it, resume sessions with queued work, and yield.
 
         Either pass a ``resolver`` or a ``models`` registry (and optionally a ``tools`` factory).
         On exit every driver stops (running turns get ``grace`` seconds) and the store closes.
+        With ``resume=False`` the sessions with queued work wait for :meth:`resume` (a daemon
+        calls it once it serves, so that a big backlog does not delay its readiness).
         """
         if resolver is None:
             registry = models or ModelRegistry()
@@ -219,14 +223,25 @@ class Runtime:
             with_work = await store.transact(repair)
             async with asyncio.TaskGroup() as tg:
                 rt = cls(store, resolver, tg)
+                rt._pending_resume = with_work
                 try:
-                    for sid in with_work:
-                        await rt.agent(sid)
+                    if resume:
+                        await rt.resume()
                     yield rt
                 finally:
                     await rt._shutdown(grace)
         finally:
             await store.close()
+
+    async def resume(self) -> int:
+        """Start the drivers of the sessions that had queued work when the store opened."""
+        pending, self._pending_resume = self._pending_resume, []
+        for sid in pending:
+            if self._closing:
+                break
+            # One session that cannot load (say its model is gone) must not stop the rest.
+            await self._load_quietly(sid)
+        return len(pending)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -270,6 +285,8 @@ class Runtime:
         live = self._agents.get(session_id)
         if live is not None:
             return live
+        if self._closing:
+            raise StoreClosed("the runtime is shutting down; it loads no more sessions")
         pending = self._loading.get(session_id)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -298,6 +315,8 @@ class Runtime:
             for event in self._buffers.pop(session_id, []):
                 if event.seq > state.last_seq:
                     agent.on_event(event)
+            if self._closing:
+                raise StoreClosed("the runtime is shutting down; it loads no more sessions")
             self._agents[session_id] = agent
             agent.start(self._spawn)
             fut.set_result(agent)
@@ -359,7 +378,11 @@ class Runtime:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` in the runtime's task group; an exception is logged, never spread to siblings."""
-        return self._tg.create_task(self._supervise(coro))
+        task = self._tg.create_task(self._supervise(coro))
+        # A task cancelled before its first step never awaits ``coro``; close it so it is not
+        # reported as "never awaited" (closing a finished coroutine does nothing).
+        task.add_done_callback(lambda t: coro.close() if t.cancelled() else None)
+        return task
 
     _spawn = spawn
 
@@ -391,12 +414,18 @@ class Runtime:
     async def _load_quietly(self, session_id: str) -> None:
         try:
             await self.agent(session_id)
+        except StoreClosed:
+            pass
         except Exception:
             logger.exception("could not load the agent of session {}", session_id)
 
     async def _shutdown(self, grace: float) -> None:
         self._closing = True
         self._remove_listener()
+        # Loads in flight finish first (they see the runtime closing and start no driver).
+        loading = list(self._loading.values())
+        if loading:
+            await asyncio.gather(*loading, return_exceptions=True)
         agents = list(self._agents.values())
         if agents:
             await asyncio.gather(*(a.stop(grace) for a in agents), return_exceptions=True)

@@ -75,7 +75,10 @@ async def run_steps(path: Path, durability: str, steps: int) -> list[float]:
     registry = ModelRegistry({model.spec: model}, default=model.spec)
     tools = ToolRegistry([FunctionTool("noop", "does nothing", _NoArgs, _noop)])
     async with Runtime.open(
-        path, durability=durability, models=registry, tools=lambda row: tools  # type: ignore[arg-type]
+        path,
+        durability=durability,
+        models=registry,
+        tools=lambda row: tools,  # type: ignore[arg-type]
     ) as rt:
         sid = await rt.create_session(config={"agent": {"max_steps": steps + 10}})
         agent = await rt.agent(sid)
@@ -103,10 +106,14 @@ async def main() -> None:
             first = statistics.fmean(per_step[:100])
             last = statistics.fmean(per_step[-100:])
             print(f"durability={durability} (synchronous={sync}), {len(per_step)} steps, one no-op tool call each")
-            print(f"  per step: mean {mean * 1e3:.3f} ms, p50 {pct(per_step, 0.5) * 1e3:.3f} ms, "
-                  f"p99 {pct(per_step, 0.99) * 1e3:.3f} ms")
-            print(f"  first 100 steps mean {first * 1e3:.3f} ms, last 100 steps mean {last * 1e3:.3f} ms "
-                  f"(last/first {last / first:.2f})")
+            print(
+                f"  per step: mean {mean * 1e3:.3f} ms, p50 {pct(per_step, 0.5) * 1e3:.3f} ms, "
+                f"p99 {pct(per_step, 0.99) * 1e3:.3f} ms"
+            )
+            print(
+                f"  first 100 steps mean {first * 1e3:.3f} ms, last 100 steps mean {last * 1e3:.3f} ms "
+                f"(last/first {last / first:.2f})"
+            )
             print(f"  bare aiosqlite INSERT+COMMIT: {bare * 1e3:.3f} ms; step/bare ratio {mean / bare:.2f}")
 
 

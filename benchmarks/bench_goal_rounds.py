@@ -105,14 +105,20 @@ async def run(rounds: int) -> None:
                 await rt.store.trace(None)
     n = len(latencies)
     print(f"{n} rounds in {total:.2f} s ({n / total:.0f} rounds/s), instant scripted model, default durability")
-    print(f"  idle -> next continuation admitted: median {statistics.median(latencies) * 1e3:.3f} ms, "
-          f"p99 {pct(latencies, 0.99) * 1e3:.3f} ms")
+    print(
+        f"  idle -> next continuation admitted: median {statistics.median(latencies) * 1e3:.3f} ms, "
+        f"p99 {pct(latencies, 0.99) * 1e3:.3f} ms"
+    )
     stmts = per_round_statements[:-1] or per_round_statements
-    print(f"  engine SQL statements per round (BEGIN/COMMIT excluded): median {statistics.median(stmts):.0f}, "
-          f"max {max(stmts)}")
+    print(
+        f"  engine SQL statements per round (BEGIN/COMMIT excluded): median {statistics.median(stmts):.0f}, "
+        f"max {max(stmts)}"
+    )
     sizes = per_round_bytes[:-1] or per_round_bytes
-    print(f"  bytes written per round beyond the continuation text (expanded SQL of writes): "
-          f"median {statistics.median(sizes):.0f} B, max {max(sizes)} B")
+    print(
+        f"  bytes written per round beyond the continuation text (expanded SQL of writes): "
+        f"median {statistics.median(sizes):.0f} B, max {max(sizes)} B"
+    )
 
 
 def main() -> None:

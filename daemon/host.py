@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import io
 import signal
 import time
 from collections.abc import Callable
@@ -25,7 +26,6 @@ from loguru import logger
 
 from agent import (
     AgentConfig,
-    InvalidInput,
     ModelRegistry,
     Runtime,
     SessionRow,
@@ -34,6 +34,7 @@ from agent import (
     file_tools,
 )
 from daemon import __version__
+from daemon.protocol import InvalidField
 from daemon.settings import Settings
 from goals import GoalEngine, GoalStatus, tools_for_goal_sessions
 
@@ -62,6 +63,16 @@ def transition_run_state(current: RunState, target: RunState) -> RunState:
     if target not in allowed:
         raise RuntimeError(f"the daemon cannot go from {current.value} to {target.value}")
     return target
+
+
+def dump_tasks() -> None:
+    """Log every asyncio task with its stack (SIGUSR1): what a stuck daemon is waiting for."""
+    tasks = asyncio.all_tasks()
+    logger.warning("{} asyncio task(s):", len(tasks))
+    for task in tasks:
+        stack = io.StringIO()
+        task.print_stack(limit=12, file=stack)
+        logger.warning("{}\n{}", task.get_name(), stack.getvalue())
 
 
 class Host:
@@ -105,7 +116,11 @@ class Host:
         loop = asyncio.get_running_loop()
         self._install_signals(loop)
         async with Runtime.open(
-            s.database_path, durability=s.durability, resolver=self._resolve, grace=s.shutdown_grace_seconds
+            s.database_path,
+            durability=s.durability,
+            resolver=self._resolve,
+            grace=s.shutdown_grace_seconds,
+            resume=False,
         ) as rt:
             self.rt = rt
             engine = GoalEngine(rt, allowed_roots=s.roots, model_check=self._check_model)
@@ -121,6 +136,9 @@ class Host:
             self._set_state(RunState.SERVING)
             self.ready.set()
             self._notifier.ready(self.status_line())
+            # Turns that were waiting when the process stopped run now, after READY: readiness
+            # means every goal's decision is made, not that every backlog has drained.
+            rt.spawn(self._resume(rt))
             watchdog = rt.spawn(watchdog_loop(self._notifier, self.status_line))
             try:
                 await self._stop.wait()
@@ -137,10 +155,18 @@ class Host:
         self._set_state(RunState.STOPPED)
         return 0
 
+    async def _resume(self, rt: Runtime) -> None:
+        count = await rt.resume()
+        if count:
+            logger.info("resumed {} session(s) with queued work", count)
+
     async def _stdio(self, serve: Callable[..., Any], dispatcher: Any) -> None:
-        await serve(dispatcher, self.settings.max_frame_bytes)
-        # stdin closed: the client is gone, and with it the reason to run.
-        self.request_stop()
+        try:
+            await serve(dispatcher, self.settings.max_frame_bytes)
+        finally:
+            # stdin closed: the client is gone, and with it the reason to run. The same when stdin/stdout
+            # cannot be served at all (e.g. stdout is a regular file): before, the daemon went on without them.
+            self.request_stop()
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -148,6 +174,8 @@ class Host:
                 loop.add_signal_handler(sig, self.request_stop)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn_reload())
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
 
     def _spawn_reload(self) -> None:
         if self.rt is not None:
@@ -210,14 +238,15 @@ class Host:
             return path
         path = Path(raw).expanduser()
         if not path.is_absolute():
-            raise InvalidInput(f"workdir {raw!r} must be an absolute path")
+            raise InvalidField(f"workdir {raw!r} must be an absolute path", field="workdir")
         path = path.resolve()
         if not any(path == r or path.is_relative_to(r) for r in roots):
-            raise InvalidInput(
-                f"workdir {raw!r} is outside the allowed work-directory roots ({', '.join(map(str, roots))})"
+            raise InvalidField(
+                f"workdir {raw!r} is outside the allowed work-directory roots ({', '.join(map(str, roots))})",
+                field="workdir",
             )
         if not path.is_dir():
-            raise InvalidInput(f"workdir {raw!r} does not exist or is not a directory")
+            raise InvalidField(f"workdir {raw!r} does not exist or is not a directory", field="workdir")
         return path
 
     # -- observation -----------------------------------------------------------------------

@@ -10,6 +10,8 @@ from its message's receipt to the next whole-agent idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -322,7 +324,19 @@ def build_dispatcher(host: Host) -> Dispatcher:
         if p.workdir is not None or p.session_id is None:
             workdir = host.workdir_for(p.workdir, goal_id)
             spec = spec.model_copy(update={"workdir": str(workdir)})
-        goal = await eng.create(spec, goal_id=goal_id)
+        elif (row := await runtime().session(p.session_id)).workdir is not None:
+            # A goal on an existing session works, and is verified, in that session's directory
+            # (without one, its verification commands would have nowhere to run).
+            spec = spec.model_copy(update={"workdir": str(host.workdir_for(row.workdir, goal_id))})
+        try:
+            goal = await eng.create(spec, goal_id=goal_id)
+        except BaseException:
+            if p.workdir is None and p.session_id is None and spec.workdir is not None:
+                # The directory made above for this goal id: a refused goal (e.g. a key that is
+                # taken) leaves nothing behind. rmdir removes it only while it is still empty.
+                with contextlib.suppress(OSError):
+                    os.rmdir(spec.workdir)
+            raise
         return {"goalId": goal.id, "sessionId": goal.session_id, "workdir": goal.workdir}
 
     @d.method("goal/list", GoalList)

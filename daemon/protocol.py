@@ -64,6 +64,14 @@ class RpcError(Exception):
         return err
 
 
+class InvalidField(InvalidInput):
+    """Invalid input found by a check that knows the offending field (answered with it in ``data.field``)."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def invalid_params(exc: ValidationError) -> RpcError:
     """An invalid-params error naming the first offending field."""
     errors = exc.errors()
@@ -139,7 +147,10 @@ class Dispatcher:
         """Handle one frame; returns the response to send (``None`` for a notification)."""
         try:
             msg = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:
+            # ValueError covers JSONDecodeError, UnicodeDecodeError and an integer literal past Python's
+            # digit limit; RecursionError is nesting past the parser's depth. Uncaught, either one ended
+            # the connection without an answer.
             return _error(None, RpcError(ErrorCode.PARSE_ERROR, f"parse error: {exc}"))
         if not isinstance(msg, dict):
             return _error(None, RpcError(ErrorCode.INVALID_REQUEST, "invalid request: a frame must be a JSON object"))

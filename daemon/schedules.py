@@ -33,7 +33,8 @@ from zoneinfo import ZoneInfo
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel, to_snake
 
-from agent import InvalidInput, TypedId
+from agent import TypedId
+from daemon.protocol import InvalidField
 from goals import GoalSpec
 
 #: At most this many missed fires are listed one by one at start; older ones share one row.
@@ -429,6 +430,12 @@ def _first_errors(exc: ValidationError) -> str:
     return "; ".join(msgs)
 
 
+def _first_field(exc: ValidationError) -> str:
+    # The wire (camelCase) name of the first refused field, without the trigger's kind tag.
+    loc = [p for p in exc.errors()[0]["loc"] if p not in ("cron", "interval", "date")]
+    return ".".join(to_camel(str(p)) for p in loc) or "params"
+
+
 class ScheduleSpec(_Model):
     """What a caller gives to add (or, by ``key``, update) a schedule."""
 
@@ -461,7 +468,7 @@ class ScheduleSpec(_Model):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise InvalidInput(f"invalid schedule: {_first_errors(exc)}") from None
+            raise InvalidField(f"invalid schedule: {_first_errors(exc)}", field=_first_field(exc)) from None
 
 
 class Schedule(ScheduleSpec):

@@ -39,7 +39,7 @@ from agent import (
     update_guard,
 )
 from goals.continuation import render
-from goals.model import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopReason, VerifyCommand
+from goals.model import Budgets, Goal, GoalId, GoalMemory, GoalSpec, GoalStatus, StopReason, VerifyCommand
 from goals.policy import (
     Claim,
     ContinuationFate,
@@ -206,7 +206,7 @@ class GoalEngine:
         rows = await self.store.read(
             lambda conn: conn.execute("SELECT * FROM goals WHERE status IN ('active', 'paused')").fetchall()
         )
-        goals = [goal_from_row(r) for r in rows]
+        goals = [await self._fail_if_faulty(goal_from_row(r)) for r in rows]
         for goal in goals:
             self._track(goal)
         self._remove = self.store.hub.add_listener(self._on_event)
@@ -246,6 +246,8 @@ class GoalEngine:
         if self.model_check is not None:
             self.model_check(spec.model)
         workdir = self._check_workdir(spec.workdir)
+        # The work directory as it is at creation: round 1's progress is measured against it.
+        baseline = await asyncio.to_thread(fingerprint, workdir) if workdir is not None else None
         now = self.clock()
         goal_id = goal_id or GoalId.new()
 
@@ -271,6 +273,7 @@ class GoalEngine:
                 budgets=spec.budgets,
                 verify=spec.verify,
                 rules=spec.rules,
+                memory=GoalMemory(fingerprint=baseline),
                 active_since=now,
                 created_at=now,
                 updated_at=now,
@@ -464,7 +467,7 @@ class GoalEngine:
                 verification, reused = previous, True
             else:
                 verification = await run_all(goal.verify, workdir, self.runner)
-        inp = PolicyInput(goal, interval, now, fp, exists, verification, reused)
+        inp = PolicyInput(goal, interval, now, fp, exists, verification, reused, self._fault(goal))
         decision = decide(inp)
         if decision.kind is DecisionKind.NOTHING:
             return decision
@@ -522,6 +525,24 @@ class GoalEngine:
         goal = await self.store.transact(run)
         self._track(goal)
         return goal
+
+    def _fault(self, goal: Goal) -> str | None:
+        """An unrecoverable fault of the goal's setup, if any."""
+        if self.model_check is not None:
+            try:
+                self.model_check(goal.model)
+            except InvalidInput as exc:
+                return f"unknown model: {exc}"
+        return None
+
+    async def _fail_if_faulty(self, goal: Goal) -> Goal:
+        """At start: a live goal whose model is gone fails now (its queued continuation is cancelled),
+        since its session could never run a turn to reach the next idle."""
+        fault = self._fault(goal)
+        if fault is None:
+            return goal
+        logger.error("goal {} failed: {}", goal.id, fault)
+        return await self._change(goal.id, GoalStatus.FAILED, fault, "goal failed")
 
     def _check_workdir(self, raw: str | None) -> Path | None:
         if raw is None:

@@ -10,7 +10,7 @@ The rules, in order:
 1. A goal that is not live changes nothing; a paused goal only counts tokens.
 2. Its own continuation still queued: nothing. Cancelled as ``superseded`` (a person's follow-up
    went first): re-issued with the same round number. Cancelled otherwise: paused, with the reason.
-3. The work directory vanished: failed.
+3. An unrecoverable fault (the goal's model is no longer known, the work directory vanished): failed.
 4. A completion claim: with no verification commands, or with all passing, completed; otherwise
    refused (the output goes into the next continuation), and after K refusals paused ``unverified``.
 5. ``goal_blocked`` called in B consecutive rounds: paused ``blocked`` with the model's words.
@@ -104,6 +104,8 @@ class PolicyInput:
     workdir_exists: bool = True
     verification: list[VerifyResult] | None = None
     verification_reused: bool = False
+    #: An unrecoverable fault found by the engine (e.g. the goal's model is no longer configured).
+    fault: str | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,9 @@ def decide(inp: PolicyInput) -> Decision:
                             stall_warning=g.memory.warned_stall), round_no)
         return pause(f"continuation cancelled: {iv.cancel_reason or 'no reason given'}")
 
-    # 3. The work directory.
+    # 3. Unrecoverable faults: the model is gone, the work directory vanished.
+    if inp.fault is not None:
+        return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, inp.fault, now))
     if not inp.workdir_exists:
         return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, StopReason.WORKDIR_MISSING, now))
 
@@ -265,10 +269,11 @@ def decide(inp: PolicyInput) -> Decision:
             return pause(f"{StopReason.BLOCKED}: {iv.blocked[-1]}")
 
     # 6. Budgets.
-    if iv.last_end_reason == "budget":
-        spent: StopReason | None = refusal_reason(iv.last_error)
-    else:
-        spent = budget_spent(g, now)
+    spent = budget_spent(g, now)
+    if spent is None and iv.last_end_reason == "budget":
+        # The guard folds the wall-time limit into its deadline, so its refusal text alone cannot
+        # tell a spent wall time from a passed deadline: the goal's own budgets say which it is.
+        spent = refusal_reason(iv.last_error)
     if spent is not None:
         return Decision(DecisionKind.EXHAUST, _with_status(g, GoalStatus.EXHAUSTED, spent, now))
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from freezegun import freeze_time
+from freezegun.api import FrozenDateTimeFactory
 from pydantic import BaseModel
 
 from agent import FunctionTool, ModelRegistry, Runtime, ScriptedModel, ToolContext, ToolRegistry
@@ -102,3 +105,20 @@ async def collect(it: AsyncIterator[Any], n: int) -> list[Any]:
         if len(out) >= n:
             break
     return out
+
+
+#: The instant :func:`frozen_clock` starts at (a fixed past instant, so runs are repeatable).
+FROZEN_AT = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def frozen_clock() -> Iterator[FrozenDateTimeFactory]:
+    """Wall-clock time (``datetime.now``, ``time.time``) frozen at :data:`FROZEN_AT`.
+
+    asyncio's own clock keeps running (``real_asyncio=True``), so timeouts, ``asyncio.sleep`` and a
+    scripted model's ``delay=`` behave as usual. Move the frozen time with ``frozen_clock.move_to(...)``
+    or ``frozen_clock.tick(seconds)``.
+    """
+    with freeze_time(FROZEN_AT, real_asyncio=True) as frozen:
+        assert isinstance(frozen, FrozenDateTimeFactory)
+        yield frozen

@@ -165,9 +165,7 @@ async def runtime(open_runtime: Any, seed: int = SEED, **kw: Any) -> AsyncIterat
 # -- sequences -----------------------------------------------------------------------------------
 
 
-async def test_each_session_has_a_gap_free_durable_sequence_across_interleaved_sessions(
-    open_runtime, db_path
-) -> None:
+async def test_each_session_has_a_gap_free_durable_sequence_across_interleaved_sessions(open_runtime, db_path) -> None:
     rng = random.Random(SEED)
     counts: dict[str, int] = {}
     async with runtime(open_runtime) as rt:
@@ -362,9 +360,7 @@ async def test_resuming_after_disconnects_sees_every_event_once_in_order(open_ru
         assert missed_while_away >= 10  # resumes really had to catch up on events appended meanwhile
 
 
-async def test_subscribing_from_zero_yields_history_then_live_events_without_duplicates(
-    open_runtime, db_path
-) -> None:
+async def test_subscribing_from_zero_yields_history_then_live_events_without_duplicates(open_runtime, db_path) -> None:
     rng = random.Random(SEED + 5)
     async with runtime(open_runtime, seed=SEED + 5) as rt:
         sid = await rt.create_session()

@@ -226,8 +226,11 @@ async def test_progress_notes_reach_the_next_continuation_and_blocked_counts(db_
 
     async with goal_runtime(db_path, rule) as (rt, engine, model):
         goal = await engine.create(
-            GoalSpec(objective="Summarize the data file.", workdir=str(workdir),
-                     rules=StopRules(blocked_rounds=3, stall_rounds=5))
+            GoalSpec(
+                objective="Summarize the data file.",
+                workdir=str(workdir),
+                rules=StopRules(blocked_rounds=3, stall_rounds=5),
+            )
         )
         changed = await wait_status(rt, goal, GoalStatus.PAUSED)
         await engine.settled()
@@ -276,16 +279,30 @@ async def test_progress_notes_reach_the_next_continuation_and_blocked_counts(db_
         (lambda: Budgets(max_cost=-0.5), ("max_cost",)),
         (lambda: Budgets(max_wall_seconds=0), ("max_wall_seconds",)),
         (lambda: Budgets(deadline=datetime(2030, 1, 1)), ("deadline",)),
-        (lambda: GoalSpec.model_validate({"objective": "x", "budgets": {"max_tokens_total": -1}}),
-         ("budgets", "max_tokens_total")),
+        (
+            lambda: GoalSpec.model_validate({"objective": "x", "budgets": {"max_tokens_total": -1}}),
+            ("budgets", "max_tokens_total"),
+        ),
         (lambda: GoalSpec.model_validate({"objective": "x", "budgets": {"tokens": 5}}), ("budgets", "tokens")),
         (lambda: VerifyCommand(cmd=""), ("cmd",)),
         (lambda: StopRules(stall_rounds=0), ("stall_rounds",)),
         (lambda: GoalSpec(objective="x", idempotency_key=""), ("idempotency_key",)),
     ],
-    ids=["empty objective", "blank objective", "blank title", "negative token budget", "zero rounds",
-         "negative cost", "zero wall time", "naive deadline", "nested negative budget", "unknown budget field",
-         "empty verify command", "zero stall rounds", "empty idempotency key"],
+    ids=[
+        "empty objective",
+        "blank objective",
+        "blank title",
+        "negative token budget",
+        "zero rounds",
+        "negative cost",
+        "zero wall time",
+        "naive deadline",
+        "nested negative budget",
+        "unknown budget field",
+        "empty verify command",
+        "zero stall rounds",
+        "empty idempotency key",
+    ],
 )
 def test_invalid_specs_are_rejected_naming_the_field(make: Callable[[], Any], field: tuple[str, ...]) -> None:
     with pytest.raises(ValidationError) as info:
@@ -300,8 +317,13 @@ async def test_bad_input_gives_clear_errors_and_writes_nothing(db_path: Path, tm
 
     async with goal_runtime(db_path, lambda request: Reply.say("ok")) as (rt, engine, model):
         first = await engine.create(
-            GoalSpec(objective="Tidy the notes.", key="tidy", idempotency_key="once", workdir=str(workdir),
-                     rules=StopRules(stall_rounds=1))
+            GoalSpec(
+                objective="Tidy the notes.",
+                key="tidy",
+                idempotency_key="once",
+                workdir=str(workdir),
+                rules=StopRules(stall_rounds=1),
+            )
         )
         # It makes no progress, so it pauses itself as stalled: a live goal on an idle session.
         changed = await wait_status(rt, first, GoalStatus.PAUSED)
@@ -326,22 +348,39 @@ async def test_bad_input_gives_clear_errors_and_writes_nothing(db_path: Path, tm
         await rejected(lambda: engine.update(first.id, objective="  "), InvalidInput, "objective must not be empty")
 
         # A second live goal on one session, and sessions that do not exist or are malformed.
-        await rejected(lambda: engine.create(GoalSpec(objective="Another.", session_id=first.session_id)),
-                       Conflict, "already has an active or paused goal")
-        await rejected(lambda: engine.create(GoalSpec(objective="Another.", session_id=SessionId.new())),
-                       NotFound, "no session")
-        await rejected(lambda: engine.create(GoalSpec(objective="Another.", session_id="ses_bad")),
-                       InvalidInput, "malformed SessionId")
-        await rejected(lambda: engine.create(GoalSpec(objective="Another.", key="tidy")),
-                       Conflict, "key 'tidy' already exists")
+        await rejected(
+            lambda: engine.create(GoalSpec(objective="Another.", session_id=first.session_id)),
+            Conflict,
+            "already has an active or paused goal",
+        )
+        await rejected(
+            lambda: engine.create(GoalSpec(objective="Another.", session_id=SessionId.new())), NotFound, "no session"
+        )
+        await rejected(
+            lambda: engine.create(GoalSpec(objective="Another.", session_id="ses_bad")),
+            InvalidInput,
+            "malformed SessionId",
+        )
+        await rejected(
+            lambda: engine.create(GoalSpec(objective="Another.", key="tidy")), Conflict, "key 'tidy' already exists"
+        )
 
         # Work directories: relative, missing, a file.
-        await rejected(lambda: engine.create(GoalSpec(objective="Another.", workdir="work")),
-                       InvalidInput, "must be an absolute path")
-        await rejected(lambda: engine.create(GoalSpec(objective="Another.", workdir=str(tmp_path / "missing"))),
-                       InvalidInput, "does not exist")
-        await rejected(lambda: engine.create(GoalSpec(objective="Another.", workdir=str(tmp_path / "a_file"))),
-                       InvalidInput, "not a directory")
+        await rejected(
+            lambda: engine.create(GoalSpec(objective="Another.", workdir="work")),
+            InvalidInput,
+            "must be an absolute path",
+        )
+        await rejected(
+            lambda: engine.create(GoalSpec(objective="Another.", workdir=str(tmp_path / "missing"))),
+            InvalidInput,
+            "does not exist",
+        )
+        await rejected(
+            lambda: engine.create(GoalSpec(objective="Another.", workdir=str(tmp_path / "a_file"))),
+            InvalidInput,
+            "not a directory",
+        )
 
         # Illegal transitions are refused the same way.
         await rejected(lambda: engine.pause(first.id), InvalidTransition, "paused cannot become paused")

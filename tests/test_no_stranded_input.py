@@ -130,8 +130,9 @@ class IdleChecker:
 
 
 @contextlib.asynccontextmanager
-async def checked(opener: Callable[..., Any], db_path: Path, model: ScriptedModel,
-                  tools: list[Any] | None = None) -> AsyncIterator[tuple[Runtime, IdleChecker]]:
+async def checked(
+    opener: Callable[..., Any], db_path: Path, model: ScriptedModel, tools: list[Any] | None = None
+) -> AsyncIterator[tuple[Runtime, IdleChecker]]:
     """A runtime on ``db_path`` with an :class:`IdleChecker` listening to its hub."""
     async with opener(model, tools=tools) as rt:
         checker = IdleChecker(db_path)
@@ -456,8 +457,7 @@ async def test_followups_at_random_moments_are_never_stranded(open_runtime, db_p
         if roll < 0.25:
             return Reply(tool_calls=[ToolCall("spin", {"n": model_rng.randrange(0, 12)})], delay=delay)
         if roll < 0.32:
-            return Reply(tool_calls=[ToolCall("noop"), ToolCall("spin", {"n": model_rng.randrange(0, 6)})],
-                         delay=delay)
+            return Reply(tool_calls=[ToolCall("noop"), ToolCall("spin", {"n": model_rng.randrange(0, 6)})], delay=delay)
         return Reply.say("ok", delay=delay)
 
     model = ScriptedModel(rule, record=False)
@@ -547,8 +547,9 @@ def hang_tool(entered: asyncio.Event) -> FunctionTool[NoArgs]:
     return FunctionTool("hang", "never returns", NoArgs, hang)
 
 
-async def assert_after_interrupt(rt: Runtime, agent: Agent, checker: IdleChecker, slow_id: str, late_id: str,
-                                 discarded: str | None = None) -> None:
+async def assert_after_interrupt(
+    rt: Runtime, agent: Agent, checker: IdleChecker, slow_id: str, late_id: str, discarded: str | None = None
+) -> None:
     rows = await inbox_rows(rt, agent.session_id)
     by_turn = {t["id"]: t for t in await turns(rt, agent.session_id)}
     slow_turn = by_turn[rows[slow_id]["turn_id"]]
@@ -607,8 +608,9 @@ async def test_followup_issued_while_the_interrupted_turn_settles(
         def on_event(event: Event) -> None:
             if armed and event.session_id == sid and event.type in wanted[trigger]:
                 k, late_id, late = armed.pop("k"), armed.pop("id"), armed.pop("tasks")
-                late.append(asyncio.get_running_loop().create_task(
-                    agent.followup(f"after interrupt {k}", message_id=late_id)))
+                late.append(
+                    asyncio.get_running_loop().create_task(agent.followup(f"after interrupt {k}", message_id=late_id))
+                )
 
         rt.store.hub.add_listener(on_event)
         for k in range(8):

@@ -9,6 +9,7 @@ is safe, which matters when a crash leaves a call's outcome unknown.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -65,7 +66,7 @@ class Tool(ABC, Generic[A]):
 
     def spec(self) -> ToolSpec:
         """The tool as offered to the model."""
-        return ToolSpec(name=self.name, description=self.description, input_schema=self.Args.model_json_schema())
+        return ToolSpec(name=self.name, description=self.description, input_schema=_schema(self.Args))
 
 
 class FunctionTool(Tool[A]):
@@ -94,6 +95,12 @@ class FunctionTool(Tool[A]):
         return await self._fn(args, ctx)
 
 
+@functools.cache
+def _schema(args: type[BaseModel]) -> dict[str, Any]:
+    # Building a JSON schema costs milliseconds; every session of a daemon offers the same tools.
+    return args.model_json_schema()
+
+
 def truncate(text: str, cap: int) -> str:
     """Cut ``text`` to ``cap`` characters with a marker saying how much was left out."""
     if len(text) <= cap:
@@ -108,6 +115,7 @@ class ToolRegistry:
     def __init__(self, tools: list[Tool[Any]] | None = None) -> None:
         self._tools: dict[str, Tool[Any]] = {}
         self._specs: list[ToolSpec] | None = None
+        self._specs_bytes: int | None = None
         for tool in tools or []:
             self.add(tool)
 
@@ -117,6 +125,7 @@ class ToolRegistry:
             raise InvalidInput(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
         self._specs = None
+        self._specs_bytes = None
 
     def get(self, name: str) -> Tool[Any] | None:
         """The tool called ``name``, if any."""
@@ -135,7 +144,9 @@ class ToolRegistry:
 
     def specs_bytes(self) -> int:
         """Size of the tool specs as sent to a model."""
-        return len(json.dumps([s.model_dump() for s in self.specs()]))
+        if self._specs_bytes is None:
+            self._specs_bytes = len(json.dumps([s.model_dump() for s in self.specs()]))
+        return self._specs_bytes
 
     async def call(self, name: str, raw_args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         """Validate and run one call, with its timeout and output cap. Never raises for tool faults."""

@@ -1,0 +1,449 @@
+"""The Anthropic provider: the Messages API through the official ``anthropic`` SDK.
+
+The same decisions as :mod:`agent.models.openai`: the SDK never retries (the driver does, and
+records every attempt), every call streams, failures are classified precisely and never carry the
+API key, and the SDK is imported when a provider is built, never at ``import agent``.
+
+Wire specifics:
+
+* The system prompt is a separate parameter. Tool calls are ``tool_use`` blocks of the assistant
+  message; tool results are ``tool_result`` blocks of a user message, so consecutive tool results
+  (and a user message right after them) are merged into one user message. Empty text blocks,
+  which the API refuses, are left out.
+* The stream is a sequence of events: ``message_start`` (input and cache usage),
+  ``content_block_start`` / ``content_block_delta`` (``text_delta``, ``input_json_delta``) /
+  ``content_block_stop``, ``message_delta`` (the stop reason and cumulative usage) and
+  ``message_stop``. A stream that ends before ``message_stop`` is a dropped connection (a failed
+  attempt that still reports the usage seen so far), never a short answer.
+* An ``error`` event inside a 200 stream (``overloaded_error``, ...) is classified by its type.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from loguru import logger
+
+from agent.messages import Block, TextBlock, ToolUseBlock
+from agent.models.base import (
+    ConvMessage,
+    DeltaCallback,
+    FinishReason,
+    Model,
+    ModelError,
+    ModelErrorKind,
+    ModelRequest,
+    ModelResponse,
+    ToolSpec,
+)
+from agent.models.health import parse_retry_after, redact, status_kind
+from agent.spend import Price, Usage
+
+if TYPE_CHECKING:
+    from anthropic import AsyncAnthropic
+    from anthropic.types import (
+        MessageParam,
+        RawContentBlockDeltaEvent,
+        RawContentBlockStartEvent,
+        RawContentBlockStopEvent,
+        RawMessageDeltaEvent,
+        RawMessageStartEvent,
+        RawMessageStreamEvent,
+        TextBlockParam,
+        ToolParam,
+        ToolResultBlockParam,
+        ToolUseBlockParam,
+    )
+
+    ContentParam = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
+
+#: ``stop_reason`` -> goald's finish reason.
+STOP_REASONS: dict[str, FinishReason] = {
+    "end_turn": FinishReason.END_TURN,
+    "stop_sequence": FinishReason.END_TURN,
+    "pause_turn": FinishReason.END_TURN,
+    "tool_use": FinishReason.TOOL_USE,
+    "max_tokens": FinishReason.MAX_TOKENS,
+    "model_context_window_exceeded": FinishReason.MAX_TOKENS,
+    "refusal": FinishReason.REFUSAL,
+}
+
+#: ``error.type`` of an error event inside a stream -> error kind.
+STREAM_ERROR_KINDS: dict[str, ModelErrorKind] = {
+    "overloaded_error": ModelErrorKind.SERVER,
+    "api_error": ModelErrorKind.SERVER,
+    "timeout_error": ModelErrorKind.TIMEOUT,
+    "rate_limit_error": ModelErrorKind.RATE_LIMIT,
+    "authentication_error": ModelErrorKind.AUTH,
+    "permission_error": ModelErrorKind.AUTH,
+    "invalid_request_error": ModelErrorKind.BAD_REQUEST,
+    "request_too_large": ModelErrorKind.BAD_REQUEST,
+    "not_found_error": ModelErrorKind.BAD_REQUEST,
+}
+
+
+def to_messages(messages: list[ConvMessage] | tuple[ConvMessage, ...]) -> list[MessageParam]:
+    """goald's conversation as Messages API messages (the system prompt goes separately).
+
+    Tool results become ``tool_result`` blocks of a user message; consecutive messages of the same
+    role are merged, so tool results and the user text after them form one user message.
+    """
+    out: list[MessageParam] = []
+    role_of_last: str | None = None
+    blocks_of_last: list[ContentParam] = []
+    for msg in messages:
+        role = "assistant" if msg.role == "assistant" else "user"
+        blocks: list[ContentParam] = []
+        for b in msg.content:
+            if isinstance(b, TextBlock):
+                if b.text:
+                    blocks.append({"type": "text", "text": b.text})
+            elif isinstance(b, ToolUseBlock):
+                if role == "assistant":
+                    blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": dict(b.input)})
+            else:
+                result: ToolResultBlockParam = {
+                    "type": "tool_result",
+                    "tool_use_id": b.tool_use_id,
+                    "content": b.content,
+                }
+                if b.is_error:
+                    result["is_error"] = True
+                blocks.append(result)
+        if not blocks:
+            continue  # an empty message (an assistant answer of no text) adds nothing the API accepts
+        if role == role_of_last:
+            blocks_of_last.extend(blocks)
+            continue
+        blocks_of_last = blocks
+        role_of_last = role
+        if role == "assistant":
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": "user", "content": blocks})
+    return out
+
+
+def to_tools(tools: list[ToolSpec] | tuple[ToolSpec, ...]) -> list[ToolParam]:
+    """goald's tool specs as Messages API tools."""
+    return [{"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)} for t in tools]
+
+
+@dataclass
+class _PartialBlock:
+    kind: str
+    text: list[str] = field(default_factory=list)
+    id: str = ""
+    name: str = ""
+    json: list[str] = field(default_factory=list)
+    initial_input: dict[str, Any] | None = None
+
+
+@dataclass
+class _Assembly:
+    """The message as the events build it."""
+
+    blocks: dict[int, _PartialBlock] = field(default_factory=dict)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    saw_usage: bool = False
+    stop_reason: str | None = None
+    stopped: bool = False
+    events: int = 0
+
+    @property
+    def usage(self) -> Usage | None:
+        if not self.saw_usage:
+            return None
+        return Usage(
+            input_tokens=max(0, self.input_tokens),
+            output_tokens=max(0, self.output_tokens),
+            cache_read_tokens=max(0, self.cache_read),
+            cache_write_tokens=max(0, self.cache_write),
+        )
+
+    def _take_usage(self, usage: Any) -> None:
+        if usage is None:
+            return
+        self.saw_usage = True
+        for attr, name in (
+            ("input_tokens", "input_tokens"),
+            ("output_tokens", "output_tokens"),
+            ("cache_read_input_tokens", "cache_read"),
+            ("cache_creation_input_tokens", "cache_write"),
+        ):
+            value = getattr(usage, attr, None)
+            if value is not None:
+                setattr(self, name, int(value))
+
+    def feed(self, event: RawMessageStreamEvent, on_delta: DeltaCallback | None) -> None:
+        self.events += 1
+        kind = getattr(event, "type", None)
+        if kind == "message_start":
+            self._take_usage(cast("RawMessageStartEvent", event).message.usage)
+        elif kind == "content_block_start":
+            start = cast("RawContentBlockStartEvent", event)
+            cb = start.content_block
+            part = _PartialBlock(kind=str(cb.type))
+            if cb.type == "text":
+                if cb.text:
+                    part.text.append(cb.text)
+                    if on_delta is not None:
+                        on_delta(cb.text)
+            elif cb.type == "tool_use":
+                part.id, part.name = str(cb.id), str(cb.name)
+                if cb.input is not None and not isinstance(cb.input, dict):
+                    raise TypeError(f"tool_use input is {type(cb.input).__name__}, not an object")
+                part.initial_input = dict(cb.input) if cb.input else None
+            self.blocks[int(start.index)] = part
+        elif kind == "content_block_delta":
+            delta_event = cast("RawContentBlockDeltaEvent", event)
+            part = self.blocks.get(int(delta_event.index)) or self.blocks.setdefault(
+                int(delta_event.index), _PartialBlock(kind="text")
+            )
+            delta = delta_event.delta
+            if delta.type == "text_delta":
+                if not isinstance(delta.text, str):
+                    raise TypeError(f"text_delta.text is {type(delta.text).__name__}, not a string")
+                part.text.append(delta.text)
+                if on_delta is not None and delta.text:
+                    on_delta(delta.text)
+            elif delta.type == "input_json_delta":
+                if not isinstance(delta.partial_json, str):
+                    raise TypeError(f"partial_json is {type(delta.partial_json).__name__}, not a string")
+                part.json.append(delta.partial_json)
+            # thinking, signature and citations deltas are not part of goald's message
+        elif kind == "content_block_stop":
+            int(cast("RawContentBlockStopEvent", event).index)
+        elif kind == "message_delta":
+            md = cast("RawMessageDeltaEvent", event)
+            if md.delta.stop_reason:
+                self.stop_reason = str(md.delta.stop_reason)
+            self._take_usage(md.usage)
+        elif kind == "message_stop":
+            self.stopped = True
+        else:
+            logger.debug("ignoring stream event {!r}", kind)
+
+    def content(self) -> list[Block]:
+        out: list[Block] = []
+        for index in sorted(self.blocks):
+            part = self.blocks[index]
+            if part.kind == "text":
+                text = "".join(part.text)
+                if text:
+                    out.append(TextBlock(text=text))
+            elif part.kind == "tool_use":
+                if not part.name:
+                    raise ModelError(ModelErrorKind.MALFORMED, f"tool_use block #{index} has no name", usage=self.usage)
+                raw = "".join(part.json).strip()
+                try:
+                    args = json.loads(raw) if raw else (part.initial_input or {})
+                except json.JSONDecodeError as exc:
+                    raise ModelError(
+                        ModelErrorKind.MALFORMED,
+                        f"the input of tool call {part.name!r} is not valid JSON ({exc.msg} at char {exc.pos}):"
+                        f" {raw[:200]!r}",
+                        usage=self.usage,
+                    ) from None
+                if not isinstance(args, dict):
+                    raise ModelError(
+                        ModelErrorKind.MALFORMED,
+                        f"the input of tool call {part.name!r} is a JSON {type(args).__name__}, not an object",
+                        usage=self.usage,
+                    )
+                out.append(ToolUseBlock(id=part.id, name=part.name, input=args))
+        return out
+
+
+class AnthropicModel(Model):
+    """A model behind the Anthropic Messages API. See the module docstring."""
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        max_tokens: int = 4096,
+        context_window: int = 200_000,
+        price: Price | None = None,
+        provider: str = "anthropic",
+    ) -> None:
+        """Build a provider; no connection is made before the first call.
+
+        Args:
+            name: the model name (``claude-sonnet-4-5``, ...).
+            base_url: the API's URL; ``None`` is Anthropic itself.
+            api_key: the key (the daemon reads it from the environment or a credential).
+            timeout: seconds the HTTP client waits for the connection and for each read.
+            max_tokens: default output limit of a call (a session may set its own).
+            context_window: the model's context size, in tokens.
+            price: prices per million tokens, for cost accounting.
+            provider: the provider's name in model specs (``PROVIDER:MODEL``).
+        """
+        import anthropic  # noqa: F401  (lazily, and here so a missing SDK fails when the model is built)
+
+        self.name = name
+        self.provider = provider
+        self.base_url = base_url
+        self.timeout = timeout
+        self.max_tokens = max_tokens
+        self.context_window = context_window
+        self.price = price
+        self._api_key = api_key or ""
+        self._client: AsyncAnthropic | None = None
+
+    def _sdk(self) -> AsyncAnthropic:
+        # Made on first use, inside the event loop that will use it. An explicit key (even an empty
+        # one) keeps the SDK from looking for credentials in the environment or on disk.
+        if self._client is None:
+            import anthropic
+
+            self._client = anthropic.AsyncAnthropic(
+                api_key=self._api_key or "no-key",
+                base_url=self.base_url,
+                max_retries=0,
+                timeout=self.timeout,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the HTTP client's connections."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
+        """Stream one message. Raises :class:`ModelError` classified as the module docstring says."""
+        import anthropic
+        import httpx2
+
+        client = self._sdk()
+        messages = to_messages(tuple(request.messages))
+        tools = to_tools(tuple(request.tools))
+        got = _Assembly()
+        try:
+            stream = await client.messages.create(
+                model=self.name,
+                max_tokens=request.max_tokens,
+                messages=messages,
+                system=request.system if request.system else anthropic.omit,
+                tools=tools if tools else anthropic.omit,
+                stream=True,
+            )
+            async with stream:
+                async for event in stream:
+                    try:
+                        got.feed(event, on_delta)
+                    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+                        raise ModelError(
+                            ModelErrorKind.MALFORMED,
+                            f"malformed stream event #{got.events} from {self.provider}: {type(exc).__name__}: {exc}",
+                            usage=got.usage,
+                        ) from None
+        except ModelError as exc:
+            exc.message = redact(exc.message, self._api_key)
+            raise
+        except anthropic.APIError as exc:
+            raise self._failure(exc, got.usage) from None
+        except httpx2.TimeoutException:
+            # The SDK passes errors of a stream that is being read through as they are.
+            why = f"{self.provider} sent nothing for {self.timeout:g}s (timed out)"
+            raise ModelError(ModelErrorKind.TIMEOUT, why, usage=got.usage) from None
+        except httpx2.RequestError as exc:
+            raise ModelError(
+                ModelErrorKind.CONNECTION,
+                redact(f"the stream from {self.provider} broke: {type(exc).__name__}: {exc}", self._api_key),
+                usage=got.usage,
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelError(
+                ModelErrorKind.MALFORMED,
+                f"malformed stream event #{got.events + 1} from {self.provider}: not valid JSON ({exc})",
+                usage=got.usage,
+            ) from None
+        if not got.stopped:
+            raise ModelError(
+                ModelErrorKind.CONNECTION,
+                f"the stream from {self.provider} ended after {got.events} event(s) without message_stop"
+                " (connection dropped?)",
+                usage=got.usage,
+            )
+        if got.stop_reason is None:
+            raise ModelError(
+                ModelErrorKind.MALFORMED, f"{self.provider} ended the message without a stop_reason", usage=got.usage
+            )
+        finish = STOP_REASONS.get(got.stop_reason)
+        if finish is None:
+            logger.warning("unknown stop_reason {!r}; treating it as the end of the answer", got.stop_reason)
+            finish = FinishReason.END_TURN
+        content = got.content()
+        usage = got.usage
+        if usage is None:
+            raise ModelError(ModelErrorKind.MALFORMED, f"{self.provider} reported no usage for the message")
+        return ModelResponse(content=content, finish_reason=finish, usage=usage)
+
+    def _failure(self, exc: Exception, usage: Usage | None) -> ModelError:
+        import anthropic
+
+        where = self.base_url or "api.anthropic.com"
+        if isinstance(exc, anthropic.APITimeoutError):
+            return ModelError(
+                ModelErrorKind.TIMEOUT, f"{self.provider} sent nothing for {self.timeout:g}s (timed out)", usage=usage
+            )
+        if isinstance(exc, anthropic.APIConnectionError):
+            cause = exc.__cause__
+            why = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
+            return ModelError(
+                ModelErrorKind.CONNECTION, redact(f"connection to {where} failed: {why}", self._api_key), usage=usage
+            )
+        if isinstance(exc, anthropic.APIStatusError):
+            status = exc.status_code
+            detail = exc.api_message or _detail(exc.body) or exc.message
+            if status < 400:
+                # An error event inside a stream that started fine.
+                kind = STREAM_ERROR_KINDS.get(str(exc.type or ""), ModelErrorKind.SERVER)
+                return ModelError(
+                    kind,
+                    redact(f"{self.provider} reported {exc.type or 'an error'} mid-stream: {detail}", self._api_key)[
+                        :1000
+                    ],
+                    usage=usage,
+                )
+            kind = status_kind(status)
+            return ModelError(
+                kind,
+                redact(f"HTTP {status} from {self.provider}: {detail}", self._api_key)[:1000],
+                retry_after=parse_retry_after(exc.response.headers) if kind.retryable else None,
+                usage=usage,
+                status=status,
+            )
+        if isinstance(exc, anthropic.APIResponseValidationError):
+            return ModelError(
+                ModelErrorKind.MALFORMED,
+                f"{self.provider} sent a response that does not fit the Messages API schema: {exc.message}",
+                usage=usage,
+            )
+        return ModelError(
+            ModelErrorKind.SERVER, redact(f"{self.provider} failed: {exc}", self._api_key)[:1000], usage=usage
+        )
+
+
+def _detail(body: object) -> str | None:
+    """The human part of an error body (``{"error": {"message": ...}}``)."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        return json.dumps(body)[:500]
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    return None

@@ -1,0 +1,432 @@
+"""The OpenAI-compatible provider: chat completions through the official ``openai`` SDK.
+
+One implementation serves every server that speaks the chat-completions protocol (OpenAI,
+DeepSeek, OpenRouter, Ollama, vLLM, the llama.cpp server): only ``base_url`` differs. Decisions:
+
+* The SDK never retries (``max_retries=0``): the driver retries with its own backoff and records
+  every attempt as a ``model_calls`` row, so a hidden SDK retry would be an unrecorded,
+  unbudgeted call.
+* Every call streams, with ``stream_options.include_usage`` so the last chunk carries the usage.
+  Text deltas go to ``on_delta`` (ephemeral); tool calls are assembled from their deltas by
+  index, arguments possibly split anywhere, even mid-JSON.
+* A failure is classified precisely (see :mod:`agent.models.health` for the status table): the
+  driver retries rate limits, server errors, timeouts and dropped connections; the goal engine
+  pauses at once on authentication failures. A stream that ends without a finish reason is a
+  dropped connection, a failed attempt, never a short answer. A chunk that is not valid JSON, or
+  tool arguments that do not parse, are ``malformed``. (The SDK consumes ``data: [DONE]`` itself
+  and does not say whether it came, so the finish reason is the completeness signal; a body cut
+  at the HTTP level, before its last chunk, is a dropped connection as the SDK reports it.)
+* Error messages never carry the API key, whatever the server echoes back.
+* The SDK is imported when a provider is constructed, never at ``import agent``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from loguru import logger
+
+from agent.messages import Block, TextBlock, ToolResultBlock, ToolUseBlock
+from agent.models.base import (
+    ConvMessage,
+    DeltaCallback,
+    FinishReason,
+    Model,
+    ModelError,
+    ModelErrorKind,
+    ModelRequest,
+    ModelResponse,
+    ToolSpec,
+)
+from agent.models.health import parse_retry_after, redact, status_kind
+from agent.spend import Price, Usage
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+    from openai.types.chat import (
+        ChatCompletionAssistantMessageParam,
+        ChatCompletionChunk,
+        ChatCompletionFunctionToolParam,
+        ChatCompletionMessageFunctionToolCallParam,
+        ChatCompletionMessageParam,
+    )
+    from openai.types.completion_usage import CompletionUsage
+
+TokensParam = Literal["max_tokens", "max_completion_tokens"]
+_T = TypeVar("_T")
+
+#: Prefix of a tool result that reports an error (chat completions has no error flag for tool messages).
+TOOL_ERROR_PREFIX = "[tool error] "
+
+
+def to_chat_messages(
+    system: str | None, messages: list[ConvMessage] | tuple[ConvMessage, ...]
+) -> list[ChatCompletionMessageParam]:
+    """goald's conversation as chat-completions messages.
+
+    The system prompt comes first; an assistant message carries its tool calls; every tool result
+    becomes its own ``tool`` message, right where the conversation has it.
+    """
+    out: list[ChatCompletionMessageParam] = []
+    if system:
+        out.append({"role": "system", "content": system})
+    for msg in messages:
+        texts = [b.text for b in msg.content if isinstance(b, TextBlock)]
+        uses = [b for b in msg.content if isinstance(b, ToolUseBlock)]
+        results = [b for b in msg.content if isinstance(b, ToolResultBlock)]
+        if msg.role == "assistant":
+            assistant: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": "".join(texts)}
+            if uses:
+                calls: list[ChatCompletionMessageFunctionToolCallParam] = [
+                    {
+                        "id": u.id,
+                        "type": "function",
+                        "function": {"name": u.name, "arguments": json.dumps(u.input, ensure_ascii=False)},
+                    }
+                    for u in uses
+                ]
+                assistant["tool_calls"] = calls
+                if not assistant["content"]:
+                    assistant["content"] = None
+            out.append(assistant)
+            continue
+        for result in results:
+            text = TOOL_ERROR_PREFIX + result.content if result.is_error else result.content
+            out.append({"role": "tool", "tool_call_id": result.tool_use_id, "content": text})
+        if texts:
+            out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def to_chat_tools(tools: list[ToolSpec] | tuple[ToolSpec, ...]) -> list[ChatCompletionFunctionToolParam]:
+    """goald's tool specs as chat-completions function tools."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": dict(t.input_schema)},
+        }
+        for t in tools
+    ]
+
+
+def map_usage(usage: CompletionUsage) -> Usage:
+    """Chat-completions usage as goald's: cached prompt tokens are cache reads, not input."""
+    prompt = int(usage.prompt_tokens or 0)
+    output = int(usage.completion_tokens or 0)
+    details = usage.prompt_tokens_details
+    cached = int(details.cached_tokens or 0) if details is not None else 0
+    written = int(getattr(details, "cache_write_tokens", None) or 0) if details is not None else 0
+    cached = min(max(cached, 0), prompt)
+    written = min(max(written, 0), prompt - cached)
+    return Usage(
+        input_tokens=prompt - cached - written,
+        output_tokens=max(output, 0),
+        cache_read_tokens=cached,
+        cache_write_tokens=written,
+    )
+
+
+@dataclass
+class _PartialCall:
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Assembly:
+    """The answer as the chunks build it."""
+
+    text: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    finish: str | None = None
+    usage: Usage | None = None
+    chunks: int = 0
+
+    def feed(self, chunk: ChatCompletionChunk, on_delta: DeltaCallback | None) -> None:
+        """Take one chunk. The SDK builds chunks without validating them, so the shapes are checked here."""
+        from openai.types.chat.chat_completion_chunk import Choice, ChoiceDelta, ChoiceDeltaToolCall
+
+        self.chunks += 1
+        if chunk.usage is not None:
+            self.usage = map_usage(chunk.usage)
+        for choice in _list_of(chunk.choices, Choice, "choices"):
+            if getattr(choice, "index", 0) not in (0, None):
+                continue  # we never ask for n > 1
+            delta = choice.delta
+            if delta is not None:
+                if not isinstance(delta, ChoiceDelta):
+                    raise TypeError(f"delta is a {type(delta).__name__}, not an object")
+                if delta.content:
+                    if not isinstance(delta.content, str):
+                        raise TypeError(f"delta.content is a {type(delta.content).__name__}, not a string")
+                    self.text.append(delta.content)
+                    if on_delta is not None:
+                        on_delta(delta.content)
+                if delta.refusal:
+                    self.refusal.append(str(delta.refusal))
+                for call in _list_of(delta.tool_calls, ChoiceDeltaToolCall, "tool_calls"):
+                    index = int(call.index if getattr(call, "index", None) is not None else len(self.calls))
+                    part = self.calls.setdefault(index, _PartialCall())
+                    if call.id:
+                        part.id = str(call.id)
+                    fn = call.function
+                    if fn is not None:
+                        if fn.name and not part.name:
+                            part.name = str(fn.name)
+                        if fn.arguments:
+                            if not isinstance(fn.arguments, str):
+                                raise TypeError(f"tool arguments are a {type(fn.arguments).__name__}, not a string")
+                            part.arguments.append(fn.arguments)
+            if choice.finish_reason:
+                self.finish = str(choice.finish_reason)
+
+    def content(self) -> list[Block]:
+        blocks: list[Block] = []
+        text = "".join(self.text) + "".join(self.refusal)
+        if text:
+            blocks.append(TextBlock(text=text))
+        for index in sorted(self.calls):
+            part = self.calls[index]
+            if not part.name:
+                raise ModelError(ModelErrorKind.MALFORMED, f"tool call #{index} in the stream has no function name")
+            raw = "".join(part.arguments).strip()
+            try:
+                args = json.loads(raw) if raw else {}
+            except json.JSONDecodeError as exc:
+                raise ModelError(
+                    ModelErrorKind.MALFORMED,
+                    f"the arguments of tool call {part.name!r} are not valid JSON ({exc.msg} at char {exc.pos}):"
+                    f" {raw[:200]!r}",
+                    usage=self.usage,
+                ) from None
+            if not isinstance(args, dict):
+                raise ModelError(
+                    ModelErrorKind.MALFORMED,
+                    f"the arguments of tool call {part.name!r} are a JSON {type(args).__name__}, not an object",
+                    usage=self.usage,
+                )
+            blocks.append(ToolUseBlock(id=part.id or f"call_{uuid.uuid4().hex[:24]}", name=part.name, input=args))
+        return blocks
+
+    def finish_reason(self, has_calls: bool) -> FinishReason:
+        finish = self.finish
+        if finish == "content_filter" or self.refusal:
+            return FinishReason.REFUSAL
+        if finish == "length":
+            return FinishReason.MAX_TOKENS
+        if has_calls:
+            # Some servers say "stop" after tool calls; the calls are what matters.
+            return FinishReason.TOOL_USE
+        if finish not in ("stop", "tool_calls", "function_call"):
+            logger.warning("unknown finish_reason {!r}; treating it as the end of the answer", finish)
+        return FinishReason.END_TURN
+
+
+def _list_of(value: object, cls: type[_T], what: str) -> list[_T]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{what} is a {type(value).__name__}, not a list")
+    for item in value:
+        if not isinstance(item, cls):
+            raise TypeError(f"an item of {what} is a {type(item).__name__}, not an object")
+    return value
+
+
+class OpenAIModel(Model):
+    """A model behind any OpenAI-compatible chat-completions server. See the module docstring."""
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        max_tokens: int = 4096,
+        context_window: int = 128_000,
+        price: Price | None = None,
+        provider: str = "openai",
+        max_tokens_param: TokensParam | None = None,
+    ) -> None:
+        """Build a provider; no connection is made before the first call.
+
+        Args:
+            name: the model name the server knows (``gpt-4o-mini``, ``deepseek-chat``, ``llama3.1:8b``).
+            base_url: the server's ``/v1`` URL; ``None`` is OpenAI itself.
+            api_key: the key (the daemon reads it from the environment or a credential). Local servers
+                that need none get a placeholder.
+            timeout: seconds the HTTP client waits for the connection and for each read.
+            max_tokens: default output limit of a call (a session may set its own).
+            context_window: the model's context size, in tokens.
+            price: prices per million tokens, for cost accounting.
+            provider: the provider's name in model specs (``PROVIDER:MODEL``).
+            max_tokens_param: how the output limit is sent; OpenAI's newer models want
+                ``max_completion_tokens`` (the default when ``base_url`` is ``None``); most compatible
+                servers know ``max_tokens`` (the default otherwise).
+        """
+        import openai  # noqa: F401  (lazily, and here so a missing SDK fails when the model is built)
+
+        self.name = name
+        self.provider = provider
+        self.base_url = base_url
+        self.timeout = timeout
+        self.max_tokens = max_tokens
+        self.context_window = context_window
+        self.price = price
+        self.max_tokens_param: TokensParam = max_tokens_param or (
+            "max_completion_tokens" if base_url is None else "max_tokens"
+        )
+        self._api_key = api_key or ""
+        self._client: AsyncOpenAI | None = None
+        self._warned_no_usage = False
+
+    def _sdk(self) -> AsyncOpenAI:
+        # Made on first use, inside the event loop that will use it.
+        if self._client is None:
+            import openai
+
+            self._client = openai.AsyncOpenAI(
+                api_key=self._api_key or "no-key",
+                base_url=self.base_url,
+                max_retries=0,
+                timeout=self.timeout,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the HTTP client's connections."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
+        """Stream one chat completion. Raises :class:`ModelError` classified as the module docstring says."""
+        import openai
+
+        client = self._sdk()
+        messages = to_chat_messages(request.system, tuple(request.messages))
+        tools = to_chat_tools(tuple(request.tools))
+        use_completion_tokens = self.max_tokens_param == "max_completion_tokens"
+        got = _Assembly()
+        try:
+            stream = await client.chat.completions.create(
+                model=self.name,
+                messages=messages,
+                tools=tools if tools else openai.omit,
+                stream=True,
+                stream_options={"include_usage": True},
+                max_completion_tokens=request.max_tokens if use_completion_tokens else openai.omit,
+                max_tokens=openai.omit if use_completion_tokens else request.max_tokens,
+            )
+            async with stream:
+                async for chunk in stream:
+                    try:
+                        got.feed(chunk, on_delta)
+                    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+                        raise ModelError(
+                            ModelErrorKind.MALFORMED,
+                            f"malformed stream chunk #{got.chunks} from {self.provider}:"
+                            f" {type(exc).__name__}: {exc}",
+                            usage=got.usage,
+                        ) from None
+        except ModelError as exc:
+            exc.message = redact(exc.message, self._api_key)
+            raise
+        except openai.APIError as exc:
+            raise self._failure(exc, got.usage) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelError(
+                ModelErrorKind.MALFORMED,
+                f"malformed stream chunk #{got.chunks + 1} from {self.provider}: not valid JSON ({exc})",
+                usage=got.usage,
+            ) from None
+        if got.finish is None:
+            raise ModelError(
+                ModelErrorKind.CONNECTION,
+                f"the stream from {self.provider} ended after {got.chunks} chunk(s) without a finish_reason"
+                " (connection dropped?)",
+                usage=got.usage,
+            )
+        content = got.content()
+        finish = got.finish_reason(any(isinstance(b, ToolUseBlock) for b in content))
+        usage = got.usage
+        if usage is None:
+            usage = self._estimate_usage(messages, got)
+        return ModelResponse(content=content, finish_reason=finish, usage=usage)
+
+    def _estimate_usage(self, messages: list[ChatCompletionMessageParam], got: _Assembly) -> Usage:
+        # A server that ignores include_usage: charge a cautious estimate (3 bytes a token) so budgets still bind.
+        if not self._warned_no_usage:
+            self._warned_no_usage = True
+            logger.warning("{} sent no usage for model {}; charging estimates", self.provider, self.name)
+        prompt_bytes = len(json.dumps(messages, ensure_ascii=False).encode())
+        out_bytes = sum(len(t.encode()) for t in got.text) + sum(
+            len(a.encode()) for c in got.calls.values() for a in c.arguments
+        )
+        return Usage(input_tokens=math.ceil(prompt_bytes / 3), output_tokens=max(1, math.ceil(out_bytes / 3)))
+
+    def _failure(self, exc: Exception, usage: Usage | None) -> ModelError:
+        import openai
+
+        where = self.base_url or "api.openai.com"
+        if isinstance(exc, openai.APITimeoutError):
+            return ModelError(
+                ModelErrorKind.TIMEOUT, f"{self.provider} sent nothing for {self.timeout:g}s (timed out)", usage=usage
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__
+            why = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
+            return ModelError(
+                ModelErrorKind.CONNECTION, redact(f"connection to {where} failed: {why}", self._api_key), usage=usage
+            )
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            detail = _detail(exc.body) or exc.message
+            kind = status_kind(status)
+            return ModelError(
+                kind,
+                redact(f"HTTP {status} from {self.provider}: {detail}", self._api_key)[:1000],
+                retry_after=parse_retry_after(exc.response.headers) if kind.retryable else None,
+                usage=usage,
+                status=status,
+            )
+        if isinstance(exc, openai.APIResponseValidationError):
+            return ModelError(ModelErrorKind.MALFORMED, f"{self.provider} sent a response that does not fit the"
+                              f" chat-completions schema: {exc.message}", usage=usage)
+        assert isinstance(exc, openai.APIError)
+        # An error reported inside the stream ({"error": {...}} in place of a chunk).
+        code = exc.body.get("code") if isinstance(exc.body, dict) else None
+        code_status: int | None = None
+        if isinstance(code, int):
+            code_status = code
+        elif isinstance(code, str) and code.isdigit():
+            code_status = int(code)
+        return ModelError(
+            status_kind(code_status) if code_status is not None else ModelErrorKind.SERVER,
+            redact(f"{self.provider} reported an error mid-stream: {exc.message}", self._api_key)[:1000],
+            usage=usage,
+            status=code_status,
+        )
+
+
+def _detail(body: object) -> str | None:
+    """The human part of an error body (``{"message": ...}`` or ``{"error": {"message": ...}}``)."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+        return json.dumps(body)[:500]
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    return None

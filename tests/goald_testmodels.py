@@ -1,0 +1,110 @@
+"""Deterministic models with latency, loaded *inside* a daemon started by an end-to-end test.
+
+The test's daemon config names this module as a scripted provider::
+
+    [providers.test]
+    kind = "scripted"
+    script = "goald_testmodels:slow"
+
+and goals or sessions then use ``test:worker`` or ``test:chat``. The harness puts ``tests/`` on the
+child's ``PYTHONPATH`` so the daemon can import it.
+
+Behaviour is steered by a directive in the text the model reads, e.g. ``[rounds=3 delay=0.2]``
+in a goal's objective or a prompt, so one model serves every test and each test states its timing
+where it creates the work. A directive's ``delay`` is the model's latency per call (the model
+being slow, never a test waiting for things to settle).
+
+``worker`` (a goal's agent), in round ``r`` of ``rounds``: writes ``round<r>.txt`` in the work
+directory, then notes progress with ``goal_progress`` (or, in the last round, claims completion
+with ``goal_complete``), then ends the turn with a line of text: three model calls per round.
+With ``hold_round=n hold=s`` the first call of round ``n`` takes ``s`` seconds instead (a call
+that is surely in flight when a test stops the daemon during that round).
+
+``chat`` answers each message with one line after ``delay`` seconds.
+
+When the daemon's environment names a datagram socket in ``TESTMODELS_CALLS_SOCKET`` (the
+harness binds one per daemon), each call announces itself there as it starts, e.g.
+``worker round=2 step=0``: a test can wait until a model call is surely in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+from agent import ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall
+
+_DIRECTIVE = re.compile(r"\[((?:\s*[a-z_]+=[0-9.]+)+)\s*\]")
+_ROUND = re.compile(r"Round (\d+)")
+CALLS_ENV = "TESTMODELS_CALLS_SOCKET"
+
+
+def announce(text: str) -> None:
+    """Tell the test (if it listens) that a model call starts; never blocks, never raises."""
+    path = os.environ.get(CALLS_ENV)
+    if not path:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        try:
+            sock.sendto(text.encode()[:2048], path)
+        except OSError:
+            pass
+
+
+def directives(text: str) -> dict[str, float]:
+    """The ``key=value`` pairs of the first ``[...]`` directive in ``text``."""
+    found = _DIRECTIVE.search(text)
+    if found is None:
+        return {}
+    pairs = (item.split("=", 1) for item in found.group(1).split())
+    return {key: float(value) for key, value in pairs}
+
+
+def _last_user(request: ModelRequest) -> tuple[str, int]:
+    """The text of the last user message and how many assistant messages followed it."""
+    last = max((i for i, m in enumerate(request.messages) if m.role == "user"), default=-1)
+    if last < 0:
+        return "", 0
+    text = "".join(b.text for b in request.messages[last].content if isinstance(b, TextBlock))
+    steps = sum(1 for m in request.messages[last + 1 :] if m.role == "assistant")
+    return text, steps
+
+
+def _worker(request: ModelRequest) -> Reply:
+    text, step = _last_user(request)
+    conf = directives(text)
+    delay = conf.get("delay", 0.0)
+    rounds = int(conf.get("rounds", 1))
+    found = _ROUND.search(text)
+    round_no = int(found.group(1)) if found else 1
+    announce(f"worker round={round_no} step={step}")
+    if step == 0:
+        if round_no == int(conf.get("hold_round", 0)):
+            delay = conf.get("hold", delay)
+        write = ToolCall("write_file", {"path": f"round{round_no}.txt", "content": f"round {round_no}\n"})
+        return Reply(text=f"Round {round_no}: writing round{round_no}.txt.", tool_calls=[write], delay=delay)
+    if step == 1:
+        if round_no >= rounds:
+            claim = {"summary": f"all {rounds} rounds written", "evidence": f"round{round_no}.txt exists"}
+            return Reply(tool_calls=[ToolCall("goal_complete", claim)], delay=delay)
+        return Reply(tool_calls=[ToolCall("goal_progress", {"note": f"round {round_no} written"})], delay=delay)
+    if step == 2:
+        return Reply.say(f"Round {round_no} finished.", delay=delay)
+    return Reply.say("Nothing more this round.")
+
+
+def _chat(request: ModelRequest) -> Reply:
+    text, _ = _last_user(request)
+    announce(f"chat {text[:200]}")
+    return Reply.say(f"ack: {text[:40]}", delay=directives(text).get("delay", 0.0))
+
+
+def slow(name: str) -> ScriptedModel | None:
+    """The model called ``name`` (``worker`` or ``chat``); None for any other name."""
+    rules = {"worker": _worker, "chat": _chat}
+    rule = rules.get(name)
+    if rule is None:
+        return None
+    return ScriptedModel(rule, name=name, record=False)

@@ -1,0 +1,450 @@
+"""A local HTTP/1.1 server that speaks the providers' real wire formats, scripted per request.
+
+Tests point the real provider classes (and the official SDKs inside them) at it. Each request
+takes the next scripted :class:`Respond` in order and is recorded (method, path, headers, JSON
+body) so a test can assert what was sent. Responses can be:
+
+* an SSE stream (OpenAI ``data: {chat.completion.chunk}`` lines ending in ``data: [DONE]``;
+  Anthropic ``event:`` / ``data:`` pairs), sent with chunked transfer encoding, frame by frame;
+* an error status with a JSON body and headers (``429`` + ``Retry-After``, ``500``, ``401``);
+* a stream cut mid-way: the socket is closed before the terminating chunk (``ending="drop"``),
+  or the body ends cleanly but early (build the frames without a finish);
+* a stall (``ending="stall"``) or a delay before the headers (``delay=``), for timeouts.
+
+Only 127.0.0.1 is used; every response closes its connection, so each request is one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from collections import deque
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, Literal
+
+from agent import Event, EventType, Limits, Model, ModelRegistry, Runtime, Tool, ToolRegistry, usage_of_guard
+
+Ending = Literal["complete", "drop", "stall"]
+
+
+@dataclass
+class Recorded:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    raw: bytes
+
+
+@dataclass
+class Respond:
+    """One scripted response."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    #: A whole body (JSON responses).
+    body: bytes | None = None
+    #: SSE frames, sent as chunks one by one (a streamed response).
+    frames: list[bytes] | None = None
+    #: How a streamed response ends: cleanly, by closing the socket without the final chunk, or by stalling.
+    ending: Ending = "complete"
+    #: Seconds to wait before sending anything (a slow server).
+    delay: float = 0.0
+    #: Seconds between frames.
+    frame_delay: float = 0.0
+
+    @classmethod
+    def json(cls, status: int, body: Any, headers: dict[str, str] | None = None) -> Respond:
+        """A JSON response (an error, usually)."""
+        return cls(status=status, body=json.dumps(body).encode(), headers=dict(headers or {}))
+
+    @classmethod
+    def stream(cls, frames: list[bytes], *, ending: Ending = "complete", **kw: Any) -> Respond:
+        """A ``text/event-stream`` response."""
+        return cls(frames=list(frames), ending=ending, **kw)
+
+
+class ProviderServer:
+    """``async with ProviderServer() as server``; ``server.url``; ``server.add(Respond...)``; ``server.requests``."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self.unexpected: list[Recorded] = []
+        self._script: deque[Respond] = deque()
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._closing = asyncio.Event()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def add(self, *responses: Respond) -> None:
+        """Script the next responses, in order."""
+        self._script.extend(responses)
+
+    @property
+    def remaining(self) -> int:
+        """Scripted responses not yet used."""
+        return len(self._script)
+
+    def assert_done(self) -> None:
+        """Fail if a request came unscripted or a scripted response was never used."""
+        assert not self.unexpected, f"unexpected request(s): {[r.path for r in self.unexpected]}"
+        assert not self._script, f"{len(self._script)} scripted response(s) never requested"
+
+    async def __aenter__(self) -> ProviderServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._closing.set()
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        for task in list(self._handlers):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            request = await self._read_request(reader)
+            if request is None:
+                return
+            self.requests.append(request)
+            if self._script:
+                respond = self._script.popleft()
+            else:
+                self.unexpected.append(request)
+                respond = Respond.json(500, {"error": {"message": "unscripted request", "type": "test_error"}})
+            await self._send(writer, respond)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> Recorded | None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _version = lines[0].split(" ", 2)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        raw = await reader.readexactly(int(headers.get("content-length", "0")))
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+        return Recorded(method=method, path=path, headers=headers, body=body, raw=raw)
+
+    async def _wait(self, seconds: float) -> None:
+        # Returns early when the server closes, so a stalled handler never outlives its test.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
+
+    async def _send(self, writer: asyncio.StreamWriter, respond: Respond) -> None:
+        if respond.delay:
+            await self._wait(respond.delay)
+        try:
+            reason = HTTPStatus(respond.status).phrase
+        except ValueError:
+            reason = "Overloaded" if respond.status == 529 else "Unknown"
+        headers = {k.lower(): v for k, v in respond.headers.items()}
+        headers["connection"] = "close"
+        if respond.frames is None:
+            body = respond.body or b""
+            headers.setdefault("content-type", "application/json")
+            headers["content-length"] = str(len(body))
+            writer.write(_head(respond.status, reason, headers) + body)
+            await writer.drain()
+            return
+        headers.setdefault("content-type", "text/event-stream")
+        headers["transfer-encoding"] = "chunked"
+        writer.write(_head(respond.status, reason, headers))
+        await writer.drain()
+        for frame in respond.frames:
+            if respond.frame_delay:
+                await self._wait(respond.frame_delay)
+            writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            await writer.drain()
+        if respond.ending == "complete":
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        elif respond.ending == "stall":
+            await self._wait(60.0)
+        # "drop": close the socket with the body unfinished (no terminating chunk).
+
+
+def _head(status: int, reason: str, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+# -- SSE frames ---------------------------------------------------------------------------------
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event (``data`` as JSON unless it is already a string)."""
+    payload = data if isinstance(data, str) else json.dumps(data)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+# -- OpenAI chat completions ---------------------------------------------------------------------
+
+
+def oa_chunk(
+    *,
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish: str | None = None,
+    refusal: str | None = None,
+    role: str | None = None,
+    usage: dict[str, Any] | None = None,
+    no_choices: bool = False,
+    model: str = "gpt-test",
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` object as OpenAI sends it."""
+    delta: dict[str, Any] = {}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    if refusal is not None:
+        delta["refusal"] = refusal
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
+    choices = [] if no_choices else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": model,
+        "system_fingerprint": "fp_test",
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+def oa_call(index: int, *, id: str | None = None, name: str | None = None, args: str | None = None) -> dict[str, Any]:
+    """One tool-call delta (the first of a call carries ``id`` and ``name``; later ones only argument text)."""
+    out: dict[str, Any] = {"index": index}
+    fn: dict[str, Any] = {}
+    if id is not None:
+        out["id"] = id
+        out["type"] = "function"
+    if name is not None:
+        fn["name"] = name
+    if args is not None:
+        fn["arguments"] = args
+    if fn:
+        out["function"] = fn
+    return out
+
+
+def oa_usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """The usage object of the final chunk (``stream_options.include_usage``)."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+    }
+
+
+def openai_stream(chunks: list[dict[str, Any]], *, done: bool = True) -> list[bytes]:
+    """SSE frames of a chat-completions stream: ``data: {chunk}`` lines, then ``data: [DONE]``."""
+    frames = [sse(c) for c in chunks]
+    if done:
+        frames.append(sse("[DONE]"))
+    return frames
+
+
+def openai_text(parts: list[str], *, finish: str = "stop", usage: dict[str, Any] | None = None) -> list[bytes]:
+    """A whole text answer as OpenAI streams it: role chunk, content chunks, finish chunk, usage chunk, [DONE]."""
+    chunks = [oa_chunk(role="assistant", content="")]
+    chunks += [oa_chunk(content=p) for p in parts]
+    chunks.append(oa_chunk(finish=finish))
+    chunks.append(oa_chunk(no_choices=True, usage=usage or oa_usage(10, len(parts))))
+    return openai_stream(chunks)
+
+
+# -- Anthropic Messages --------------------------------------------------------------------------
+
+
+def an_message_start(
+    input_tokens: int = 10, *, cache_read: int = 0, cache_write: int = 0, model: str = "claude-test"
+) -> bytes:
+    """``event: message_start`` with the input usage."""
+    return sse(
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_test",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": input_tokens,
+                    "cache_creation_input_tokens": cache_write,
+                    "cache_read_input_tokens": cache_read,
+                    "output_tokens": 1,
+                },
+            },
+        },
+        "message_start",
+    )
+
+
+def an_text(index: int, parts: list[str]) -> list[bytes]:
+    """A text content block: start, one ``text_delta`` per part, stop."""
+    frames = [
+        sse(
+            {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+            "content_block_start",
+        )
+    ]
+    frames += [
+        sse(
+            {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": p}},
+            "content_block_delta",
+        )
+        for p in parts
+    ]
+    frames.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    return frames
+
+
+def an_tool(index: int, id: str, name: str, json_parts: list[str]) -> list[bytes]:
+    """A tool_use content block: start, one ``input_json_delta`` per part, stop."""
+    frames = [
+        sse(
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}},
+            },
+            "content_block_start",
+        )
+    ]
+    frames += [
+        sse(
+            {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": p}},
+            "content_block_delta",
+        )
+        for p in json_parts
+    ]
+    frames.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    return frames
+
+
+def an_message_delta(stop_reason: str, output_tokens: int) -> bytes:
+    """``event: message_delta`` with the stop reason and the cumulative output usage."""
+    return sse(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens},
+        },
+        "message_delta",
+    )
+
+
+def an_message_stop() -> bytes:
+    """``event: message_stop``."""
+    return sse({"type": "message_stop"}, "message_stop")
+
+
+def an_ping() -> bytes:
+    """``event: ping`` (the API sends these; clients ignore them)."""
+    return sse({"type": "ping"}, "ping")
+
+
+def anthropic_text(
+    parts: list[str], *, stop_reason: str = "end_turn", input_tokens: int = 10, output_tokens: int = 5, **usage: int
+) -> list[bytes]:
+    """A whole text answer as the Messages API streams it."""
+    return [
+        an_message_start(input_tokens, **usage),
+        an_ping(),
+        *an_text(0, parts),
+        an_message_delta(stop_reason, output_tokens),
+        an_message_stop(),
+    ]
+
+
+# -- one real runtime turn -------------------------------------------------------------------------
+
+
+@dataclass
+class TurnRecord:
+    """What one turn through a real :class:`Runtime` left in the store."""
+
+    events: list[Event]
+    calls: list[dict[str, Any]]
+    charged_tokens: int
+    charged_cost: float
+
+    def of(self, type_: str) -> list[Event]:
+        """Events of one type."""
+        return [e for e in self.events if e.type == type_]
+
+    @property
+    def turn_end(self) -> dict[str, Any]:
+        """The data of the (single) ``turn/end`` event."""
+        ends = self.of(EventType.TURN_END)
+        assert len(ends) == 1, ends
+        return ends[0].data
+
+
+async def run_turn(
+    db_path: Path, model: Model, text: str = "hello", *, tools: list[Tool[Any]] | None = None, seconds: float = 30.0
+) -> TurnRecord:
+    """Send one follow-up to a fresh session of a real runtime that uses ``model``; wait for idle.
+
+    The session has a spend guard (so charges can be read back) and the driver retries after
+    1 ms (``{"agent": {"retry": {"base_delay": 0.001}}}``).
+    """
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+    tool_list = list(tools or [])
+    async with Runtime.open(db_path, models=registry, tools=lambda row: ToolRegistry(list(tool_list))) as rt:
+        gid = await rt.create_guard(Limits(max_tokens=10_000_000))
+        sid = await rt.create_session(guard_id=gid, config={"agent": {"retry": {"base_delay": 0.001}}})
+        agent = await rt.agent(sid)
+        await agent.followup(text)
+        async with asyncio.timeout(seconds):
+            await agent.when_idle()
+        events = await rt.store.events_after(sid, 0)
+
+        def read_calls(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows = conn.execute("SELECT * FROM model_calls WHERE session_id=? ORDER BY attempt", (sid,))
+            return [dict(r) for r in rows.fetchall()]
+
+        calls = await rt.store.read(read_calls)
+        tokens, cost = await rt.store.transact(lambda tx: usage_of_guard(tx, gid))
+    return TurnRecord(events=events, calls=calls, charged_tokens=tokens, charged_cost=cost)
