@@ -80,9 +80,11 @@ class Host:
 
     def __init__(self, settings: Settings, *, models: ModelRegistry | None = None) -> None:
         self.settings = settings
+        from agent.models.health import ProviderHealth
         from daemon.models import build_registry
 
-        self.models = models or build_registry(settings)
+        self.healths: dict[str, ProviderHealth] = {}
+        self.models = models or build_registry(settings, self.healths)
         self.state = RunState.STARTING
         self.started = time.monotonic()
         self.rt: Runtime | None = None
@@ -285,5 +287,6 @@ class Host:
             "uptimeSeconds": round(self.uptime(), 3),
             "goals": await self.goal_counts() if self.rt is not None else {},
             "sessionsRunning": self.sessions_running(),
+            "providers": {name: h.snapshot() for name, h in self.healths.items()},
             "time": datetime.now(UTC).isoformat(),
         }

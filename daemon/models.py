@@ -13,12 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from agent import InvalidInput, Model, ModelRegistry, echo_model
-from daemon.settings import Settings
+from agent.models.health import GuardedModel, ProviderHealth
+from daemon.settings import Settings, read_secret
 
 
-def build_registry(settings: Settings) -> ModelRegistry:
-    """The daemon's model registry."""
+def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None = None) -> ModelRegistry:
+    """The daemon's model registry; ``healths`` collects each provider's shared health (breaker, limits)."""
     from daemon.demo import demo_goal_model
+
+    healths = {} if healths is None else healths
 
     def factory(spec: str) -> Model | None:
         provider, _, name = spec.partition(":")
@@ -35,7 +38,34 @@ def build_registry(settings: Settings) -> ModelRegistry:
             if name in conf.prices:
                 model.price = conf.prices[name]
             return model
-        raise InvalidInput(f"provider kind {conf.kind!r} of {provider!r} is not available in this build")
+        health = healths.get(provider)
+        if health is None:
+            health = healths[provider] = ProviderHealth(
+                name=provider,
+                requests_per_minute=conf.requests_per_minute,
+                tokens_per_minute=conf.tokens_per_minute,
+                max_concurrent_calls=conf.max_concurrent_calls,
+            )
+        common: dict[str, Any] = {
+            "name": name,
+            "base_url": conf.base_url,
+            "api_key": read_secret(conf),
+            "timeout": conf.timeout_seconds,
+            "max_tokens": conf.max_tokens,
+            "context_window": conf.context_window,
+            "price": conf.prices.get(name),
+            "provider": provider,
+        }
+        inner: Model
+        if conf.kind == "openai":
+            from agent.models.openai import OpenAIModel
+
+            inner = OpenAIModel(**common)
+        else:
+            from agent.models.anthropic import AnthropicModel
+
+            inner = AnthropicModel(**common)
+        return GuardedModel(inner, health)
 
     registry = ModelRegistry({"scripted:demo": demo_goal_model()}, default=settings.default_model, factory=factory)
     registry.add(echo_model(), "scripted:echo")

@@ -281,8 +281,12 @@ class GoalEngine:
             guard_id = create_guard(tx, guard_limits(draft, now))
             if spec.session_id is not None:
                 sid = SessionId.parse(spec.session_id)
-                if tx.one("SELECT 1 FROM sessions WHERE id=?", (sid,)) is None:
+                srow = tx.one("SELECT workdir FROM sessions WHERE id=?", (sid,))
+                if srow is None:
                     raise NotFound(f"no session {sid}")
+                if draft.workdir is None and srow["workdir"]:
+                    # The goal works where its session works (its verification runs there too).
+                    draft = draft.model_copy(update={"workdir": srow["workdir"]})
                 if live_goal_of_session(tx, sid) is not None:
                     raise Conflict(f"session {sid} already has an active or paused goal")
                 tx.execute(
@@ -293,6 +297,8 @@ class GoalEngine:
                 sid = create_session(
                     tx, model=spec.model, workdir=draft.workdir, guard_id=guard_id, config={"goal": True}
                 )
+            if spec.verify and draft.workdir is None:
+                raise InvalidInput("verification commands need a work directory: give the goal a workdir")
             goal = draft.model_copy(update={"session_id": sid, "guard_id": guard_id})
             emit_changed(tx, None, goal)
             goal = goal.model_copy(update={"evaluated_seq": tx.state(sid).last_seq})

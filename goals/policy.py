@@ -18,8 +18,8 @@ The rules, in order:
 7. The interval ended on a model error: an authentication error pauses at once; otherwise the goal
    waits (``not_before``, exponential backoff) and after M errors in a row pauses ``model_error``.
 8. No progress in N rounds: the next continuation warns; in N+1, paused ``stalled``. Progress is a
-   changed work-directory fingerprint, a new distinct ``goal_progress`` note, or a tool call not
-   seen before (a call repeated with the same arguments and the same result is not progress).
+   changed work-directory fingerprint or a new distinct ``goal_progress`` note; tool calls alone
+   are not (a model that runs the same ``list_dir`` every round makes none).
 9. Otherwise, one continuation for the next round.
 """
 
@@ -238,7 +238,8 @@ def decide(inp: PolicyInput) -> Decision:
     if iv.claims:
         claim = iv.claims[-1]
         results = inp.verification or []
-        if all(r.passed for r in results):
+        unverifiable = bool(g.verify) and inp.verification is None
+        if not unverifiable and all(r.passed for r in results):
             done = g.model_copy(
                 update={
                     "result_summary": claim.summary,
@@ -248,6 +249,8 @@ def decide(inp: PolicyInput) -> Decision:
             )
             return Decision(DecisionKind.COMPLETE, _with_status(done, GoalStatus.COMPLETED, StopReason.VERIFIED, now))
         output = _verify_text(results)
+        if unverifiable:
+            output = "the verification commands could not run: the goal has no work directory"
         if inp.verification_reused:
             output = "(the work directory has not changed since the last failed check)\n" + output
         g = g.model_copy(
@@ -297,7 +300,9 @@ def decide(inp: PolicyInput) -> Decision:
         seen = list(g.memory.seen_calls)
         novel = [c for c in iv.tool_calls if c not in seen]
         changed = inp.fingerprint is not None and inp.fingerprint != g.memory.fingerprint
-        progress = changed or bool(new_notes) or bool(novel)
+        # Tool calls are recorded (what the agent tried) but never count as progress by themselves:
+        # a call repeated with the same arguments and result would otherwise defeat the rule.
+        progress = changed or bool(new_notes)
         streak = 0 if progress else g.stall_streak + 1
         for c in novel:
             if c not in seen:

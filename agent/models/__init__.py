@@ -28,3 +28,10 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
 ]
+
+# The real providers import their SDKs lazily (in their constructors), so importing them is cheap.
+from agent.models.anthropic import AnthropicModel
+from agent.models.health import CircuitBreaker, GuardedModel, ProviderHealth, RateLimiter
+from agent.models.openai import OpenAIModel
+
+__all__ += ["AnthropicModel", "CircuitBreaker", "GuardedModel", "OpenAIModel", "ProviderHealth", "RateLimiter"]
