@@ -167,7 +167,7 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
             say("".join(f"  {line}\n" for line in report.read_text().splitlines()).rstrip())
         say(f"state directory: {state}")
         say(f"database (goals, events, inbox, turns): {settings.database_path}")
-        say(f"follow it again: GOALD_STATE_DIR={state} goald serve & goald goal logs {goal.id}")
+        say(f"look again: export GOALD_STATE_DIR={state}; goald serve & goald goal logs {goal.id}")
         return 0 if final.status is GoalStatus.COMPLETED else 1
     finally:
         host.request_stop()
