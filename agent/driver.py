@@ -147,6 +147,7 @@ class Agent:
         state: SessionState,
         workdir: Path | None = None,
         slot: SlotFactory | None = None,
+        tool_extra: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -156,6 +157,8 @@ class Agent:
         self.config = config
         self.workdir = workdir
         self._slot = slot
+        #: Handed to every tool call as ``ToolContext.extra`` (the runtime puts itself there).
+        self.tool_extra = dict(tool_extra or {})
         self._status = AgentStatus(state.status)
         self._status_seq = state.status_seq
         self._idle_waiters: list[asyncio.Future[StatusSnapshot]] = []
@@ -264,6 +267,8 @@ class Agent:
             return
         if discard_queued:
             await self.store.transact(partial(cancel_all, session_id=self.session_id, reason=CancelReason.DISCARDED))
+            # A turn the driver committed just before that transaction has its task by now.
+            task, finished = self._turn_task, self._turn_finished
         # A second cancel while the first settles would break the turn's cleanup (and the driver).
         if task is not None and not task.done() and self._cancel_reason is None:
             self._cancel_reason = EndReason.CANCELLED
@@ -529,7 +534,10 @@ class Agent:
                 response = await model.complete(request, self._on_delta(turn.turn_id))
             except ModelError as exc:
                 retry = exc.retryable and attempt < self.config.retry.max_attempts and not self._stopping
-                await self._settle_failed(turn, call_id, exc, attempt, retry)
+                # Read now, as the failure left it: a goal does not count errors of a provider outage.
+                breaker_open = getattr(model, "breaker_open", None)
+                outage = bool(breaker_open()) if callable(breaker_open) else False
+                await self._settle_failed(turn, call_id, exc, attempt, retry, outage)
                 if retry:
                     await asyncio.sleep(self.config.retry.delay(attempt, exc.retry_after))
                     continue
@@ -577,7 +585,9 @@ class Agent:
         guard = self.guard
         tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
 
-    async def _settle_failed(self, turn: OpenedTurn, call_id: str, exc: ModelError, attempt: int, retry: bool) -> None:
+    async def _settle_failed(
+        self, turn: OpenedTurn, call_id: str, exc: ModelError, attempt: int, retry: bool, breaker_open: bool = False
+    ) -> None:
         usage = exc.usage or Usage()
         cost = self.model.price.cost(usage) if self.model.price else 0.0
         guard = self.guard
@@ -595,6 +605,7 @@ class Agent:
                     "kind": exc.kind.value,
                     "message": exc.message[:2000],
                     "retrying": retry,
+                    "breakerOpen": breaker_open,
                     "discardedChars": len(partial_text),
                     "usage": usage.model_dump(),
                     "cost": cost,
@@ -625,7 +636,12 @@ class Agent:
 
     async def _run_tool(self, turn: OpenedTurn, use: ToolUseBlock) -> None:
         ctx = ToolContext(
-            session_id=self.session_id, turn_id=turn.turn_id, call_id=use.id, workdir=self.workdir, store=self.store
+            session_id=self.session_id,
+            turn_id=turn.turn_id,
+            call_id=use.id,
+            workdir=self.workdir,
+            store=self.store,
+            extra=dict(self.tool_extra),
         )
         out = await self.tools.call(use.name, use.input, ctx)
 
@@ -641,6 +657,12 @@ class Agent:
                     "isError": out.is_error,
                 },
             )
+            if out.denied is not None:
+                tx.emit(
+                    self.session_id,
+                    EventType.TOOL_DENIED,
+                    {"turnId": turn.turn_id, "toolUseId": use.id, "name": use.name, "reason": out.denied},
+                )
 
         await self.store.transact(run)
         block = ToolResultBlock(tool_use_id=use.id, content=out.content, is_error=out.is_error)

@@ -33,6 +33,8 @@ class EventType(enum.StrEnum):
     TURN_END = "turn/end"
     ASSISTANT_MESSAGE = "assistant/message"
     TOOL_RESULT = "tool/result"
+    #: The tool policy refused a call (it was not run); written with its ``tool/result``.
+    TOOL_DENIED = "tool/denied"
     MODEL_ERROR = "model/error"
     MODEL_CHARGED = "model/charged"
     STATUS = "status"

@@ -32,6 +32,7 @@ from agent.models.base import Model
 from agent.models.scripted import Reply, ScriptedModel
 from agent.spend import Limits, SpendGuard
 from agent.store import Durability, Store, Tx
+from agent.subagents import settle_orphans
 from agent.tools.base import ToolRegistry
 from agent.turns import repair
 
@@ -220,7 +221,8 @@ class Runtime:
             resolver = default_resolver
         store = await Store.open(path, durability=durability)
         try:
-            with_work = await store.transact(repair)
+            # A child whose delegating call died with the process must not run on its own.
+            with_work = await store.transact(lambda tx: settle_orphans(tx, repair(tx)))
             async with asyncio.TaskGroup() as tg:
                 rt = cls(store, resolver, tg)
                 rt._pending_resume = with_work
@@ -280,8 +282,11 @@ class Runtime:
 
         return await self.store.read(run)
 
-    async def agent(self, session_id: str) -> Agent:
-        """The live agent of a session, loading it (and starting its driver) if needed."""
+    async def agent(self, session_id: str, *, setup: SessionSetup | None = None) -> Agent:
+        """The live agent of a session, loading it (and starting its driver) if needed.
+
+        ``setup``, when given, is used instead of the resolver if the agent is not loaded yet.
+        """
         live = self._agents.get(session_id)
         if live is not None:
             return live
@@ -296,10 +301,15 @@ class Runtime:
         try:
             row = await self.session(session_id)
             state = await self.store.session_state(row.id)
-            setup = self._resolver(row)
-            if inspect.isawaitable(setup):
-                setup = await setup
-            assert isinstance(setup, SessionSetup)
+            if setup is None:
+                resolved = self._resolver(row)
+                setup = await resolved if inspect.isawaitable(resolved) else resolved
+                assert isinstance(setup, SessionSetup)
+                allowed = row.config.get("subagent", {}).get("tools")
+                if allowed is not None:
+                    # A subagent loaded without its delegating call still gets no more than it was given.
+                    kept = [setup.tools.get(n) for n in setup.tools.names if n in allowed]
+                    setup.tools = ToolRegistry([t for t in kept if t is not None], policy=setup.tools.policy)
             guard = await self.guard(row.guard_id)
             agent = Agent(
                 store=self.store,
@@ -311,6 +321,7 @@ class Runtime:
                 state=state,
                 workdir=Path(row.workdir) if row.workdir else None,
                 slot=setup.slot,
+                tool_extra={"runtime": self},
             )
             for event in self._buffers.pop(session_id, []):
                 if event.seq > state.last_seq:
@@ -328,6 +339,32 @@ class Runtime:
             raise
         finally:
             self._loading.pop(session_id, None)
+
+    async def create_child(self, parent_id: str, *, tools: ToolRegistry, config: dict[str, Any]) -> Agent:
+        """Create a child session of a live parent and load its agent (see :mod:`agent.subagents`).
+
+        The child gets the parent's model, work directory, spend guard and driver settings, the
+        given ``tools`` (the caller narrows the parent's), and no concurrency slot: its turns run
+        while the parent's turn, which holds one, waits for it.
+        """
+        parent = self._agents.get(parent_id)
+        if parent is None:
+            raise NotFound(f"session {parent_id} has no live agent to delegate from")
+        row = await self.session(parent_id)
+        sid = await self.create_session(
+            model=row.model, workdir=row.workdir, parent_session_id=parent_id, guard_id=row.guard_id, config=config
+        )
+        return await self.agent(sid, setup=SessionSetup(model=parent.model, tools=tools, config=parent.config))
+
+    async def unload(self, session_id: str, grace: float = 10.0) -> None:
+        """Stop a live agent's driver and forget it; it loads again, through the resolver, when it next has work.
+
+        A subagent is unloaded when its delegating call ends: a finished child holds no task and no
+        history, and anything sent to it later runs as a session of its own.
+        """
+        agent = self._agents.pop(session_id, None)
+        if agent is not None:
+            await agent.stop(grace)
 
     @property
     def live_agents(self) -> dict[str, Agent]:

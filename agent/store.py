@@ -350,7 +350,17 @@ class Store:
 
 
 def _split_sql(script: str) -> list[str]:
-    return [s.strip() for s in script.split(";") if s.strip()]
+    # Split only where a statement is complete: a trigger body or a string literal holds ';' too.
+    statements, pending = [], ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\r\n;"):
+                statements.append(pending.strip())
+            pending = ""
+    if pending.strip(" \t\r\n;"):
+        statements.append(pending.strip())
+    return statements
 
 
 def row_event(session_id: str, row: sqlite3.Row) -> Event:

@@ -144,6 +144,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the demo goal on the embedded defaults")
     demo.add_argument("--state-dir", type=Path, default=None, help="keep the demo's state here (default: temp)")
     demo.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+
+    run = sub.add_parser(
+        "run",
+        help="one prompt in an embedded host, no daemon needed: print the final response",
+        description="Exit codes: 0 end_turn; 3 max_tokens or budget; 4 max_steps; 1 error, interrupted or no turn; "
+        "130 cancelled or SIGINT; 2 usage error.",
+    )
+    run.add_argument("text", metavar="TEXT", help="the prompt (- reads it from stdin)")
+    run.add_argument("--model", help="PROVIDER:MODEL (e.g. scripted:echo)")
+    run.add_argument("--workdir", type=Path, help="the agent's work directory (default: a temporary one)")
+    run.add_argument("--state-dir", type=Path, default=None, help="keep the run's state here (default: temp, removed)")
+    run.add_argument("--json", action="store_true", help="print the whole RunResult as JSON")
+    run.add_argument("--max-tokens", type=int, help="total token budget of the run")
+    run.add_argument("--max-steps", type=int, help="model steps per turn")
+    run.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
+
+    acp = sub.add_parser("acp", help="serve the Agent Client Protocol on stdio (for editors such as Zed)")
+    acp.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
+    acp.add_argument(
+        "--state-dir", type=Path, default=None, help="the bridge's state directory (default: STATE_DIR/acp)"
+    )
     return parser
 
 
@@ -184,11 +205,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(run_demo(args.state_dir, sys.stdout, plain=args.plain))
     if cmd == "config":
         return _config_check(args)
+    if cmd == "acp":
+        return _acp(args)
     try:
         settings = _settings(args)
     except ConfigError as exc:
         print(f"goald: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if cmd == "run":
+        return _run(settings, args)
     if cmd == "serve":
         setup_logging(args.log_level or settings.log_level, settings.log_format)
         from daemon.host import Host
@@ -235,6 +260,49 @@ async def _with_client(
         return EXIT_UNAVAILABLE
     finally:
         await client.close()
+
+
+def _acp(args: argparse.Namespace) -> int:
+    from daemon.acp import acp_settings, claim_stdio, run_acp
+    from daemon.settings import ConfigError
+
+    path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
+    try:
+        settings = acp_settings(path, args.state_dir)
+    except ConfigError as exc:
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(args.log_level or settings.log_level, settings.log_format)
+    # From here on stdout carries ACP messages only (see daemon.acp.serve).
+    proto_in, proto_out = claim_stdio()
+    return asyncio.run(run_acp(settings, proto_in, proto_out))
+
+
+def _run(settings: Any, args: argparse.Namespace) -> int:
+    from daemon.oneshot import RunOptions, read_text, run_oneshot
+
+    setup_logging(args.log_level or "WARNING")
+    for name in ("max_tokens", "max_steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    text = read_text(args.text)
+    if not text.strip():
+        raise UsageError("goald run needs a non-empty TEXT (or - and text on stdin)")
+    opts = RunOptions(
+        text=text,
+        model=args.model,
+        workdir=args.workdir,
+        state_dir=args.state_dir,
+        as_json=args.json,
+        max_tokens=args.max_tokens,
+        max_steps=args.max_steps,
+    )
+    try:
+        return asyncio.run(run_oneshot(settings, opts, sys.stdout, sys.stderr))
+    except BrokenPipeError:
+        # Whoever read stdout went away (`goald run ... | head`): not worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
 
 
 def _config_check(args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@ decision is made: that is what "resumed" means; histories are not loaded) → sc
 fires applied) → control socket → ``READY=1``. Stop order (SIGTERM/SIGINT, or the ``shutdown``
 method): ``STOPPING=1`` → the socket and the scheduler stop taking work → running turns get the
 grace period to reach a safe point, else end ``interrupted`` → the store closes → exit 0.
-SIGHUP reloads declared goals and schedules by ``key``.
+SIGHUP reloads declared goals and schedules by ``key``. The configured MCP servers start before the
+store opens (sessions' tool lists are built from their listings) and stop after it closes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import enum
 import io
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -25,18 +27,27 @@ from typing import Any
 from loguru import logger
 
 from agent import (
+    DEFAULT_MAX_DEPTH,
     AgentConfig,
+    Delegate,
+    McpServer,
+    McpServers,
     ModelRegistry,
     Runtime,
+    Sandbox,
+    SandboxProfile,
+    SandboxUnavailable,
     SessionRow,
     SessionSetup,
+    Shell,
+    ToolContext,
     ToolRegistry,
     file_tools,
 )
 from daemon import __version__
 from daemon.protocol import InvalidField
-from daemon.settings import Settings
-from goals import GoalEngine, GoalStatus, tools_for_goal_sessions
+from daemon.settings import Settings, sandbox_profile
+from goals import GoalEngine, GoalStatus, policy_for_session, sandboxed_runner, tools_for_goal_sessions
 
 
 class RunState(enum.StrEnum):
@@ -75,6 +86,44 @@ def dump_tasks() -> None:
         logger.warning("{}\n{}", task.get_name(), stack.getvalue())
 
 
+async def build_mcp_servers(settings: Settings) -> McpServers:
+    """The configured MCP servers (not started). With ``sandbox = "bwrap"`` each runs in a sandbox
+    whose only writable directory is its own ``<state_dir>/mcp/<name>``; without a usable bwrap
+    none is started (logged), as no command runs unconfined unless the config says so."""
+    from agent.sandbox import Sandbox, SandboxUnavailable, detect_bwrap
+
+    s = settings
+    if not s.mcp_servers:
+        return McpServers()
+    bwrap = None
+    if s.sandbox == "bwrap":
+        try:
+            bwrap = await asyncio.to_thread(detect_bwrap)
+        except SandboxUnavailable as exc:
+            logger.error("MCP servers not started: {}", exc)
+            return McpServers()
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    visible = (s.state_dir.expanduser(), s.database_path.parent, s.socket_path.parent, *s.roots)
+    hidden = tuple(p for p in (*visible, *([Path(creds)] if creds else [])) if p != Path("/"))
+    servers = []
+    for name, cfg in s.mcp_servers.items():
+        home = s.state_dir.expanduser() / "mcp" / name
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        wrap = None
+        if bwrap is not None:
+            try:
+                # The sandbox starts from an empty environment: the server's variables go in with it.
+                box = Sandbox(home, hidden=hidden, network=cfg.network, env=cfg.env, bwrap=bwrap.path,
+                              disable_userns=bwrap.disable_userns)
+            except SandboxUnavailable as exc:
+                logger.error("MCP server {} not started: {}", name, exc)
+                continue
+            wrap = box.argv
+        servers.append(McpServer(name, cfg.command, cfg.env, wrap=wrap, cwd=home,
+                                 start_timeout=cfg.start_timeout_seconds, call_timeout=cfg.timeout_seconds))
+    return McpServers(servers)
+
+
 class Host:
     """One daemon process. ``await Host(settings).run()`` serves until stopped."""
 
@@ -94,6 +143,9 @@ class Host:
         self._slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self._notifier: Any = None
         self.ready = asyncio.Event()
+        #: How commands are sandboxed; detected when the daemon starts.
+        self.sandboxing = SandboxProfile(unavailable="the daemon has not started")
+        self.mcp = McpServers()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -115,9 +167,11 @@ class Host:
         for root in s.roots:
             root.mkdir(parents=True, exist_ok=True)
         self._notifier = Notifier.from_env()
+        self.sandboxing = sandbox_profile(s)
         loop = asyncio.get_running_loop()
         self._install_signals(loop)
-        async with Runtime.open(
+        self.mcp = await build_mcp_servers(s)
+        async with self.mcp, Runtime.open(
             s.database_path,
             durability=s.durability,
             resolver=self._resolve,
@@ -125,7 +179,12 @@ class Host:
             resume=False,
         ) as rt:
             self.rt = rt
-            engine = GoalEngine(rt, allowed_roots=s.roots, model_check=self._check_model)
+            engine = GoalEngine(
+                rt,
+                allowed_roots=s.roots,
+                model_check=self._check_model,
+                runner=sandboxed_runner(self.sandboxing.sandbox, self.sandboxing.redactor),
+            )
             self.engine = engine
             await engine.start(resume=s.resume_on_start)
             await self._start_scheduler()
@@ -227,9 +286,34 @@ class Host:
 
     def _resolve(self, row: SessionRow) -> SessionSetup:
         model = self.models.get(row.model)
-        tools = ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
+        tools = ToolRegistry(
+            list(file_tools())
+            + tools_for_goal_sessions(row.config)
+            # A subagent started by ``delegate`` runs with its parent's tools and under the parent's
+            # slot (agent.subagents); this resolver serves only sessions loaded on their own.
+            + ([Delegate()] if row.depth < DEFAULT_MAX_DEPTH else [])
+            + self.mcp.tools(),
+            policy=policy_for_session(row.config, self.settings.tool_policy),
+            redactor=self.sandboxing.redactor,
+        )
+        if self.sandboxing.unavailable is None:
+            tools.add(Shell(self._sandbox_for, default_timeout=self.settings.shell_timeout_seconds))
+        else:
+            tools.unavailable["shell"] = self.sandboxing.unavailable
         config = AgentConfig.model_validate(row.config.get("agent", {}))
         return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots)
+
+    async def _sandbox_for(self, ctx: ToolContext) -> Sandbox:
+        """One shell call's sandbox: the session's work directory, under its live goal's network and secrets."""
+        if ctx.workdir is None:
+            raise SandboxUnavailable("this session has no work directory")
+        assert self.rt is not None
+        row = await self.rt.store.read(
+            lambda conn: conn.execute(
+                "SELECT key FROM goals WHERE session_id=? AND status IN ('active', 'paused')", (ctx.session_id,)
+            ).fetchone()
+        )
+        return self.sandboxing.sandbox(ctx.workdir, row["key"] if row is not None else None)
 
     def workdir_for(self, raw: str | None, name: str) -> Path:
         """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``."""

@@ -45,6 +45,9 @@ def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None
                 requests_per_minute=conf.requests_per_minute,
                 tokens_per_minute=conf.tokens_per_minute,
                 max_concurrent_calls=conf.max_concurrent_calls,
+                failure_threshold=conf.failure_threshold,
+                cooldown=conf.breaker_cooldown_seconds,
+                max_cooldown=max(conf.breaker_max_cooldown_seconds, conf.breaker_cooldown_seconds),
             )
         common: dict[str, Any] = {
             "name": name,

@@ -9,15 +9,27 @@ never printed: ``goald config check`` shows them masked, and provider keys are n
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from agent import Price
+from agent import (
+    McpServer,
+    Price,
+    Redactor,
+    SandboxPolicy,
+    SandboxProfile,
+    SandboxUnavailable,
+    ToolPolicy,
+    detect_bwrap,
+)
+from agent.sandbox import BASE_VARIABLES
 
 
 class ConfigError(ValueError):
@@ -43,10 +55,76 @@ class ProviderSettings(BaseModel):
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     max_concurrent_calls: int | None = Field(default=None, ge=1)
+    #: Consecutive retryable failures (5xx, timeouts, dropped connections, 429s) that open the circuit breaker.
+    failure_threshold: int = Field(default=5, ge=1)
+    #: Seconds the breaker stays open before one probe call; doubled after each failed probe, up to the max.
+    breaker_cooldown_seconds: float = Field(default=10.0, ge=0)
+    breaker_max_cooldown_seconds: float = Field(default=300.0, ge=0)
     #: Prices per million tokens, by model name.
     prices: dict[str, Price] = {}
     #: For ``kind = "scripted"``: ``module:callable`` that returns a model for a model name.
     script: str | None = None
+
+
+class McpServerSettings(BaseModel):
+    """One stdio MCP server; its tools are offered to every session as ``NAME__TOOL``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The command line that starts the server (run in the sandbox when ``sandbox = "bwrap"``).
+    command: list[str] = Field(min_length=1)
+    #: Extra environment variables for the server.
+    env: dict[str, str] = {}
+    #: Whether the server may use the network (in the bwrap sandbox; unconfined it always can).
+    network: bool = False
+    #: Seconds to wait for the server's handshake and tool listing.
+    start_timeout_seconds: float = Field(default=30.0, gt=0)
+    #: Each tool call's timeout.
+    timeout_seconds: float = Field(default=60.0, gt=0)
+
+
+class SecretRef(BaseModel):
+    """Where one tool secret comes from: a systemd credential or an environment variable of the daemon."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: A file in ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
+    credential: str | None = None
+    #: An environment variable of the daemon.
+    env: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretRef:
+        if (self.credential is None) == (self.env is None):
+            raise ValueError("name exactly one of credential or env")
+        if self.credential is not None and ("/" in self.credential or self.credential in ("", ".", "..")):
+            raise ValueError("credential must be a file name in $CREDENTIALS_DIRECTORY")
+        return self
+
+    def describe(self) -> str:
+        """Where the value is looked for (never the value)."""
+        return f"credential {self.credential!r}" if self.credential is not None else f"environment variable {self.env}"
+
+
+class GoalSandbox(BaseModel):
+    """The sandbox of one goal's commands (``[goal_sandbox.<goal key>]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The network on or off for this goal's commands (default: ``sandbox_network``).
+    network: bool | None = None
+    #: Environment variables of this goal's commands only, by name; their values are redacted from tool output.
+    secrets: dict[str, SecretRef] = {}
+
+    @field_validator("secrets")
+    @classmethod
+    def _names(cls, value: dict[str, SecretRef]) -> dict[str, SecretRef]:
+        for name in value:
+            if not name.isidentifier() or not name.isascii():
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name in BASE_VARIABLES:
+                raise ValueError(f"{name} is set by the sandbox itself")
+        return value
 
 
 class Settings(BaseSettings):
@@ -67,8 +145,17 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json", "journal"] = "text"
     resume_on_start: bool = True
     sandbox: Literal["bwrap", "none"] = "bwrap"
+    #: Whether sandboxed commands have the network (a goal's ``goal_sandbox`` entry may say otherwise).
+    sandbox_network: bool = False
+    #: The ``shell`` tool's default and longest timeout for one command.
+    shell_timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
+    #: Network and secrets of each goal's commands, by goal key.
+    goal_sandbox: dict[str, GoalSandbox] = {}
+    #: What sessions may run unless their goal gives its own allowlist (``None``: every tool, every command).
+    tool_policy: ToolPolicy | None = None
     goals_file: Path | None = None
     max_frame_bytes: int = Field(default=1024 * 1024, ge=1024)
+    mcp_servers: dict[str, McpServerSettings] = {}
 
     @field_validator("default_model")
     @classmethod
@@ -82,6 +169,13 @@ class Settings(BaseSettings):
     def _absolute(cls, value: Path | None) -> Path | None:
         if value is not None and not value.expanduser().is_absolute():
             raise ValueError(f"must be an absolute path, got {str(value)!r}")
+        return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+        for name in value:
+            McpServer.check_name(name)
         return value
 
     @field_validator("workdir_roots")
@@ -127,6 +221,9 @@ class Settings(BaseSettings):
         for name, provider in self.providers.items():
             if provider.api_key is not None:
                 data["providers"][name]["api_key"] = "********"
+        for name in self.mcp_servers:
+            # Server environments commonly carry tokens.
+            data["mcp_servers"][name]["env"] = dict.fromkeys(data["mcp_servers"][name]["env"], "********")
         data["database"] = str(self.database_path)
         data["socket"] = str(self.socket_path)
         data["workdir_roots"] = [str(r) for r in self.roots]
@@ -194,3 +291,67 @@ def read_secret(provider: ProviderSettings) -> str | None:
         if env_value:
             return env_value
     return provider.api_key.get_secret_value() if provider.api_key is not None else None
+
+
+def read_tool_secret(ref: SecretRef) -> str | None:
+    """A tool secret's value, or ``None`` when it has none here."""
+    if ref.credential is not None:
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        path = Path(creds) / ref.credential if creds else None
+        if path is None or not path.is_file():
+            return None
+        return path.read_text().strip() or None
+    assert ref.env is not None
+    return os.environ.get(ref.env) or None
+
+
+def sandbox_profile(settings: Settings) -> SandboxProfile:
+    """How the daemon sandboxes commands: bwrap found (or ``sandbox = "none"``), what is hidden, each
+    goal's network and secrets, and a redactor for every secret the daemon holds.
+
+    Logs a warning for ``sandbox = "none"``, an error when bwrap is wanted but cannot work (shell
+    tools are then not offered), and an error for each named tool secret that has no value.
+    """
+    policies: dict[str, SandboxPolicy] = {}
+    values: list[str] = []
+    for key, conf in settings.goal_sandbox.items():
+        secrets: dict[str, str] = {}
+        for name, ref in conf.secrets.items():
+            value = read_tool_secret(ref)
+            if value is None:
+                logger.error("tool secret {} of goal {!r} has no value ({}); left unset", name, key, ref.describe())
+                continue
+            secrets[name] = value
+        values += secrets.values()
+        policies[key] = SandboxPolicy(network=conf.network, secrets=secrets)
+    for provider in settings.providers.values():
+        api_key = read_secret(provider)
+        if api_key:
+            values.append(api_key)
+    hidden = [settings.state_dir.expanduser(), settings.database_path.parent, settings.socket_path.parent]
+    # systemd's credentials, and the directories it made for the unit (/etc/goald holds the config).
+    hidden.append(Path("/run/credentials"))
+    for variable in ("CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "RUNTIME_DIRECTORY", "CONFIGURATION_DIRECTORY",
+                     "CACHE_DIRECTORY", "LOGS_DIRECTORY"):
+        hidden += [Path(p) for p in os.environ.get(variable, "").split(":") if p.startswith("/")]
+    if settings.goals_file is not None:
+        hidden.append(settings.goals_file.expanduser())
+    profile = SandboxProfile(
+        kind=settings.sandbox,
+        hidden=tuple(hidden),
+        roots=tuple(settings.roots),
+        network=settings.sandbox_network,
+        policies=policies,
+        redactor=Redactor(values),
+    )
+    if settings.sandbox == "none":
+        logger.warning('sandbox = "none": shell and verification commands run unconfined, as the daemon\'s user')
+        return profile
+    try:
+        found = detect_bwrap()
+    except SandboxUnavailable as exc:
+        why = f'{exc}; install bubblewrap, or set sandbox = "none" to run commands unconfined'
+        logger.error("no sandbox: {}. The shell tool is not offered and verification commands fail", why)
+        return dataclasses.replace(profile, unavailable=why)
+    logger.info("sandbox: {} (network {})", found.path, "on" if settings.sandbox_network else "off")
+    return dataclasses.replace(profile, bwrap=found)

@@ -5,7 +5,15 @@ are re-exported here.
 """
 
 from goals.continuation import quote, render, stable_part
-from goals.engine import GoalEngine, guard_limits, interval_facts, tools_for_goal_sessions
+from goals.engine import (
+    GoalEngine,
+    goal_policy,
+    guard_limits,
+    interval_facts,
+    policy_for_session,
+    tools_for_goal_sessions,
+)
+from goals.locks import claim_workdir, workdir_holder
 from goals.model import (
     Budgets,
     Goal,
@@ -34,7 +42,7 @@ from goals.store import (
     pending_key,
 )
 from goals.tools import GOAL_TOOL_NAMES, GoalBlocked, GoalComplete, GoalProgress, goal_tools
-from goals.verify import CommandRunner, fingerprint, run_all, run_command
+from goals.verify import CommandRunner, fingerprint, run_all, run_command, sandboxed_runner
 
 __all__ = [
     "GOAL_BLOCKED",
@@ -67,20 +75,25 @@ __all__ = [
     "VerifyCommand",
     "VerifyResult",
     "budget_spent",
+    "claim_workdir",
     "decide",
     "fingerprint",
     "goal_from_row",
+    "goal_policy",
     "goal_tools",
     "guard_limits",
     "interval_facts",
     "live_goal_of_session",
     "load_goal",
     "pending_key",
+    "policy_for_session",
     "quote",
     "render",
     "run_all",
     "run_command",
+    "sandboxed_runner",
     "stable_part",
     "tools_for_goal_sessions",
     "transition",
+    "workdir_holder",
 ]

@@ -33,12 +33,14 @@ from agent import (
     NotFound,
     Runtime,
     SessionId,
+    ToolPolicy,
     Tx,
     create_guard,
     create_session,
     update_guard,
 )
 from goals.continuation import render
+from goals.locks import claim_workdir
 from goals.model import Budgets, Goal, GoalId, GoalMemory, GoalSpec, GoalStatus, StopReason, VerifyCommand
 from goals.policy import (
     Claim,
@@ -90,6 +92,7 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
     calls: list[str] = []
     uses: dict[str, tuple[str, str]] = {}
     last_reason = last_kind = last_error = None
+    breaker_open = False
     cid = goal.continuation_id
     for ev in events:
         d = ev.data
@@ -112,6 +115,7 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
                 digest = hashlib.sha256(f"{name}\0{args}\0{d.get('content')}".encode()).hexdigest()[:12]
                 calls.append(digest)
             case EventType.MODEL_ERROR:
+                breaker_open = breaker_open or bool(d.get("breakerOpen"))
                 usage = d.get("usage") or {}
                 tokens += sum(int(v) for v in usage.values())
                 cost += float(d.get("cost") or 0.0)
@@ -143,6 +147,7 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
         last_end_reason=last_reason,
         last_error_kind=last_kind,
         last_error=last_error,
+        breaker_open=breaker_open,
     )
 
 
@@ -250,6 +255,7 @@ class GoalEngine:
         baseline = await asyncio.to_thread(fingerprint, workdir) if workdir is not None else None
         now = self.clock()
         goal_id = goal_id or GoalId.new()
+        policy = goal_policy(spec.tools)
 
         def run(tx: Tx) -> tuple[Goal, bool]:
             if spec.idempotency_key is not None:
@@ -293,13 +299,20 @@ class GoalEngine:
                     "UPDATE sessions SET guard_id=?, config=json_set(config, '$.goal', json('true')) WHERE id=?",
                     (guard_id, sid),
                 )
+                if policy is not None:
+                    tx.execute(
+                        "UPDATE sessions SET config=json_set(config, '$.policy', json(?)) WHERE id=?",
+                        (policy.model_dump_json(), sid),
+                    )
             else:
-                sid = create_session(
-                    tx, model=spec.model, workdir=draft.workdir, guard_id=guard_id, config={"goal": True}
-                )
+                config: dict[str, Any] = {"goal": True}
+                if policy is not None:
+                    config["policy"] = policy.model_dump(mode="json")
+                sid = create_session(tx, model=spec.model, workdir=draft.workdir, guard_id=guard_id, config=config)
             if spec.verify and draft.workdir is None:
                 raise InvalidInput("verification commands need a work directory: give the goal a workdir")
             goal = draft.model_copy(update={"session_id": sid, "guard_id": guard_id})
+            claim_workdir(tx, goal)
             emit_changed(tx, None, goal)
             goal = goal.model_copy(update={"evaluated_seq": tx.state(sid).last_seq})
             goal = issue_continuation(tx, goal, 1, render(goal, 1, now))
@@ -354,6 +367,8 @@ class GoalEngine:
                 spent = budget_spent(goal, now)
                 if spent is not None:
                     raise InvalidInput(f"the goal is still out of budget ({spent.value}): raise that budget to resume")
+                # An ended goal let go of its work directory; another may have taken it since.
+                claim_workdir(tx, goal)
             goal = set_status(tx, goal, GoalStatus.ACTIVE, None, now)
             goal = goal.model_copy(
                 update={
@@ -569,6 +584,10 @@ class GoalEngine:
     async def _attach(self, goal: Goal) -> None:
         agent = self.rt.live_agents.get(goal.session_id)
         if agent is not None:
+            # The session was live before it became the goal's: it takes the goal's policy now.
+            policy = goal_policy(goal.tools) or agent.tools.policy
+            if policy is not None:
+                agent.tools.policy = policy.allowing(*GOAL_TOOL_NAMES)
             agent.add_tools(list(goal_tools()))
             agent.guard = await self.rt.guard(goal.guard_id)
 
@@ -621,5 +640,39 @@ def tools_for_goal_sessions(row_config: dict[str, Any]) -> list[Any]:
     return list(goal_tools()) if row_config.get("goal") else []
 
 
-__all__ = ["GoalEngine", "guard_limits", "interval_facts", "tools_for_goal_sessions"]
+def goal_policy(entries: list[str] | None) -> ToolPolicy | None:
+    """The tool policy of a goal's allowlist (``None``: the default applies); goal tools are always allowed.
+
+    Raises:
+        InvalidInput: a malformed entry.
+    """
+    if entries is None:
+        return None
+    try:
+        return ToolPolicy.from_entries(entries).allowing(*GOAL_TOOL_NAMES)
+    except ValueError as exc:
+        raise InvalidInput(f"tools: {exc}") from None
+
+
+def policy_for_session(row_config: dict[str, Any], default: ToolPolicy | None = None) -> ToolPolicy | None:
+    """The tool policy of a session: its own (a goal's allowlist), else ``default``.
+
+    A goal's session may always use the goal tools, whatever the default says: without them it
+    could never report progress or claim completion.
+    """
+    stored = row_config.get("policy")
+    policy = ToolPolicy.model_validate(stored) if stored is not None else default
+    if policy is not None and row_config.get("goal"):
+        policy = policy.allowing(*GOAL_TOOL_NAMES)
+    return policy
+
+
+__all__ = [
+    "GoalEngine",
+    "goal_policy",
+    "guard_limits",
+    "interval_facts",
+    "policy_for_session",
+    "tools_for_goal_sessions",
+]
 _ = (NotFound, SessionId)

@@ -13,7 +13,7 @@ from typing import Any, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agent import InvalidTransition, TypedId
+from agent import InvalidTransition, ToolPolicy, TypedId
 
 
 class GoalId(TypedId):
@@ -144,6 +144,13 @@ class GoalSpec(BaseModel):
     session_id: str | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     rules: StopRules = StopRules()
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            ToolPolicy.from_entries(value)  # raises ValueError saying which entry is malformed
+        return value
 
     @field_validator("objective")
     @classmethod

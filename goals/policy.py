@@ -15,8 +15,11 @@ The rules, in order:
    refused (the output goes into the next continuation), and after K refusals paused ``unverified``.
 5. ``goal_blocked`` called in B consecutive rounds: paused ``blocked`` with the model's words.
 6. A budget spent (rounds, tokens, cost, wall time, deadline, or the guard refused a call): exhausted.
-7. The interval ended on a model error: an authentication error pauses at once; otherwise the goal
-   waits (``not_before``, exponential backoff) and after M errors in a row pauses ``model_error``.
+7. The interval ended on a model error: an authentication error pauses at once; an error of a
+   provider outage (its circuit breaker was open or opened in the interval) is not counted: the
+   goal waits the base backoff and goes on (its next call waits for the breaker), so one long
+   outage leaves no goal paused; otherwise the goal waits (``not_before``, exponential backoff)
+   and after M errors in a row pauses ``model_error``.
 8. No progress in N rounds: the next continuation warns; in N+1, paused ``stalled``. Progress is a
    changed work-directory fingerprint or a new distinct ``goal_progress`` note; tool calls alone
    are not (a model that runs the same ``list_dir`` every round makes none).
@@ -77,6 +80,8 @@ class Interval(BaseModel):
     last_end_reason: str | None = None
     last_error_kind: str | None = None
     last_error: str | None = None
+    #: A model error of the interval came while the provider's circuit breaker was open (an outage).
+    breaker_open: bool = False
 
 
 class DecisionKind(enum.StrEnum):
@@ -285,6 +290,11 @@ def decide(inp: PolicyInput) -> Decision:
         text = iv.last_error or "model error"
         if iv.last_error_kind == ModelErrorKind.AUTH:
             return pause(StopReason.AUTH_ERROR, last_error=text)
+        if iv.breaker_open:
+            # The provider is down for every goal alike; counting would pause them all overnight.
+            g = g.model_copy(update={"memory": g.memory.model_copy(update={"last_error": text})})
+            wait_until = now + timedelta(seconds=backoff(g, 1))
+            return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
         errors = g.error_streak + 1
         g = g.model_copy(update={"error_streak": errors, "memory": g.memory.model_copy(update={"last_error": text})})
         if errors >= g.rules.max_model_errors:

@@ -79,6 +79,33 @@ CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN ('ac
 CREATE INDEX goals_status ON goals(status);
 """,
     ),
+    Migration(
+        version=2,
+        summary="work-directory locks: a live goal's workdir (or one inside or around it) holds off other goals",
+        # Triggers, not a unique index: they also refuse nested directories, and they leave alone
+        # any two live goals an older goald let share a directory (the engine refuses new ones).
+        sql="""
+CREATE TRIGGER goals_workdir_lock_insert BEFORE INSERT ON goals
+WHEN NEW.workdir IS NOT NULL AND NEW.status IN ('active', 'paused') AND EXISTS (
+    SELECT 1 FROM goals o WHERE o.status IN ('active', 'paused') AND o.id != NEW.id AND o.workdir IS NOT NULL
+    AND (o.workdir = NEW.workdir
+         OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+         OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+BEGIN
+    SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
+END;
+CREATE TRIGGER goals_workdir_lock_update BEFORE UPDATE OF status, workdir ON goals
+WHEN NEW.workdir IS NOT NULL AND NEW.status IN ('active', 'paused')
+    AND (OLD.status NOT IN ('active', 'paused') OR OLD.workdir IS NOT NEW.workdir) AND EXISTS (
+    SELECT 1 FROM goals o WHERE o.status IN ('active', 'paused') AND o.id != NEW.id AND o.workdir IS NOT NULL
+    AND (o.workdir = NEW.workdir
+         OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+         OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+BEGIN
+    SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
+END;
+""",
+    ),
 ]
 
 _COLUMNS = (
@@ -158,6 +185,8 @@ def insert_goal(tx: Tx, goal: Goal) -> None:
             raise Conflict(f"session {goal.session_id} already has an active or paused goal") from None
         if "goals.key" in text:
             raise Conflict(f"a goal with key {goal.key!r} already exists") from None
+        if "goals.workdir" in text:
+            raise Conflict(f"work directory {goal.workdir} is held by another active or paused goal") from None
         raise
 
 
@@ -170,10 +199,15 @@ def save_goal(tx: Tx, goal: Goal, expected_revision: int) -> Goal:
     saved = goal.model_copy(update={"revision": expected_revision + 1, "updated_at": datetime.fromisoformat(tx.now)})
     values = _row_values(saved)
     cols = [c for c in _COLUMNS if c not in ("id", "created_at")]
-    cur = tx.execute(
-        f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
-        [*(values[c] for c in cols), goal.id, expected_revision],
-    )
+    try:
+        cur = tx.execute(
+            f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
+            [*(values[c] for c in cols), goal.id, expected_revision],
+        )
+    except sqlite3.IntegrityError as exc:
+        if "goals.workdir" in str(exc):
+            raise Conflict(f"work directory {goal.workdir} is held by another active or paused goal") from None
+        raise
     if cur.rowcount != 1:
         raise StaleDecision(f"goal {goal.id} changed since it was read")
     return saved

@@ -33,6 +33,9 @@ class BlockedArgs(BaseModel):
 
 
 class _GoalTool:
+    #: Bound to the goal's own session: a subagent is never given these (see agent.subagents).
+    subagent_inherits = False
+
     async def _record(self, ctx: ToolContext, event_type: str, data: dict[str, str]) -> tuple[str, int, int] | None:
         def run(tx: Tx) -> tuple[str, int, int] | None:
             goal = live_goal_of_session(tx, ctx.session_id)

@@ -1,7 +1,8 @@
 """Proof of completion: verification commands and the work-directory fingerprint.
 
-Verification commands run in the goal's work directory through a command runner (a plain
-subprocess in its own process group until the sandbox exists; a timeout kills the whole group).
+Verification commands run in the goal's work directory through a command runner: the daemon's
+runs them in the sandbox (:func:`sandboxed_runner`, secrets redacted from the output); the default
+:func:`run_command` is a plain subprocess in its own process group. A timeout kills the whole command.
 The fingerprint tells whether the work directory changed: git HEAD and status where it is a
 repository, else a hash of every file's name, size and modification time.
 """
@@ -18,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from agent import Redactor, Sandbox, SandboxUnavailable
 from goals.model import VerifyCommand, VerifyResult
 
 OUTPUT_TAIL = 4000
@@ -61,6 +63,35 @@ async def run_command(command: VerifyCommand, workdir: Path) -> VerifyResult:
         timed_out=timed_out,
         seconds=round(time.monotonic() - started, 3),
     )
+
+
+def sandboxed_runner(sandbox_for: Callable[[Path], Sandbox], redactor: Redactor | None = None) -> CommandRunner:
+    """A runner that runs each command with ``bash -c`` in ``sandbox_for(workdir)`` (stdout and stderr
+    merged), its output redacted by the sandbox's secrets and ``redactor``. A sandbox that cannot be
+    made fails the command, saying why."""
+
+    async def run(command: VerifyCommand, workdir: Path) -> VerifyResult:
+        try:
+            sandbox = sandbox_for(workdir)
+            result = await sandbox.run(
+                ["bash", "-c", command.cmd], timeout=command.timeout, output_cap=2 * OUTPUT_TAIL, merge_stderr=True
+            )
+        except SandboxUnavailable as exc:
+            return VerifyResult(cmd=command.cmd, exit_code=None, output_tail=f"verification cannot run: {exc}")
+        text = result.stdout
+        if redactor is not None:
+            text = redactor.redact(text)
+        if result.timed_out:
+            text += f"\n[timed out after {command.timeout:g}s; every process of the command was killed]"
+        return VerifyResult(
+            cmd=command.cmd,
+            exit_code=result.exit_code,
+            output_tail=text[-OUTPUT_TAIL:],
+            timed_out=result.timed_out,
+            seconds=result.seconds,
+        )
+
+    return run
 
 
 async def run_all(

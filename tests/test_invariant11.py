@@ -59,7 +59,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agent", "goals", "daemon")
 
 #: ``module:qualname`` → why it may correlate (invariant 8 sanctions the ACP stop reason only).
-ALLOWED: dict[str, str] = {}
+ALLOWED: dict[str, str] = {
+    # Invariant 8: an ACP prompt must report a stopReason, read from the turn that admitted its
+    # message (an admission fact, within the interval the ACP prompt owns up to whole-agent idle).
+    # This method is the only place that pairs the prompt's message id with that turn's turn/end;
+    # the mapping to a stop reason lives in daemon.acp.prompt.stop_reason, which sees no message id.
+    "daemon.acp.prompt:PromptSlot.observe": "invariant 8: the ACP stop reason of the admitting turn",
+}
 
 MID_NAME = re.compile(r"^(?:\w*_)?(?:message|msg)_?ids?$|^mids?$|^continuation_ids?$", re.IGNORECASE)
 END_NAME = re.compile(r"^(?:\w*_)?end_?reasons?$|^turn_?end$|^end_?reason$|^EndReason$", re.IGNORECASE)

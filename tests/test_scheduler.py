@@ -476,8 +476,10 @@ async def test_fires_create_goals_through_the_real_engine(db_path: Path, tmp_pat
                 assert (await engine.get(run2.goal_id)).status is GoalStatus.CANCELLED
 
                 # goald dies after a fire made its goal but before the run was recorded: the
-                # retried fire finds that goal instead of making a second one
+                # retried fire finds that goal instead of making a second one. (Under "replace" that
+                # fire first cancelled the previous goal, which held the shared work directory.)
                 fresh = await sch.get(sched.id)
+                await engine.cancel(run4.goal_id, reason="replaced by the next scheduled run")
                 made = await fire(fresh, h(5))
                 run5 = await sch.fire_now(sched.id, h(5))
                 assert run5 is not None and run5.goal_id == made

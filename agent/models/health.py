@@ -532,6 +532,14 @@ class GuardedModel(Model):
         self.max_tokens = model.max_tokens
         self.context_window = model.context_window
 
+    def breaker_open(self) -> bool:
+        """Whether the provider's circuit breaker is open or half-open (the provider looks down).
+
+        The driver reads it when an attempt fails and records it on the ``model/error`` event, so
+        the goal engine can tell an outage (goals wait) from errors of their own (goals count them).
+        """
+        return self.health.breaker.state is not BreakerState.CLOSED
+
     @staticmethod
     def estimate_tokens(request: ModelRequest) -> int:
         """Tokens a call may count against a tokens-per-minute limit: the prompt (about 4 bytes a token) and

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -21,6 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from agent.errors import InvalidInput
 from agent.models.base import ToolSpec
+from agent.redact import Redactor
+from agent.tools.policy import DENIED_PREFIX, ToolPolicy
 
 if TYPE_CHECKING:
     from agent.store import Store
@@ -47,6 +49,8 @@ class ToolOutput:
 
     content: str
     is_error: bool = False
+    #: Why the tool policy refused the call (it was not run); the driver records it as ``tool/denied``.
+    denied: str | None = None
 
 
 class Tool(ABC, Generic[A]):
@@ -110,14 +114,37 @@ def truncate(text: str, cap: int) -> str:
 
 
 class ToolRegistry:
-    """The tools one session may use, by name."""
+    """The tools one session may use, by name, under an optional :class:`ToolPolicy`."""
 
-    def __init__(self, tools: list[Tool[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        tools: list[Tool[Any]] | None = None,
+        *,
+        policy: ToolPolicy | None = None,
+        redactor: Redactor | None = None,
+        unavailable: Mapping[str, str] | None = None,
+    ) -> None:
         self._tools: dict[str, Tool[Any]] = {}
+        #: Secret values replaced in every result before it is stored or shown.
+        self.redactor = redactor
+        #: Tools not offered here, by name, with the reason a call to one is answered with.
+        self.unavailable = dict(unavailable or {})
         self._specs: list[ToolSpec] | None = None
         self._specs_bytes: int | None = None
+        self._policy = policy
         for tool in tools or []:
             self.add(tool)
+
+    @property
+    def policy(self) -> ToolPolicy | None:
+        """What may run; ``None`` allows everything."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: ToolPolicy | None) -> None:
+        self._policy = policy
+        self._specs = None
+        self._specs_bytes = None
 
     def add(self, tool: Tool[Any]) -> None:
         """Register a tool (names are unique)."""
@@ -137,9 +164,10 @@ class ToolRegistry:
         return list(self._tools)
 
     def specs(self) -> list[ToolSpec]:
-        """Every tool's spec, computed once."""
+        """The spec of every tool the policy allows by name, computed once."""
         if self._specs is None:
-            self._specs = [t.spec() for t in self._tools.values()]
+            policy = self._policy
+            self._specs = [t.spec() for t in self._tools.values() if policy is None or policy.allows_tool(t.name)]
         return self._specs
 
     def specs_bytes(self) -> int:
@@ -149,8 +177,15 @@ class ToolRegistry:
         return self._specs_bytes
 
     async def call(self, name: str, raw_args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        """Validate and run one call, with its timeout and output cap. Never raises for tool faults."""
+        """Check the policy, validate and run one call (timeout, output cap). Never raises for tool faults."""
+        if self._policy is not None:
+            denied = self._policy.check(name, raw_args)
+            if denied is not None:
+                denied = self._redact(denied)  # it quotes the command, which may carry a secret
+                return ToolOutput(DENIED_PREFIX + denied, True, denied=denied)
         tool = self._tools.get(name)
+        if tool is None and name in self.unavailable:
+            return ToolOutput(f"the tool {name!r} is not available here: {self.unavailable[name]}", True)
         if tool is None:
             return ToolOutput(f"unknown tool {name!r}; available: {', '.join(self._tools) or 'none'}", True)
         try:
@@ -166,7 +201,11 @@ class ToolRegistry:
         except TimeoutError:
             return ToolOutput(f"{name} timed out after {tool.timeout:g}s", True)
         except Exception as exc:
-            return ToolOutput(f"{name} failed: {type(exc).__name__}: {exc}", True)
+            return ToolOutput(self._redact(f"{name} failed: {type(exc).__name__}: {exc}"), True)
         if isinstance(out, str):
             out = ToolOutput(out)
-        return ToolOutput(truncate(out.content, tool.output_cap), out.is_error)
+        return ToolOutput(truncate(self._redact(out.content), tool.output_cap), out.is_error)
+
+    def _redact(self, text: str) -> str:
+        # Before truncation: a cut must not leave half a secret that no longer matches.
+        return self.redactor.redact(text) if self.redactor is not None else text

@@ -1,0 +1,102 @@
+"""The sandbox's start-up cost per shell call.
+
+Runs ``true`` N times (default 100) each way and prints the median and p90 wall time per call:
+a bare subprocess (the floor), ``Sandbox.none`` (the unconfined path: own process group, scrubbed
+environment, output capture), bubblewrap with the network off and on (a daemon-like layout: the
+state directory and a work-directory root hidden, the work directory bound inside it), and the
+``shell`` tool end to end through a ``ToolRegistry`` (which adds ``bash -c``). The bubblewrap
+rows minus the ``none`` row are the sandbox's own cost.
+
+Run: ``python benchmarks/bench_sandbox.py [--calls N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from agent import Sandbox, SandboxUnavailable, Shell, ToolContext, ToolRegistry, detect_bwrap
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def timed(calls: int, once: Callable[[], Awaitable[object]]) -> list[float]:
+    await once()  # warm up (page cache, first exec)
+    out = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        await once()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def bare() -> None:
+    proc = await asyncio.create_subprocess_exec("true", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    await proc.communicate()
+
+
+async def run(calls: int) -> None:
+    try:
+        found = detect_bwrap()
+    except SandboxUnavailable as exc:
+        print(f"bubblewrap cannot make a sandbox here: {exc}", file=sys.stderr)
+        found = None
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        state = Path(tmp) / "state"
+        workdir = state / "work" / "goal"
+        workdir.mkdir(parents=True)
+        (state / "goald.db").write_text("")
+        rows: list[tuple[str, list[float]]] = [("bare subprocess", await timed(calls, bare))]
+        none = Sandbox.none(workdir)
+        rows.append(("Sandbox.none", await timed(calls, lambda: none.run(["true"], timeout=30))))
+        if found is not None:
+            for network in (False, True):
+                box = Sandbox(
+                    workdir,
+                    hidden=(state, state / "work"),
+                    network=network,
+                    bwrap=found.path,
+                    disable_userns=found.disable_userns,
+                )
+                label = f"bwrap, network {'on' if network else 'off'}"
+                rows.append((label, await timed(calls, lambda box=box: box.run(["true"], timeout=30))))
+            shell_box = Sandbox(
+                workdir, hidden=(state, state / "work"), bwrap=found.path, disable_userns=found.disable_userns
+            )
+            registry = ToolRegistry([Shell(shell_box)])
+            ctx = ToolContext(session_id="bench", turn_id="t", call_id="c", workdir=workdir)
+            rows.append(
+                (
+                    "shell tool (bash -c true)",
+                    await timed(calls, lambda: registry.call("shell", {"command": "true"}, ctx)),
+                )
+            )
+    print(f"{calls} calls each; wall time per call")
+    print(f"{'':28} {'median':>9} {'p90':>9}")
+    for label, values in rows:
+        print(f"{label:28} {statistics.median(values) * 1000:8.2f}ms {pct(values, 0.9) * 1000:8.2f}ms")
+    medians = dict((label, statistics.median(values)) for label, values in rows)
+    if "bwrap, network off" in medians:
+        cost = (medians["bwrap, network off"] - medians["Sandbox.none"]) * 1000
+        print(f"sandbox start-up cost per shell call (median, network off, over Sandbox.none): {cost:.2f}ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=100)
+    args = parser.parse_args()
+    asyncio.run(run(args.calls))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Owned intervals: what ``Client.run()`` and ``goald run`` report, and the one implementation of it.
+
+A ``MessageId`` proves receipt, never an outcome (DESIGN.md, invariants 1, 7 and 11). A caller that
+wants a result therefore owns an *interval* explicitly: it starts at the committed
+``message/queued`` event of the caller's own message and ends at the first ``status: idle``
+event of the same session with a higher sequence number. Everything before the receipt (an idle
+of earlier work, the tail of a turn that was already running) is ignored; everything in the
+interval counts, whoever caused it: steering, injected context, a turn that was already running
+when the message arrived, later follow-ups. So :class:`RunResult` is deliberately broader than
+the submitted message:
+
+* ``final_response`` is the text of the last committed assistant message of the root session in
+  the interval with non-empty text (partial text of an interrupted step excluded), not "the
+  answer to the prompt";
+* ``finish_reason`` is the end reason of the *last* root ``turn/end`` in the interval, a run-level
+  observation; it is never looked up through the message (its id is used only to find the
+  receipt, and the interval logic below never sees it);
+* ``usage`` sums the model calls recorded in the interval by the root session and by its
+  subagent sessions (sessions whose ``session/created`` names a parent in the tree).
+
+:func:`find_receipt` locates the receipt; :class:`Interval` consumes events after it in commit
+order. Both work on :class:`SessionEvent` values, whatever carried them (the control protocol, or
+an in-process hub listener).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from agent import EndReason, Event, EventType
+
+_IDLE = "idle"
+
+
+class SessionEvent(BaseModel):
+    """One durable event of a session, as the ``session.event`` notification carries it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    seq: int
+    type: str
+    data: dict[str, Any]
+    at: str
+
+    @classmethod
+    def from_event(cls, event: Event) -> SessionEvent:
+        """The same fact, from the runtime's in-process event."""
+        return cls(session_id=event.session_id, seq=event.seq, type=event.type, data=event.data, at=event.at)
+
+    @property
+    def text(self) -> str:
+        """The text blocks of an event's ``content`` (assistant and admitted messages), joined."""
+        content = self.data.get("content")
+        if not isinstance(content, list):
+            return ""
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+class RunUsage(BaseModel):
+    """Model usage recorded in an interval, subagent sessions included."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    #: Tokens of reservations charged in full because a call's outcome is unknown (``model/charged``).
+    charged_tokens: int = 0
+    #: Cost in the price unit of the configured providers (0 where no price is known).
+    cost: float = 0.0
+    #: Model attempts that reported (successful or failed).
+    model_calls: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Every token counted, charged reservations included."""
+        return (
+            self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+            + self.charged_tokens
+        )
+
+
+class RunResult(BaseModel):
+    """What an owned interval showed: from the message's receipt to the next whole-agent idle.
+
+    Attributes:
+        session_id: The root session.
+        message_id: The submitted message (its receipt opened the interval; nothing else is
+            attributed to it).
+        final_response: Text of the last committed root assistant message of the interval with
+            non-empty text (interrupted partial text excluded); ``None`` if there is none. Other
+            input admitted in the interval (steering, context, later follow-ups) may have shaped it.
+        finish_reason: End reason of the last root turn that ended in the interval, or ``None``
+            when no turn ended in it (e.g. the message was cancelled before any turn). A run-level
+            observation, not the prompt's outcome: the turn may have admitted other messages, or
+            may have been running before the message arrived.
+        events: The interval's events in commit order, from the ``message/queued`` receipt to the
+            closing ``status: idle``, including those of subagent sessions.
+        usage: Usage of every model call recorded in the interval, subagents included.
+        first_seq: Sequence number of the receipt in the root session.
+        idle_seq: Sequence number of the idle that closed the interval (``None`` if it did not close).
+    """
+
+    session_id: str
+    message_id: str
+    final_response: str | None
+    finish_reason: EndReason | None
+    events: list[SessionEvent]
+    usage: RunUsage
+    first_seq: int
+    idle_seq: int | None
+
+
+def find_receipt(events: Iterable[SessionEvent], session_id: str, message_id: str) -> int | None:
+    """Index in ``events`` of the ``message/queued`` event that records ``message_id`` in ``session_id``."""
+    for i, ev in enumerate(events):
+        if ev.session_id != session_id or ev.type != EventType.MESSAGE_QUEUED:
+            continue
+        if ev.data.get("messageId") == message_id:
+            return i
+    return None
+
+
+class Interval:
+    """The interval opened by ``receipt``: feed it every later event, in commit order, until it closes.
+
+    It never looks at message ids: it keys on the receipt's sequence number and the first idle
+    after it. Events fed twice (two subscriptions on one connection) are counted once.
+    """
+
+    def __init__(self, receipt: SessionEvent, earlier: Iterable[SessionEvent] = ()) -> None:
+        """``earlier``: events seen before the receipt, used only to learn subagent sessions."""
+        self.session_id = receipt.session_id
+        self.first_seq = receipt.seq
+        self.events: list[SessionEvent] = [receipt]
+        self.usage = RunUsage()
+        self.idle_seq: int | None = None
+        self._response: str | None = None
+        self._last_end: EndReason | None = None
+        self._tree = {receipt.session_id}
+        self._seen: dict[str, int] = {receipt.session_id: receipt.seq}
+        for ev in earlier:
+            self._note_session(ev)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the closing idle has been seen."""
+        return self.idle_seq is not None
+
+    def feed(self, ev: SessionEvent) -> bool:
+        """Take one event (of any session); returns whether the interval is now closed."""
+        if self.idle_seq is not None:
+            return True
+        self._note_session(ev)
+        if ev.session_id not in self._tree or ev.seq <= self._seen.get(ev.session_id, 0):
+            return False
+        self._seen[ev.session_id] = ev.seq
+        self.events.append(ev)
+        self._count(ev)
+        if ev.session_id != self.session_id:
+            return False
+        if ev.type == EventType.ASSISTANT_MESSAGE and not ev.data.get("interrupted") and ev.text.strip():
+            self._response = ev.text
+        elif ev.type == EventType.TURN_END:
+            self._last_end = EndReason(ev.data["reason"])
+        elif ev.type == EventType.STATUS and ev.data.get("status") == _IDLE:
+            self.idle_seq = ev.seq
+        return self.idle_seq is not None
+
+    def result(self, message_id: str) -> RunResult:
+        """The result so far (complete once :attr:`closed`)."""
+        return RunResult(
+            session_id=self.session_id,
+            message_id=message_id,
+            final_response=self._response,
+            finish_reason=self._last_end,
+            events=list(self.events),
+            usage=self.usage.model_copy(),
+            first_seq=self.first_seq,
+            idle_seq=self.idle_seq,
+        )
+
+    def _note_session(self, ev: SessionEvent) -> None:
+        if ev.type == EventType.SESSION_CREATED and ev.data.get("parentSessionId") in self._tree:
+            self._tree.add(ev.session_id)
+
+    def _count(self, ev: SessionEvent) -> None:
+        u = self.usage
+        if ev.type in (EventType.ASSISTANT_MESSAGE, EventType.MODEL_ERROR):
+            used = ev.data.get("usage")
+            if isinstance(used, dict):
+                u.model_calls += 1
+                u.input_tokens += int(used.get("input_tokens", 0))
+                u.output_tokens += int(used.get("output_tokens", 0))
+                u.cache_read_tokens += int(used.get("cache_read_tokens", 0))
+                u.cache_write_tokens += int(used.get("cache_write_tokens", 0))
+            u.cost += float(ev.data.get("cost") or 0.0)
+        elif ev.type == EventType.MODEL_CHARGED:
+            u.charged_tokens += int(ev.data.get("tokens") or 0)
+            u.cost += float(ev.data.get("cost") or 0.0)
