@@ -14,6 +14,11 @@ and picks a model by name, one per way a turn can finish:
 * ``t:maxtok`` stops at its output limit (finish ``max_tokens``) with partial text.
 * ``t:fail`` fails with an authentication error (not retried: the turn ends ``error``).
 * ``t:loop`` asks for ``list_dir`` at every step (the turn ends ``max_steps``).
+* ``t:delegate`` hands the task down with the real ``delegate`` tool: ``[depth=n]`` with ``n > 0``
+  delegates ``[depth=n-1] ...`` to a subagent (which runs this same model), then answers
+  ``done at depth n``; ``[depth=0]`` answers at once, or after ``s`` seconds with ``hold=s``
+  (passed down the levels). Every call reports usage that differs by depth and step
+  (:func:`delegate_usage`), so a sum that counts a session twice shows.
 * ``t:stream`` streams ``first part, second part`` in two chunks, ``[chunk_delay=s]`` apart (the
   first chunk is out as soon as the call has announced itself).
 
@@ -59,6 +64,24 @@ def _loop(request: ModelRequest) -> Reply:
     return Reply(text=f"looking again ({step})", tool_calls=[ToolCall("list_dir", {"path": "."})])
 
 
+def delegate_usage(depth: int, step: int) -> Usage:
+    """What ``t:delegate`` reports for step ``step`` of a session at directive depth ``depth``."""
+    return Usage(input_tokens=100 * (depth + 1) + step, output_tokens=10 * (depth + 1) + step, cache_read_tokens=depth)
+
+
+def _delegate(request: ModelRequest) -> Reply:
+    text, step = _last_user(request)
+    conf = directives(text)
+    depth, hold = int(conf.get("depth", 0)), conf.get("hold", 0.0)
+    announce(f"sdk delegate step={step} {text[:200]}")
+    used = delegate_usage(depth, step)
+    if depth > 0 and step == 0:
+        held = f" hold={hold:g}" if hold else ""
+        task = ToolCall("delegate", {"task": f"[depth={depth - 1}{held}] the part {depth - 1} levels down"})
+        return Reply(text=f"Delegating from depth {depth}.", tool_calls=[task], usage=used)
+    return Reply.say(f"done at depth {depth}", usage=used, delay=hold if depth == 0 else 0.0)
+
+
 def _stream(request: ModelRequest) -> Reply:
     text, step = _last_user(request)
     announce(f"sdk stream step={step} {text[:200]}")
@@ -67,6 +90,6 @@ def _stream(request: ModelRequest) -> Reply:
 
 def build(name: str) -> ScriptedModel | None:
     """The model called ``name``; None for any other name."""
-    rules = {"chat": _chat, "maxtok": _maxtok, "fail": _fail, "loop": _loop, "stream": _stream}
+    rules = {"chat": _chat, "maxtok": _maxtok, "fail": _fail, "loop": _loop, "stream": _stream, "delegate": _delegate}
     rule = rules.get(name)
     return ScriptedModel(rule, name=name, record=False) if rule is not None else None

@@ -15,8 +15,12 @@ What is pinned (DESIGN.md invariants 6 and 7, and the owned-runs note):
 * ``finish_reason`` is the last root turn's end in the interval: ``end_turn``, ``max_tokens``,
   ``error``, ``cancelled``, and ``None`` when the message is cancelled before any turn; partial
   text of an interrupted step is never the final response;
-* usage includes subagent sessions; a private ``goald serve --stdio`` child is stopped with
-  escalation; a connection lost mid-interval raises ``RunIncomplete`` with what was seen.
+* usage includes subagent sessions, each model call counted once: the ``model/charged`` event
+  with which a real ``delegate`` call settles its child's spend in the parent does not count the
+  child again, while a reservation charged in full does count (once);
+* a private ``goald serve --stdio`` child is stopped with escalation (``shutdown``, closing its
+  stdin, SIGTERM, SIGKILL); a connection lost mid-interval raises ``RunIncomplete`` with what was
+  seen.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import IO, Any
 import pytest
 from harness import Daemon, ModelCalls, child_env, toml_text
 from pydantic import BaseModel
+from sdk_testmodels import delegate_usage
 
 from agent import EndReason, FunctionTool, MessageId, ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall, Usage
 from daemon.sdk import (
@@ -352,6 +357,76 @@ async def test_usage_includes_subagent_sessions(open_runtime: Any) -> None:
     assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.model_calls) == (14, 6, 3)
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+async def test_usage_counts_each_delegated_subagent_once(client: Client, depth: int) -> None:
+    # The real `delegate` tool in the daemon: the root delegates to a child (which, at depth 2,
+    # delegates to a grandchild); each delegating call ends by charging its child's whole spend to
+    # the parent as `model/charged` (`subagentSessionId`) while the child's own calls are in the
+    # interval too.
+    result = await client.run(f"[depth={depth}] go", model="t:delegate")
+    assert_owned_interval(result)
+    assert result.final_response == f"done at depth {depth}"
+    assert result.finish_reason is EndReason.END_TURN
+    root = result.session_id
+    own: dict[str, list[dict[str, int]]] = {}
+    for e in result.events:
+        if e.type == "assistant/message":
+            own.setdefault(e.session_id, []).append(e.data["usage"])
+    assert len(own) == depth + 1  # the root and one subagent per level below it
+    # What the model reported, per level: a delegating step and an answer, the leaf's answer alone.
+    reported = [delegate_usage(level, step) for level in range(depth + 1) for step in range(2 if level else 1)]
+    as_events = [Usage.model_validate(u) for calls in own.values() for u in calls]
+    assert sorted(as_events, key=lambda u: u.total) == sorted(reported, key=lambda u: u.total)
+    every = sum(reported, Usage())
+    below_root = sum((Usage.model_validate(u) for sid, calls in own.items() if sid != root for u in calls), Usage())
+    # The settle charges are there (one per delegating call), the root's carrying everything below it ...
+    charges = [e for e in result.events if e.type == "model/charged"]
+    assert len(charges) == depth and all(e.data.get("subagentSessionId") in own for e in charges)
+    assert [e.data["tokens"] for e in charges if e.session_id == root] == [below_root.total]
+    # ... and yet every call counts exactly once.
+    used = result.usage
+    assert Usage.model_validate(used.model_dump(include=set(Usage.model_fields))) == every
+    assert (used.model_calls, used.charged_tokens, used.total_tokens) == (2 * depth + 1, 0, every.total)
+    # A caller that saw the root session alone never saw the children's calls: for it the charge is
+    # their only record, and the total is the same.
+    alone = Interval(result.events[0])
+    assert any(alone.feed(e) for e in result.events[1:] if e.session_id == root)
+    root_only = sum((Usage.model_validate(u) for u in own[root]), Usage())
+    assert (alone.usage.input_tokens, alone.usage.model_calls) == (root_only.input_tokens, 2)
+    assert (alone.usage.charged_tokens, alone.usage.total_tokens) == (below_root.total, every.total)
+
+
+async def test_a_reservation_charged_in_a_subagent_counts_once(daemon: Daemon, client: Client) -> None:
+    # The grandchild's call is in flight when the root is interrupted: the cancel goes down the tree,
+    # the open reservation is charged in full in the grandchild (`model/charged`, no subagent named),
+    # and each delegating call's settle carries it up again (`subagentSessionId`).
+    sid = await client.new_session(model="t:delegate")
+    drain(daemon.calls)
+    run = asyncio.ensure_future(client.run("[depth=2 hold=30] go", sid))
+    try:
+        await announced(daemon, "sdk delegate step=0 [depth=0 hold=30]")
+    finally:
+        await client.interrupt(sid)
+    async with asyncio.timeout(LIMIT):
+        result = await run
+    assert_owned_interval(result)
+    assert result.finish_reason is EndReason.CANCELLED
+    charges = [e for e in result.events if e.type == "model/charged"]
+    (held,) = [e for e in charges if "subagentSessionId" not in e.data]
+    settles = {e.session_id: e.data["tokens"] for e in charges if "subagentSessionId" in e.data}
+    sessions = {e.session_id for e in result.events}
+    assert len(sessions) == 3 and held.session_id not in settles and set(settles) == sessions - {held.session_id}
+    assert held.data["tokens"] > 0
+    reported = [(e.session_id, Usage.model_validate(e.data["usage"])) for e in result.events if "usage" in e.data]
+    calls = [u for _, u in reported]
+    below_root = sum((u for session, u in reported if session != sid), Usage())
+    assert settles[sid] == below_root.total + held.data["tokens"]
+    # The charged reservation counts once; the settles that carry it up do not count again.
+    assert result.usage.charged_tokens == held.data["tokens"]
+    assert result.usage.model_calls == len(calls)
+    assert result.usage.total_tokens == sum(c.total for c in calls) + held.data["tokens"]
+
+
 # -- a private daemon ----------------------------------------------------------------------------
 
 
@@ -377,6 +452,67 @@ async def test_a_private_daemon_that_does_not_stop_is_killed(tmp_path: Path, chi
     step = await client.close()
     assert step is StopStep.SIGKILL
     assert proc.returncode == -signal.SIGKILL
+
+
+#: What stopping a private child showed: the step, its exit code, and what it logged.
+Stopped = tuple[StopStep | None, int | None, list[str]]
+
+#: A stand-in for ``goald serve --stdio`` that answers ``initialize`` and ignores ``shutdown``; it logs
+#: each method and the end of its stdin to ``argv[2]``. ``argv[1]`` says how it ends: ``eof`` exits
+#: when its stdin closes, ``term`` ignores that too and ends on SIGTERM (the default action).
+#: The rest of its command line (``--log-level ... serve --stdio``) is ignored.
+IGNORES_SHUTDOWN = """
+import json, os, signal, sys
+
+mode, log_path = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def note(what):
+    with open(log_path, "a") as log:
+        log.write(what + "\\n")
+
+
+for line in iter(sys.stdin.buffer.readline, b""):
+    msg = json.loads(line)
+    note(msg["method"])
+    if msg["method"] == "initialize":
+        reply = {"jsonrpc": "2.0", "id": msg["id"], "result": {"name": "fake", "protocolVersion": 1}}
+        sys.stdout.buffer.write(json.dumps(reply).encode() + b"\\n")
+        sys.stdout.buffer.flush()
+note("eof")
+if mode == "eof":
+    os._exit(0)
+while True:
+    signal.pause()
+"""
+
+
+async def stop_a_child_that_ignores_shutdown(tmp_path: Path, mode: str) -> Stopped:
+    """Spawn :data:`IGNORES_SHUTDOWN` in ``mode``, close the client: the step, the exit code, the child's log."""
+    script, log = tmp_path / "ignores_shutdown.py", tmp_path / "seen.log"
+    script.write_text(IGNORES_SHUTDOWN)
+    # Each step waits this long for the exit: short, yet far above the fake's time to exit.
+    client = await Client.spawn(
+        argv=[sys.executable, str(script), mode, str(log)], state_dir=tmp_path, env=child_env(), stop_timeout=2.0
+    )
+    step = await client.close()
+    assert client.process is not None
+    return step, client.process.returncode, log.read_text().splitlines()
+
+
+async def test_a_private_daemon_that_ignores_shutdown_stops_when_its_stdin_closes(tmp_path: Path) -> None:
+    step, code, seen = await stop_a_child_that_ignores_shutdown(tmp_path, "eof")
+    assert step is StopStep.STDIN_CLOSED
+    assert seen == ["initialize", "shutdown", "eof"]  # asked first, then its stdin closed
+    assert code == 0
+
+
+async def test_a_private_daemon_that_ignores_shutdown_and_eof_stops_on_sigterm(tmp_path: Path) -> None:
+    step, code, seen = await stop_a_child_that_ignores_shutdown(tmp_path, "term")
+    assert step is StopStep.SIGTERM
+    assert seen == ["initialize", "shutdown", "eof"]  # asked, its stdin closed, and still running
+    assert code == -signal.SIGTERM
 
 
 async def test_a_connection_lost_mid_interval_raises_run_incomplete(tmp_path: Path, child_log: IO[bytes]) -> None:

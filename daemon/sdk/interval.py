@@ -18,6 +18,17 @@ the submitted message:
 * ``usage`` sums the model calls recorded in the interval by the root session and by its
   subagent sessions (sessions whose ``session/created`` names a parent in the tree).
 
+Usage has one source of truth per session. A subagent's model calls are its own session's
+``assistant/message`` and ``model/error`` events, and when its delegating call ends
+(``agent.subagents.settle_child``) the parent session records the child's whole spend once more,
+as a ``model/charged`` event naming the child in ``subagentSessionId`` (its grandchildren's
+included, for the goal engine, which counts one session's events). Counting both would count a
+child twice and a grandchild three times, so such a charge counts only when its child is *not* in
+the interval's tree: then the interval never saw the child's calls, and the charge (recorded in
+the interval) is all there is to count, as ``charged_tokens``. A ``model/charged`` event without
+``subagentSessionId`` (a reservation charged in full by crash repair or an interrupted call)
+records spend of its own session that no other event records, and always counts.
+
 :func:`find_receipt` locates the receipt; :class:`Interval` consumes events after it in commit
 order. Both work on :class:`SessionEvent` values, whatever carried them (the control protocol, or
 an in-process hub listener).
@@ -67,7 +78,9 @@ class RunUsage(BaseModel):
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
-    #: Tokens of reservations charged in full because a call's outcome is unknown (``model/charged``).
+    #: Tokens charged without a per-call breakdown (``model/charged``): reservations charged in full
+    #: because a call's outcome is unknown, and the spend of a subagent whose own events the interval
+    #: did not see.
     charged_tokens: int = 0
     #: Cost in the price unit of the configured providers (0 where no price is known).
     cost: float = 0.0
@@ -199,5 +212,7 @@ class Interval:
                 u.cache_write_tokens += int(used.get("cache_write_tokens", 0))
             u.cost += float(ev.data.get("cost") or 0.0)
         elif ev.type == EventType.MODEL_CHARGED:
+            if ev.data.get("subagentSessionId") in self._tree:
+                return  # the child's calls were counted from its own events (see the module docstring)
             u.charged_tokens += int(ev.data.get("tokens") or 0)
             u.cost += float(ev.data.get("cost") or 0.0)
