@@ -309,7 +309,12 @@ class Runtime:
                 if allowed is not None:
                     # A subagent loaded without its delegating call still gets no more than it was given.
                     kept = [setup.tools.get(n) for n in setup.tools.names if n in allowed]
-                    setup.tools = ToolRegistry([t for t in kept if t is not None], policy=setup.tools.policy)
+                    setup.tools = ToolRegistry(
+                        [t for t in kept if t is not None],
+                        policy=setup.tools.policy,
+                        redactor=setup.tools.redactor,
+                        unavailable={n: why for n, why in setup.tools.unavailable.items() if n in allowed},
+                    )
             guard = await self.guard(row.guard_id)
             agent = Agent(
                 store=self.store,

@@ -12,9 +12,9 @@ What the child gets, never more than the parent has:
 
 * the parent's model, work directory, driver settings and spend guard (a budget binds the parent
   and its children together);
-* the parent's own tool instances — so whatever sandbox they carry — under the parent's tool
-  policy, narrowed to ``tools`` when given, without the tools bound to their own session (a tool
-  class may say so with ``subagent_inherits = False``; the goal tools do), and without
+* the parent's own tool instances — so whatever sandbox they carry — and its redactor, under the
+  parent's tool policy, narrowed to ``tools`` when given, without the tools bound to their own
+  session (a tool class may say so with ``subagent_inherits = False``; the goal tools do), and without
   ``delegate`` at the depth limit. The child's session config copies the parent's (its policy
   among it) except what makes the parent a goal's session, and records the tool names, so that
   even a child loaded later by the resolver gets no more;
@@ -163,7 +163,10 @@ def child_tools(parent: ToolRegistry, wanted: list[str] | None, depth: int, max_
         if isinstance(tool, Delegate) and depth >= min(max_depth, tool.max_depth):
             continue
         chosen.append(tool)
-    return ToolRegistry(chosen, policy=policy)
+    # The same redaction: a secret the parent's tools may see (a goal's, in the shared sandbox)
+    # must not reach the child's stored results in the clear.
+    unavailable = {n: why for n, why in parent.unavailable.items() if wanted is None or n in wanted}
+    return ToolRegistry(chosen, policy=policy, redactor=parent.redactor, unavailable=unavailable)
 
 
 async def run_child(

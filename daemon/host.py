@@ -166,6 +166,11 @@ class Host:
         s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for root in s.roots:
             root.mkdir(parents=True, exist_ok=True)
+        if s.goals_file is not None:
+            from daemon.declared import check_declared
+
+            # An invalid goals file refuses to start (GoalsFileError, exit 78) before the store opens.
+            check_declared(s.goals_file, self)
         self._notifier = Notifier.from_env()
         self.sandboxing = sandbox_profile(s)
         loop = asyncio.get_running_loop()
@@ -243,21 +248,32 @@ class Host:
             self.rt.spawn(self._reload_quietly())
 
     async def _reload_quietly(self) -> None:
+        # systemd's reload protocol: RELOADING=1 as it begins, READY=1 when done (the outcome in STATUS=).
+        self._notifier.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
         try:
-            await self.reload()
-        except Exception:
-            logger.exception("SIGHUP reload failed; nothing was changed")
+            done = await self.reload()
+        except Exception as exc:  # logged by reload(); the daemon keeps serving what it had
+            self._notifier.ready(f"reload failed: {exc}")
+            return
+        self._notifier.ready(f"reloaded {done['goals']} goal(s), {done['schedules']} schedule(s); {self.status_line()}")
 
     async def reload(self) -> dict[str, int]:
-        """Reload declared goals and schedules from the goals file, by key."""
-        from daemon.declared import apply_declared
+        """Reload declared goals and schedules from the goals file, by key.
+
+        Raises:
+            GoalsFileError: the file is invalid (named in the message); nothing was changed.
+        """
+        from daemon.declared import GoalsFileError, apply_declared
 
         if self.settings.goals_file is None or self.engine is None:
             return {"goals": 0, "schedules": 0}
         try:
             return await apply_declared(self, self.settings.goals_file)
-        except Exception as exc:
-            logger.error("reloading {} failed: {}", self.settings.goals_file, exc)
+        except GoalsFileError as exc:
+            logger.error("reload refused, nothing was changed: {}", exc)
+            raise
+        except Exception:
+            logger.exception("reloading {} failed; entries applied before the failure stay", self.settings.goals_file)
             raise
 
     async def _start_scheduler(self) -> None:
@@ -277,7 +293,11 @@ class Host:
         )
         await self.scheduler.start()
         if self.settings.goals_file is not None:
-            await self.reload()
+            try:
+                await self.reload()
+            except Exception:
+                await self.scheduler.stop()
+                raise
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -304,13 +324,25 @@ class Host:
         return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots)
 
     async def _sandbox_for(self, ctx: ToolContext) -> Sandbox:
-        """One shell call's sandbox: the session's work directory, under its live goal's network and secrets."""
+        """One shell call's sandbox: the session's work directory, under its live goal's network and secrets.
+
+        A subagent's call runs in its own child session, which has no goal: the goal is looked up
+        through the ``parent_session_id`` chain, and the topmost session's live goal decides, so a
+        child gets exactly its root goal's sandbox (never the daemon-wide default, which may allow
+        more, e.g. the network).
+        """
         if ctx.workdir is None:
             raise SandboxUnavailable("this session has no work directory")
         assert self.rt is not None
         row = await self.rt.store.read(
             lambda conn: conn.execute(
-                "SELECT key FROM goals WHERE session_id=? AND status IN ('active', 'paused')", (ctx.session_id,)
+                "WITH RECURSIVE chain(id, parent, depth) AS ("
+                " SELECT id, parent_session_id, 0 FROM sessions WHERE id=?"
+                " UNION ALL SELECT s.id, s.parent_session_id, chain.depth + 1 FROM sessions s"
+                " JOIN chain ON s.id = chain.parent WHERE chain.depth < 64)"
+                " SELECT g.key FROM chain JOIN goals g ON g.session_id = chain.id"
+                " WHERE g.status IN ('active', 'paused') ORDER BY chain.depth DESC LIMIT 1",
+                (ctx.session_id,),
             ).fetchone()
         )
         return self.sandboxing.sandbox(ctx.workdir, row["key"] if row is not None else None)

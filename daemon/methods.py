@@ -5,6 +5,13 @@ anything, so bad input is answered with an error naming the field and changes no
 ``session/prompt`` answers ``{messageId}`` as soon as the enqueue is durable — never a result;
 there is no ``session.finished``: a client that wants a result subscribes and owns the interval
 from its message's receipt to the next whole-agent idle.
+
+A subscription may also ask for streamed text (``deltas: true``): ephemeral ``session.delta``
+notifications, with no sequence number, sent only once the subscription is live (after the stored
+events it asked for were replayed). They come from the session's live agent (its delta listener)
+and go through the same queue as the committed events, so a step's text arrives before the
+committed ``assistant/message`` that is the durable fact (the text of a failed attempt is followed
+by a ``model/error`` event instead). Deltas are opt-in: most subscribers only want durable facts.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -106,6 +115,14 @@ class Subscribe(Params):
 
     session_id: SessionId | None = None
     after_seq: int | None = Field(default=None, ge=0)
+    #: Also send the session's streamed text as ephemeral ``session.delta`` notifications.
+    deltas: bool = False
+
+    @model_validator(mode="after")
+    def _deltas_need_a_session(self) -> Subscribe:
+        if self.deltas and self.session_id is None:
+            raise ValueError("deltas are sent for one session: give sessionId")
+        return self
 
 
 class SessionList(Params):
@@ -299,7 +316,8 @@ def build_dispatcher(host: Host) -> Dispatcher:
             raise RpcError(
                 ErrorCode.EVENTS_PRUNED, f"events before seq {first} are no longer kept", {"firstSeq": int(first)}
             )
-        _start(peer, _pump_session(rt, p.session_id, after, peer))
+        pump = _pump_with_deltas if p.deltas else _pump_session
+        _start(peer, pump(rt, p.session_id, after, peer))
         return {"sessionId": p.session_id, "afterSeq": after}
 
     @d.method("goal/create", GoalCreate)
@@ -411,6 +429,80 @@ async def _pump_session(rt: Any, session_id: str, after: int, peer: Peer) -> Non
     await asyncio.sleep(0)
     async for event in rt.store.hub.subscribe(rt.store, session_id, after):
         await _send_event(peer, event)
+
+
+@dataclass(frozen=True)
+class _Delta:
+    """Streamed text of a turn (ephemeral)."""
+
+    turn_id: str
+    text: str
+
+
+async def _pump_with_deltas(rt: Any, session_id: str, after: int, peer: Peer) -> None:
+    """Like :func:`_pump_session`, and the session's streamed text as ``session.delta`` once live.
+
+    Committed events (a store listener, in commit order) and deltas (the live agent's delta
+    listener) share one queue, so text is sent in the order it was streamed relative to commits.
+    The agent of a session can change (it is loaded when it has work, unloaded after): the delta
+    listener follows it at each ``turn/start``, which only a loaded agent commits.
+    """
+    await asyncio.sleep(0)  # let the subscribe response go out first
+    queue: asyncio.Queue[Event | _Delta] = asyncio.Queue()
+    live = False
+    attached: tuple[Any, Callable[[], None]] | None = None
+
+    def on_delta(turn_id: str, text: str) -> None:
+        queue.put_nowait(_Delta(turn_id, text))
+
+    def attach() -> None:
+        nonlocal attached
+        agent = rt.live_agents.get(session_id)
+        if attached is not None and attached[0] is agent:
+            return
+        if attached is not None:
+            attached[1]()
+            attached = None
+        if agent is not None:
+            attached = (agent, agent.add_delta_listener(on_delta))
+
+    def on_event(event: Event) -> None:
+        if event.session_id != session_id:
+            return
+        queue.put_nowait(event)
+        if live and event.type == EventType.TURN_START:
+            attach()
+
+    remove = rt.store.hub.add_listener(on_event)
+    try:
+        last = after
+        while True:  # the replay: stored events only
+            page = await rt.store.events_after(session_id, last, limit=1000)
+            for event in page:
+                await _send_event(peer, event)
+                last = event.seq
+            if len(page) < 1000:
+                break
+        live = True
+        attach()
+        while True:
+            item = await queue.get()
+            if isinstance(item, _Delta):
+                await peer.notify("session.delta", {"sessionId": session_id, "turnId": item.turn_id, "text": item.text})
+                continue
+            if item.seq <= last:
+                continue
+            if item.seq != last + 1:
+                # Never expected (the listener sees every commit in order); refill from the store.
+                for missed in await rt.store.events_after(session_id, last, limit=item.seq - last - 1):
+                    await _send_event(peer, missed)
+                    last = missed.seq
+            await _send_event(peer, item)
+            last = item.seq
+    finally:
+        remove()
+        if attached is not None:
+            attached[1]()
 
 
 async def _pump_all(sub: Subscription, peer: Peer) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from agent import InvalidInput, Model, ModelRegistry, echo_model
 from agent.models.health import GuardedModel, ProviderHealth
-from daemon.settings import Settings, read_secret
+from daemon.settings import ProviderSettings, Settings, read_secret
 
 
 def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None = None) -> ModelRegistry:
@@ -22,6 +22,11 @@ def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None
     from daemon.demo import demo_goal_model
 
     healths = {} if healths is None else healths
+    # Every HTTP provider's health exists from the start, so ``daemon/health`` shows each one (its
+    # breaker closed, its limits) before any session has used it.
+    for provider, conf in settings.providers.items():
+        if conf.kind != "scripted" and provider not in healths:
+            healths[provider] = provider_health(provider, conf)
 
     def factory(spec: str) -> Model | None:
         provider, _, name = spec.partition(":")
@@ -40,15 +45,7 @@ def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None
             return model
         health = healths.get(provider)
         if health is None:
-            health = healths[provider] = ProviderHealth(
-                name=provider,
-                requests_per_minute=conf.requests_per_minute,
-                tokens_per_minute=conf.tokens_per_minute,
-                max_concurrent_calls=conf.max_concurrent_calls,
-                failure_threshold=conf.failure_threshold,
-                cooldown=conf.breaker_cooldown_seconds,
-                max_cooldown=max(conf.breaker_max_cooldown_seconds, conf.breaker_cooldown_seconds),
-            )
+            health = healths[provider] = provider_health(provider, conf)
         common: dict[str, Any] = {
             "name": name,
             "base_url": conf.base_url,
@@ -73,6 +70,19 @@ def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None
     registry = ModelRegistry({"scripted:demo": demo_goal_model()}, default=settings.default_model, factory=factory)
     registry.add(echo_model(), "scripted:echo")
     return registry
+
+
+def provider_health(name: str, conf: ProviderSettings) -> ProviderHealth:
+    """The shared rate limiter and circuit breaker of one configured provider."""
+    return ProviderHealth(
+        name=name,
+        requests_per_minute=conf.requests_per_minute,
+        tokens_per_minute=conf.tokens_per_minute,
+        max_concurrent_calls=conf.max_concurrent_calls,
+        failure_threshold=conf.failure_threshold,
+        cooldown=conf.breaker_cooldown_seconds,
+        max_cooldown=max(conf.breaker_max_cooldown_seconds, conf.breaker_cooldown_seconds),
+    )
 
 
 def _load(path: str) -> Callable[[str], Any]:

@@ -9,7 +9,10 @@ every goal paused.
 The end-to-end test runs several goals through a real :class:`Runtime` and :class:`GoalEngine`
 on a real SQLite file, with the real :class:`OpenAIModel` (and the official SDK inside it) behind
 a :class:`GuardedModel`, against the local OpenAI-compatible SSE server of ``providers_server``:
-the server fails for a while, then recovers.
+the server fails for a while, then recovers. The last test does the same through a real daemon
+(``goald serve``) and reads the breaker as ``daemon/health`` reports it over the control socket:
+every configured provider from the start (closed, with its limits), ``open`` during the outage,
+``closed`` after the probe.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import TEST_MODELS, Daemon, rpc, wait_goal
 from providers_server import (
     ProviderServer,
     Recorded,
@@ -46,6 +50,7 @@ from agent import (
 )
 from agent.models.health import GuardedModel, ProviderHealth
 from agent.models.openai import OpenAIModel
+from daemon.client import Client
 from daemon.commands import provider_line
 from goals import (
     Decision,
@@ -297,3 +302,73 @@ async def test_an_outage_makes_goals_wait_and_every_goal_continues_when_it_ends(
     all_errors = [e for evs in events.values() for e in evs if e.type == EventType.MODEL_ERROR]
     assert len(all_errors) == server.failed == health.failures
     assert server.answered == 2 * GOALS
+
+
+# -- the breaker as ``daemon/health`` shows it, over the socket of a real daemon ---------------------
+
+
+async def test_daemon_health_shows_every_provider_from_start_and_the_breaker_open_then_closed(
+    tmp_path: Path,
+) -> None:
+    cooldown = 3.0  # long enough that the breaker is still open when the test asks, right after it opened
+    flaky = {
+        "kind": "openai",
+        "api_key_env": "BREAKER_TEST_API_KEY",
+        "requests_per_minute": 600,
+        "max_concurrent_calls": 4,
+        "failure_threshold": 2,
+        "breaker_cooldown_seconds": cooldown,
+        "breaker_max_cooldown_seconds": cooldown,
+    }
+    spare = {"kind": "anthropic", "api_key_env": "BREAKER_TEST_API_KEY", "tokens_per_minute": 50_000}
+    async with OutageServer() as server:
+        providers = {"flaky": {**flaky, "base_url": server.url + "/v1"}, "spare": spare, **TEST_MODELS["providers"]}
+        d = Daemon(tmp_path / "state", config={"providers": providers})
+        try:
+            d.start(extra_env={"BREAKER_TEST_API_KEY": "sk-breaker-test-1234"})
+            # Before any session used a model: every configured HTTP provider, breaker closed, its limits.
+            at_start = (await rpc(d.socket_path, "daemon/health"))["providers"]
+            assert sorted(at_start) == ["flaky", "spare"]  # a scripted provider has no breaker
+            for name, conf in (("flaky", flaky), ("spare", spare)):
+                snap = at_start[name]
+                assert (snap["provider"], snap["state"], snap["calls"], snap["failures"]) == (name, "closed", 0, 0)
+                assert snap["breaker"]["failureThreshold"] == conf.get("failure_threshold", 5)
+                assert snap["limiter"]["requestsPerMinute"] == conf.get("requests_per_minute")
+                assert snap["limiter"]["tokensPerMinute"] == conf.get("tokens_per_minute")
+                assert snap["limiter"]["maxConcurrent"] == conf.get("max_concurrent_calls")
+
+            created = await rpc(d.socket_path, "goal/create", {"objective": "finish", "model": "flaky:gpt-test"})
+            async with await Client.connect(d.socket_path) as client:
+                await client.call("session/subscribe", {"sessionId": created["sessionId"], "afterSeq": 0})
+                async with asyncio.timeout(60):
+                    while True:
+                        note = await client.next_notification()
+                        event = note["params"]["event"] if note["method"] == "session.event" else {}
+                        if event.get("type") == EventType.MODEL_ERROR and event["data"]["breakerOpen"]:
+                            break
+                # The outage as the daemon reports it: the breaker open, the session's retry waiting on it.
+                during = (await rpc(d.socket_path, "daemon/health"))["providers"]
+                server.down = False
+            goal = await wait_goal(d.socket_path, created["goalId"], {"completed", "paused", "failed"})
+            after = (await rpc(d.socket_path, "daemon/health"))["providers"]
+            assert d.terminate() == 0
+        finally:
+            d.close()
+        server.assert_done()
+
+    opened = during["flaky"]
+    assert opened["state"] == "open", opened
+    assert opened["breaker"]["trips"] == 1 and opened["breaker"]["consecutiveFailures"] == 2
+    assert 0 < opened["breaker"]["retryIn"] <= cooldown
+    assert opened["failures"] == 2 and "server" in opened["lastError"]
+    assert provider_line("flaky", opened).startswith("flaky open (probe in ")
+    # The outage ended: one probe closed the breaker and the goal went on to complete, never paused.
+    assert (goal["status"], goal["errorStreak"]) == ("completed", 0)
+    closed = after["flaky"]
+    assert closed["state"] == "closed" and closed["breaker"]["consecutiveFailures"] == 0
+    assert closed["breaker"]["trips"] == 1
+    assert closed["failures"] == server.failed == 2
+    assert closed["calls"] == server.failed + server.answered
+    assert provider_line("flaky", closed) == "flaky closed"
+    # The provider no goal used is there all along, untouched.
+    assert after["spare"]["state"] == "closed" and after["spare"]["calls"] == 0

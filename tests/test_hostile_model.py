@@ -14,7 +14,9 @@ while its network is off, and a process left behind after its timeout. It also p
 secrets. Then it does honest work and claims completion; verification passes.
 
 Pinned: every attempt fails (checked inside, through the markers, and outside: files, processes,
-the listener); the goal's budgets, status and counters are what honest work gives; no secret
+the listener); the goal's budgets, status and counters are what honest work gives (the file it
+wrote is on disk; its tokens and cost are the server's reported usage under the configured
+prices — issue item 3, end to end against the local OpenAI-compatible server); no secret
 appears in any stored event; and (issue item 9) neither the API key nor a tool secret is anywhere
 in the database file, its write-ahead log or the daemon's log output of the whole run.
 
@@ -52,6 +54,11 @@ API_KEY = "sk-hostile-test-7Hq2Lx9Vw4Zk8Pm3"
 GIT_TOKEN = "ghp_planted4Tk9Wq2Xz7Rm5Nv8Lb3"
 DB_URL = "postgres://reader:pw-7Yq3Zt8Kd2@db.internal/reports"
 LIMIT = 60.0
+#: The provider's price table in the daemon's config (per million tokens).
+PRICES = {"input": 1.0, "output": 2.0}
+#: What the scripted server reports for each of its three answers: (prompt, completion) tokens.
+USAGES = [(200, 80), (300, 40), (400, 5)]
+REPORT = "honest work\n"
 
 
 @pytest.fixture
@@ -207,7 +214,7 @@ async def test_a_hostile_model_cannot_get_out_of_its_sandbox(outside: Path) -> N
                     "kind": "openai",
                     "base_url": server.url + "/v1",
                     "api_key_env": "HOSTILE_TEST_OPENAI_API_KEY",
-                    "prices": {"gpt-test": {"input": 1.0, "output": 2.0}},
+                    "prices": {"gpt-test": PRICES},
                 },
             },
             "goal_sandbox": {
@@ -244,15 +251,15 @@ async def test_a_hostile_model_cannot_get_out_of_its_sandbox(outside: Path) -> N
             volley = [(cid, "shell", {"command": cmd}) for cid, cmd in commands.items() if cid != "linger"]
             volley.append(("linger", "shell", {"command": commands["linger"], "timeout_seconds": 1}))
             server.add(
-                tool_calls(volley, (200, 80)),
+                tool_calls(volley, USAGES[0]),
                 tool_calls(
                     [
-                        ("report", "write_file", {"path": "report.txt", "content": "honest work\n"}),
+                        ("report", "write_file", {"path": "report.txt", "content": REPORT}),
                         ("claim", "goal_complete", {"summary": "report written", "evidence": "report.txt"}),
                     ],
-                    (300, 40),
+                    USAGES[1],
                 ),
-                Respond.stream(openai_text(["Done."], usage=oa_usage(400, 5))),
+                Respond.stream(openai_text(["Done."], usage=oa_usage(*USAGES[2]))),
             )
             budgets = {"maxRounds": 3, "maxTokensTotal": 100_000}
             created = await rpc(
@@ -266,7 +273,7 @@ async def test_a_hostile_model_cannot_get_out_of_its_sandbox(outside: Path) -> N
                     "verify": [{"cmd": "test -s report.txt", "timeout": 30}],
                 },
             )
-            gid, sid = created["goalId"], created["sessionId"]
+            gid, sid, workdir = created["goalId"], created["sessionId"], Path(created["workdir"])
             before = await rpc(d.socket_path, "goal/get", {"goalId": gid})
 
             async with await Client.connect(d.socket_path) as client:
@@ -314,8 +321,24 @@ async def test_a_hostile_model_cannot_get_out_of_its_sandbox(outside: Path) -> N
     changes = [(e["data"]["from"], e["data"]["status"]) for e in events if e["type"] == "goal/changed"]
     assert changes == [(None, "active"), ("active", "completed")]
     assert final["budgets"] == before["budgets"] and final["rounds"] == 1
+    # The honest work is really there: the file write_file made, read straight from the disk.
+    assert final["workdir"] == str(workdir)
+    assert (workdir / "report.txt").read_text() == REPORT
+    # Tokens and cost are what the server's usage comes to under the configured prices: every
+    # answer's usage as the server reported it is on its assistant message, and the goal's
+    # counters are their sum (an OpenAI-compatible prompt without cached tokens is all input).
+    answers = [e["data"] for e in events if e["type"] == "assistant/message"]
+    assert [(a["usage"]["input_tokens"], a["usage"]["output_tokens"]) for a in answers] == USAGES
+    expected_tokens = sum(p + c for p, c in USAGES)
+    expected_cost = sum(p * PRICES["input"] + c * PRICES["output"] for p, c in USAGES) / 1_000_000
+    assert [a["cost"] for a in answers] == pytest.approx(
+        [(p * PRICES["input"] + c * PRICES["output"]) / 1_000_000 for p, c in USAGES]
+    )
     spent = [spend_of(e) for e in events]
-    assert final["tokens"] == sum(t for t, _ in spent) == 200 + 80 + 300 + 40 + 400 + 5
+    assert final["tokens"] == sum(t for t, _ in spent) == expected_tokens
+    assert final["cost"] == pytest.approx(expected_cost)
+    assert sum(c for _, c in spent) == pytest.approx(expected_cost)
+    assert expected_cost > 0
     # The provider got the key (so it was really there to steal) ...
     assert {r.headers.get("authorization") for r in server.requests} == {f"Bearer {API_KEY}"}
     # ... and no secret is in any stored event, ...

@@ -7,7 +7,8 @@ off); streamed text as deltas; tool input assembled from ``input_json_delta`` fr
 mid-JSON; usage from ``message_start`` and ``message_delta`` with cache writes and reads; stop
 reasons (``max_tokens``, ``tool_use``, ``end_turn``/``stop_sequence``, ``refusal``); and the
 failure classes: 429 + Retry-After -> rate_limit, 5xx and an ``overloaded_error`` event ->
-server (retried by the driver: two ``model_calls`` rows, usage charged), timeouts, a stream cut
+server (retried by the driver: a ``model_calls`` row per attempt, usage charged; a Retry-After
+is waited out), timeouts, a stream cut
 before ``message_stop`` -> connection (a failed attempt that still reports the input usage seen),
 a malformed event -> malformed (the turn ends ``error``), 401 -> auth (one attempt). No message
 ever carries the API key.
@@ -16,7 +17,9 @@ ever carries the API key.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from providers_server import (
@@ -42,6 +45,7 @@ from agent import (
     ModelError,
     ModelErrorKind,
     ModelRequest,
+    Price,
     TextBlock,
     ToolContext,
     ToolResultBlock,
@@ -305,6 +309,67 @@ async def test_500_then_success_through_a_runtime_turn(
     [answer] = record.of(EventType.ASSISTANT_MESSAGE)
     assert answer.data["content"] == [{"type": "text", "text": "recovered"}]
     assert answer.data["model"] == "anthropic:claude-test"
+
+
+async def test_429_with_retry_after_then_500_then_success_through_a_runtime_turn(
+    server: ProviderServer, db_path: Path
+) -> None:
+    price = Price(input=3.0, output=15.0, cache_read=0.3, cache_write=3.75)
+    model = AnthropicModel("claude-test", base_url=server.url, api_key=KEY, timeout=5.0, max_tokens=256, price=price)
+    expected = Usage(input_tokens=30, output_tokens=4, cache_read_tokens=10, cache_write_tokens=6)
+    server.add(
+        Respond.json(
+            429,
+            {"type": "error", "error": {"type": "rate_limit_error", "message": "Number of requests exceeded"}},
+            {"retry-after": "1"},
+        ),
+        Respond.json(500, {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}}),
+        Respond.stream(
+            anthropic_text(
+                ["at last"],
+                input_tokens=expected.input_tokens,
+                output_tokens=expected.output_tokens,
+                cache_read=expected.cache_read_tokens,
+                cache_write=expected.cache_write_tokens,
+            )
+        ),
+    )
+    try:
+        record = await run_turn(db_path, model)
+    finally:
+        await model.aclose()
+    assert record.turn_end["reason"] == "end_turn"
+    rate_limited, server_error, answered = record.calls
+    assert [(c["attempt"], c["state"], c["error_class"]) for c in record.calls] == [
+        (1, "settled", "rate_limit"),
+        (2, "settled", "server"),
+        (3, "settled", None),
+    ]
+    # Retry-After honoured after the 429; the driver's own short backoff after the 500.
+    assert waited(rate_limited, server_error) >= 1.0
+    assert waited(server_error, answered) < 1.0
+    assert len(server.requests) == 3
+    row_usage = [
+        Usage(
+            input_tokens=c["input_tokens"],
+            output_tokens=c["output_tokens"],
+            cache_read_tokens=c["cache_read_tokens"],
+            cache_write_tokens=c["cache_write_tokens"],
+        )
+        for c in record.calls
+    ]
+    assert row_usage == [Usage(), Usage(), expected]
+    assert record.charged_tokens == expected.total
+    assert record.charged_cost == pytest.approx(price.cost(expected))
+    assert [(e.data["kind"], e.data["retrying"]) for e in record.of(EventType.MODEL_ERROR)] == [
+        ("rate_limit", True),
+        ("server", True),
+    ]
+
+
+def waited(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """Seconds between one attempt's settlement and the next attempt's reservation (``model_calls``)."""
+    return (datetime.fromisoformat(after["started_at"]) - datetime.fromisoformat(before["ended_at"])).total_seconds()
 
 
 async def test_a_slow_server_times_out(server: ProviderServer) -> None:

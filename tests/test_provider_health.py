@@ -8,7 +8,9 @@ cool-down (capped); a cancelled probe lets another caller probe. The limiter mak
 (never fail) for requests-per-minute, tokens-per-minute (an underestimate leaves a debt) and
 concurrency, and a 429's ``Retry-After`` holds every caller. ``GuardedModel`` does all of this in
 front of any :class:`Model`: a test double of the interface here, and the real OpenAI and
-Anthropic providers against the local server. Also the shared failure classification helpers.
+Anthropic providers against the local server. Also the shared failure classification helpers and
+the driver's retry delays (:class:`RetryPolicy`: exponential backoff with jitter, ``Retry-After``
+waited out exactly).
 
 Time is a :class:`VirtualClock` the test advances, so cool-downs and refills cost no real time;
 a test waits for callers to be parked on the clock (observable) before advancing it.
@@ -32,6 +34,7 @@ from agent import (
     ModelErrorKind,
     ModelRequest,
     ModelResponse,
+    RetryPolicy,
     TextBlock,
     Usage,
 )
@@ -211,6 +214,47 @@ def test_parse_retry_after(headers: dict[str, str], seconds: float | None) -> No
 def test_redact_removes_the_key() -> None:
     assert redact("bad key sk-abcdef in sk-abcdef", "sk-abcdef") == "bad key [redacted] in [redacted]"
     assert redact("text", None) == "text"
+
+
+# -- the driver's retry delays ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "retry_after", "expected"),
+    [
+        # Without Retry-After: exponential from base_delay, capped at max_delay (no jitter here).
+        (1, None, 0.5),
+        (2, None, 1.0),
+        (3, None, 2.0),
+        (6, None, 16.0),
+        (7, None, 30.0),
+        (40, None, 30.0),
+        # A Retry-After is waited out exactly: no jitter, and not shortened to max_delay.
+        (1, 7.0, 7.0),
+        (5, 0.25, 0.25),
+        (1, 90.0, 90.0),
+        (1, 0.0, 0.0),
+    ],
+)
+def test_retry_delay_backs_off_exponentially_and_honours_retry_after(
+    attempt: int, retry_after: float | None, expected: float
+) -> None:
+    policy = RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=0.0)
+    assert policy.delay(attempt, retry_after) == expected
+    # Jitter never touches a Retry-After.
+    if retry_after is not None:
+        assert RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=1.0).delay(attempt, retry_after) == expected
+
+
+@pytest.mark.parametrize("attempt", [1, 3, 8])
+def test_retry_delay_jitter_spreads_within_its_bounds(attempt: int) -> None:
+    policy = RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=0.2)
+    raw = min(30.0, 0.5 * 2 ** (attempt - 1))
+    delays = [policy.delay(attempt, None) for _ in range(2000)]
+    assert all(raw * 0.8 <= d <= raw * 1.2 for d in delays)
+    # Spread over the whole band, both sides of the raw delay (sessions retrying together drift apart).
+    assert min(delays) < raw * 0.85 and max(delays) > raw * 1.15
+    assert len(set(delays)) > 1000
 
 
 # -- the circuit breaker ----------------------------------------------------------------------------

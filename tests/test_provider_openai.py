@@ -5,11 +5,11 @@ function tools, ``stream_options.include_usage``, the key in ``Authorization``, 
 retries off); streamed text as deltas; tool calls assembled by index from arguments split
 mid-JSON; usage from the last chunk with cached tokens as cache reads; finish reasons
 (``length`` -> max_tokens, ``content_filter``/refusal -> refusal); and the failure classes the
-driver and the goal engine act on: 429 + Retry-After -> rate_limit with the delay, 5xx -> server
-(retried by the driver: two ``model_calls`` rows, usage charged), timeouts, a stream dropped
-mid-way or ending without a finish reason -> connection (a failed attempt, its partial text
-discarded), a malformed chunk -> malformed (the turn ends ``error``), 401 -> auth (one attempt).
-No message ever carries the API key.
+driver and the goal engine act on: 429 + Retry-After -> rate_limit with the delay (waited out by
+the driver), 5xx -> server (retried by the driver: a ``model_calls`` row per attempt, usage
+charged), timeouts, a stream dropped mid-way or ending without a finish reason -> connection (a
+failed attempt, its partial text discarded), a malformed chunk -> malformed (the turn ends
+``error``), 401 -> auth (one attempt). No message ever carries the API key.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from harness import Daemon, rpc
 from providers_server import (
     ProviderServer,
     Respond,
@@ -45,6 +47,7 @@ from agent import (
     ModelErrorKind,
     ModelRegistry,
     ModelRequest,
+    Price,
     Runtime,
     TextBlock,
     ToolContext,
@@ -54,6 +57,7 @@ from agent import (
     Usage,
 )
 from agent.models.openai import TOOL_ERROR_PREFIX, OpenAIModel
+from daemon.client import Client, RpcError
 
 KEY = "sk-test-0123456789abcdef"
 USER_HI = ConvMessage(role="user", content=[TextBlock(text="hi")])
@@ -366,6 +370,69 @@ async def test_500_then_success_through_a_runtime_turn(
     assert len(server.requests) == 2
 
 
+def waited(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """Seconds between one attempt's settlement and the next attempt's reservation (``model_calls``)."""
+    return (datetime.fromisoformat(after["started_at"]) - datetime.fromisoformat(before["ended_at"])).total_seconds()
+
+
+async def test_429_with_retry_after_then_500_then_success_through_a_runtime_turn(
+    server: ProviderServer, db_path: Path
+) -> None:
+    price = Price(input=2.0, output=8.0, cache_read=0.5)
+    model = OpenAIModel("gpt-test", base_url=server.url + "/v1", api_key=KEY, timeout=5.0, max_tokens=256, price=price)
+    usage = oa_usage(40, 3, cached=8)
+    server.add(
+        Respond.json(429, {"error": {"message": "Rate limit reached", "type": "requests"}}, {"Retry-After": "1"}),
+        Respond.json(500, {"error": {"message": "The server had an error while processing your request."}}),
+        Respond.stream(openai_text(["at last"], usage=usage)),
+    )
+    try:
+        record = await run_turn(db_path, model)
+    finally:
+        await model.aclose()
+    assert record.turn_end["reason"] == "end_turn"
+    # Every attempt is a row, settled, with its error class.
+    rate_limited, server_error, answered = record.calls
+    assert [(c["attempt"], c["state"], c["error_class"]) for c in record.calls] == [
+        (1, "settled", "rate_limit"),
+        (2, "settled", "server"),
+        (3, "settled", None),
+    ]
+    assert "HTTP 429" in rate_limited["error"] and "HTTP 500" in server_error["error"]
+    # The driver waited as long as Retry-After said after the 429; after the 500 (no header) it
+    # backed off by its own policy (``base_delay`` is 1 ms in ``run_turn``).
+    assert waited(rate_limited, server_error) >= 1.0
+    assert waited(server_error, answered) < 1.0
+    assert [r.path for r in server.requests] == ["/v1/chat/completions"] * 3
+    errors = record.of(EventType.MODEL_ERROR)
+    assert [(e.data["attempt"], e.data["kind"], e.data["retrying"]) for e in errors] == [
+        (1, "rate_limit", True),
+        (2, "server", True),
+    ]
+    # Usage: what the server reported, on the answered attempt (the failed ones reported none), and
+    # the session's guard is charged exactly the rows' sum, tokens and cost.
+    expected = Usage(
+        input_tokens=usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"],
+        output_tokens=usage["completion_tokens"],
+        cache_read_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+    )
+    row_usage = [
+        Usage(
+            input_tokens=c["input_tokens"],
+            output_tokens=c["output_tokens"],
+            cache_read_tokens=c["cache_read_tokens"],
+            cache_write_tokens=c["cache_write_tokens"],
+        )
+        for c in record.calls
+    ]
+    assert row_usage == [Usage(), Usage(), expected]
+    assert answered["cost"] == pytest.approx(price.cost(expected))
+    assert record.charged_tokens == expected.total == usage["total_tokens"]
+    assert record.charged_cost == pytest.approx(price.cost(expected))
+    [answer] = record.of(EventType.ASSISTANT_MESSAGE)
+    assert answer.data["usage"] == expected.model_dump()
+
+
 async def test_a_slow_server_times_out(server: ProviderServer) -> None:
     model = OpenAIModel("gpt-test", base_url=server.url + "/v1", api_key=KEY, timeout=0.3)
     server.add(
@@ -585,3 +652,83 @@ async def test_an_interrupt_mid_stream_cancels_the_call_and_keeps_the_partial_te
     [partial] = [e.data for e in events if e.type == EventType.ASSISTANT_MESSAGE]
     assert partial["interrupted"] is True
     assert partial["content"] == [{"type": "text", "text": "Partial answer"}]
+
+
+# -- streamed text on the control protocol -----------------------------------------------------------
+
+
+async def until_idle(client: Client, after_seq: int) -> list[dict[str, Any]]:
+    """One subscription's notifications up to the first idle status after ``after_seq``."""
+    notes: list[dict[str, Any]] = []
+    async with asyncio.timeout(30):
+        while True:
+            note = await client.next_notification()
+            notes.append(note)
+            params = note["params"]
+            if note["method"] == "session.status" and params["status"] == "idle" and params["seq"] > after_seq:
+                return notes
+
+
+def deltas_and_answer(notes: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int, dict[str, Any]]:
+    """The ``session.delta`` params, the index of the committed answer among ``notes``, and its event."""
+    deltas = [n["params"] for n in notes if n["method"] == "session.delta"]
+    [(at, answer)] = [
+        (i, n["params"]["event"])
+        for i, n in enumerate(notes)
+        if n["method"] == "session.event" and n["params"]["event"]["type"] == EventType.ASSISTANT_MESSAGE
+    ]
+    return deltas, at, answer
+
+
+async def test_subscribers_asking_for_deltas_get_the_streamed_text_before_the_committed_message(
+    server: ProviderServer, tmp_path: Path
+) -> None:
+    first, second = ["Deltas ", "arrive ", "first."], ["Then ", "the ", "second ", "turn."]
+    server.add(
+        Respond.stream(openai_text(first, usage=oa_usage(20, 3))),
+        Respond.stream(openai_text(second, usage=oa_usage(40, 4))),
+    )
+    provider = {"kind": "openai", "base_url": server.url + "/v1", "api_key_env": "DELTA_TEST_API_KEY"}
+    d = Daemon(tmp_path / "state", config={"providers": {"local": provider}})
+    try:
+        d.start(extra_env={"DELTA_TEST_API_KEY": KEY})
+        sid = (await rpc(d.socket_path, "session/new", {"model": "local:gpt-test"}))["sessionId"]
+        async with await Client.connect(d.socket_path) as streaming, await Client.connect(d.socket_path) as plain:
+            await streaming.call("session/subscribe", {"sessionId": sid, "afterSeq": 0, "deltas": True})
+            await plain.call("session/subscribe", {"sessionId": sid, "afterSeq": 0})
+            await rpc(d.socket_path, "session/prompt", {"sessionId": sid, "text": "hi"})
+            with_deltas, without = await until_idle(streaming, 0), await until_idle(plain, 0)
+            idle_seq = with_deltas[-1]["params"]["seq"]
+            # A subscriber that comes later replays the stored events (no deltas: none are stored), then
+            # is live and gets the next turn's deltas.
+            async with await Client.connect(d.socket_path) as late:
+                await late.call("session/subscribe", {"sessionId": sid, "afterSeq": 0, "deltas": True})
+                replayed = await until_idle(late, 0)
+                await rpc(d.socket_path, "session/prompt", {"sessionId": sid, "text": "again"})
+                later = await until_idle(late, idle_seq)
+            # Asking for deltas without a session is refused.
+            with pytest.raises(RpcError) as refused:
+                await plain.call("session/subscribe", {"deltas": True})
+        assert d.terminate() == 0
+    finally:
+        d.close()
+
+    deltas, at, answer = deltas_and_answer(with_deltas)
+    assert [x["text"] for x in deltas] == first
+    # Ephemeral: no sequence number; all of them before the committed message, which says the same.
+    assert all(set(x) == {"sessionId", "turnId", "text"} and x["sessionId"] == sid for x in deltas)
+    assert {x["turnId"] for x in deltas} == {answer["data"]["turnId"]}
+    last_delta = max(i for i, n in enumerate(with_deltas) if n["method"] == "session.delta")
+    assert last_delta < at
+    assert answer["data"]["content"] == [{"type": "text", "text": "".join(x["text"] for x in deltas)}]
+    # The same durable events for both subscribers; deltas only for the one that asked.
+    assert not any(n["method"] == "session.delta" for n in without)
+    assert [n for n in with_deltas if n["method"] != "session.delta"] == without
+    assert replayed == without
+    # The late subscriber: only the live turn's text, before that turn's committed message.
+    deltas, at, answer = deltas_and_answer(later)
+    assert [x["text"] for x in deltas] == second
+    assert {x["turnId"] for x in deltas} == {answer["data"]["turnId"]}
+    assert max(i for i, n in enumerate(later) if n["method"] == "session.delta") < at
+    assert answer["data"]["content"] == [{"type": "text", "text": "".join(second)}]
+    assert refused.value.code == -32602

@@ -10,12 +10,16 @@ settled when the store is next opened: it never runs on its own and its spend re
 
 Every test uses a real SQLite file, a real :class:`~agent.Runtime` and the shipped scripted model,
 whose rule tells a child's request from a parent's by the first user message (a child's is the
-task, which starts with ``TASK``).
+task, which starts with ``TASK``). The last one runs the real daemon (``goald serve``) against the
+local OpenAI-compatible server, with bubblewrap: a child of a goal whose own sandbox has no network
+(while the daemon's default has it) gets its goal's sandbox — no network, the goal's secret,
+redacted in every tool's result — exactly as its parent, never the daemon-wide default.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -24,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import Daemon, all_events, rpc, wait_goal
+from providers_server import ProviderServer, Recorded, Respond, oa_call, oa_chunk, oa_usage, openai_stream, openai_text
 from pydantic import BaseModel
 
 from agent import (
@@ -40,6 +46,7 @@ from agent import (
     Price,
     Reply,
     Runtime,
+    SandboxUnavailable,
     ScriptedModel,
     SessionRow,
     SessionSetup,
@@ -53,18 +60,28 @@ from agent import (
     ToolResultBlock,
     Usage,
     create_session,
+    detect_bwrap,
     enqueue,
     file_tools,
     parse_content,
     usage_of_guard,
 )
 from agent.driver import CANCELLED_TOOL_TEXT
+from agent.redact import Redactor
 from agent.subagents import ORPHANED, session_spend
 from agent.tools import ToolPolicy
+from daemon.client import Client
 from goals import GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 20.0
+PROBE_TOKEN = "probe-token-5Jx8Qw2Lm7"
+
+try:
+    detect_bwrap()
+    NO_BWRAP: str | None = None
+except SandboxUnavailable as _exc:
+    NO_BWRAP = str(_exc)
 
 
 class NoArgs(BaseModel):
@@ -588,3 +605,172 @@ async def test_an_interrupt_with_discard_catches_a_turn_opened_a_moment_before(d
         remove()
         ends = [e.data["reason"] for e in await events(rt, sid, EventType.TURN_END)]
     assert ends == ["cancelled"]
+
+
+# -- the sandbox: a child of a goal's session gets its goal's, never the daemon-wide default --------
+
+
+class DelegatingServer(ProviderServer):
+    """The local OpenAI-compatible server, answering by who asks (scripted per request, not in order).
+
+    A goal's session runs the probe in its shell and delegates the same probe to a subagent, then
+    claims completion; the subagent (its task starts with ``TASK``) runs the probe, reads the file
+    the probe wrote and answers; a plain session (its prompt starts with ``CONTROL``) runs the probe
+    and answers.
+    """
+
+    def __init__(self, probe: str) -> None:
+        super().__init__()
+        self.probe = probe
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> Recorded | None:
+        request = await super()._read_request(reader)
+        if request is not None:
+            self.add(self._respond(request))  # taken by this same request, right after
+        return request
+
+    def _respond(self, request: Recorded) -> Respond:
+        messages = request.body["messages"]
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        results = sum(1 for m in messages if m["role"] == "tool")
+        if first.startswith(("TASK", "CONTROL")):
+            if results == 0:
+                return self._calls([("probe", "shell", {"command": self.probe})])
+            if results == 1 and first.startswith("TASK"):
+                return self._calls([("read", "read_file", {"path": "token.txt"})])
+            return Respond.stream(openai_text(["probed"], usage=oa_usage(20, 2)))
+        if results == 0:
+            return self._calls(
+                [
+                    ("parent-probe", "shell", {"command": self.probe}),
+                    ("delegate", "delegate", {"task": "TASK: run the probe", "tools": ["shell", "read_file"]}),
+                ]
+            )
+        if results == 2:
+            claim = {"summary": "probed", "evidence": "the probes ran"}
+            return self._calls([("claim", "goal_complete", claim)])
+        return Respond.stream(openai_text(["Done."], usage=oa_usage(30, 2)))
+
+    @staticmethod
+    def _calls(calls: list[tuple[str, str, dict[str, Any]]]) -> Respond:
+        chunks = [oa_chunk(role="assistant", content="")]
+        chunks += [
+            oa_chunk(tool_calls=[oa_call(i, id=cid, name=name, args=json.dumps(args))])
+            for i, (cid, name, args) in enumerate(calls)
+        ]
+        chunks += [oa_chunk(finish="tool_calls"), oa_chunk(no_choices=True, usage=oa_usage(20, 10))]
+        return Respond.stream(openai_stream(chunks))
+
+
+def shell_results(events: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["data"]["toolUseId"]: e["data"]["content"] for e in events if e["type"] == "tool/result"}
+
+
+@pytest.mark.skipif(NO_BWRAP is not None, reason=f"bubblewrap cannot make a sandbox here: {NO_BWRAP}")
+async def test_a_subagent_of_a_network_off_goal_gets_the_goals_sandbox_not_the_daemons(tmp_path: Path) -> None:
+    # The daemon's default gives commands the network; the goal's own sandbox takes it away and gives
+    # its commands a secret. The child's shell must run under the goal's sandbox exactly as its parent's.
+    connections: list[str] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append("connected")
+        writer.close()
+
+    listener = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    probe = (
+        f"if (echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null; then echo NETWORK-ON; else echo NETWORK-OFF; fi; "
+        'echo "token=${PROBE_TOKEN:-unset}"; printf %s "${PROBE_TOKEN:-unset}" > token.txt'
+    )
+    async with DelegatingServer(probe) as server:
+        config = {
+            "sandbox_network": True,
+            "providers": {
+                "local": {"kind": "openai", "base_url": server.url + "/v1", "api_key_env": "SUBAGENT_TEST_API_KEY"}
+            },
+            "goal_sandbox": {"netoff": {"network": False, "secrets": {"PROBE_TOKEN": {"env": "SUBAGENT_TEST_TOKEN"}}}},
+        }
+        d = Daemon(tmp_path / "state", config=config)
+        try:
+            d.start(extra_env={"SUBAGENT_TEST_API_KEY": "sk-subagent-test-1234", "SUBAGENT_TEST_TOKEN": PROBE_TOKEN})
+            created = await rpc(
+                d.socket_path, "goal/create", {"objective": "Probe the sandbox.", "key": "netoff", "model": "local:m"}
+            )
+            goal = await wait_goal(d.socket_path, created["goalId"], {"completed", "paused", "failed"})
+            sessions = (await rpc(d.socket_path, "session/list", {}))["sessions"]
+            [child] = [s for s in sessions if s["parentSessionId"] == created["sessionId"]]
+            parent_events = await all_events(d.socket_path, created["sessionId"])
+            child_events = await all_events(d.socket_path, child["sessionId"])
+            # The control: a plain session under the daemon's default sandbox does have the network.
+            plain = await rpc(d.socket_path, "session/new", {"model": "local:m"})
+            async with await Client.connect(d.socket_path) as client:
+                await client.call("session/subscribe", {"sessionId": plain["sessionId"], "afterSeq": 0})
+                await client.call("session/prompt", {"sessionId": plain["sessionId"], "text": "CONTROL: probe"})
+                async with asyncio.timeout(WAIT):
+                    while True:
+                        note = await client.next_notification()
+                        if note["method"] == "session.status" and note["params"]["status"] == "idle":
+                            break
+            plain_events = await all_events(d.socket_path, plain["sessionId"])
+            assert d.terminate() == 0
+        finally:
+            d.close()
+        server.assert_done()
+    listener.close()
+    await listener.wait_closed()
+
+    assert goal["status"] == "completed"
+    sandboxed = "exit code: 0\n--- stdout ---\nNETWORK-OFF\ntoken=[redacted]"
+    parent = shell_results(parent_events)
+    assert parent["parent-probe"] == sandboxed
+    assert parent["delegate"] == "probed"  # the child's final answer came back
+    # The child: the goal's sandbox — no network, the goal's secret, redacted as in its parent, also
+    # where another tool than the shell comes across it.
+    child_results = shell_results(child_events)
+    assert child_results["probe"] == sandboxed
+    assert child_results["read"] == "[redacted]"
+    assert shell_results(plain_events)["probe"] == "exit code: 0\n--- stdout ---\nNETWORK-ON\ntoken=unset"
+    assert connections == ["connected"]  # the control's, and only it
+    stored = json.dumps([parent_events, child_events])
+    assert PROBE_TOKEN not in stored
+
+
+async def test_a_subagent_loaded_alone_keeps_its_redaction_and_no_more_tools(db_path: Path, tmp_path: Path) -> None:
+    # A child whose delegating call is gone (e.g. a restart) may be loaded through the resolver: its
+    # tools are narrowed to those it was given, and their results are still redacted.
+    secret = "tool-secret-Zq81Lm"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "token.txt").write_text(f"token={secret}\n")
+
+    def rule(request: ModelRequest) -> Reply:
+        if not results(request):
+            return Reply.call("read_file", path="token.txt")
+        return Reply.say("done")
+
+    model = ScriptedModel(rule, name="m")
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+
+    def resolve(row: SessionRow) -> SessionSetup:
+        tools = ToolRegistry(
+            [*file_tools(), Delegate()], redactor=Redactor([secret]), unavailable={"shell": "no sandbox here"}
+        )
+        return SessionSetup(model=model, tools=tools)
+
+    async with Runtime.open(db_path, models=registry, resolver=resolve) as rt:
+        root = await rt.create_session(workdir=work)
+        child = await rt.create_session(
+            parent_session_id=root, workdir=work, config={"subagent": {"tools": ["read_file", "shell"]}}
+        )
+        agent = await rt.agent(child)
+        offered = sorted(agent.tools.names)
+        unavailable = dict(agent.tools.unavailable)
+        await agent.followup("TASK: read the token")
+        async with asyncio.timeout(WAIT):
+            await agent.when_idle()
+        out = (await events(rt, child, EventType.TOOL_RESULT))[0].data
+        stored = await events(rt, child)
+    assert offered == ["read_file"]
+    assert unavailable == {"shell": "no sandbox here"}
+    assert out["content"].strip() == "token=[redacted]"
+    assert all(secret not in json.dumps(e.data) for e in stored)
