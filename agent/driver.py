@@ -100,6 +100,14 @@ class RetryPolicy(BaseModel):
     base_delay: float = Field(default=0.5, ge=0)
     max_delay: float = Field(default=30.0, ge=0)
     jitter: float = Field(default=0.2, ge=0, le=1)
+    #: A ``Retry-After`` longer than this is not waited out inside the turn (which holds a
+    #: concurrency slot): the attempt fails and the turn ends ``error``; a goal then backs off
+    #: durably, without holding anything.
+    max_retry_after: float = Field(default=300.0, ge=0)
+
+    def retries(self, attempt: int, retry_after: float | None) -> bool:
+        """Whether a retryable failure of attempt ``attempt`` is retried within the turn."""
+        return attempt < self.max_attempts and (retry_after is None or retry_after <= self.max_retry_after)
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait before attempt ``attempt + 1``."""
@@ -533,7 +541,7 @@ class Agent:
             try:
                 response = await model.complete(request, self._on_delta(turn.turn_id))
             except ModelError as exc:
-                retry = exc.retryable and attempt < self.config.retry.max_attempts and not self._stopping
+                retry = exc.retryable and self.config.retry.retries(attempt, exc.retry_after) and not self._stopping
                 # Read now, as the failure left it: a goal does not count errors of a provider outage.
                 breaker_open = getattr(model, "breaker_open", None)
                 outage = bool(breaker_open()) if callable(breaker_open) else False

@@ -352,6 +352,24 @@ async def test_retryable_errors_are_retried_and_each_attempt_is_recorded(open_ru
     assert [(e.data["reason"], e.data["steps"]) for e in ends] == [("end_turn", 1)]
 
 
+async def test_a_retry_after_longer_than_the_cap_ends_the_turn_instead_of_holding_it(open_runtime) -> None:
+    # A day-long Retry-After must not keep a turn (and its concurrency slot) asleep: the attempt is
+    # not retried, the turn ends error, and whoever owns the session (a goal) backs off durably.
+    model = ScriptedModel([Reply.fail(ModelErrorKind.RATE_LIMIT, "quota used up", retry_after=86_400.0)])
+    async with open_runtime(model) as rt:
+        sid = await rt.create_session(config={"agent": {"retry": {"max_retry_after": 60}}})
+        agent = await rt.agent(sid)
+        await agent.followup("try")
+        await within(agent.when_idle())
+        calls = await model_calls(rt, sid)
+        errors = await events_of(rt, sid, EventType.MODEL_ERROR)
+        ends = await events_of(rt, sid, EventType.TURN_END)
+    model.assert_done()
+    assert [(c["attempt"], c["error_class"]) for c in calls] == [(1, "rate_limit")]
+    assert [(e.data["kind"], e.data["retrying"]) for e in errors] == [("rate_limit", False)]
+    assert [(e.data["reason"], e.data["errorKind"]) for e in ends] == [("error", "rate_limit")]
+
+
 async def test_retries_stop_after_max_attempts_and_the_turn_ends_error(open_runtime) -> None:
     model = ScriptedModel([Reply.fail(ModelErrorKind.TIMEOUT, "took too long")] * 2)
     async with open_runtime(model) as rt:

@@ -246,6 +246,16 @@ def test_retry_delay_backs_off_exponentially_and_honours_retry_after(
         assert RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=1.0).delay(attempt, retry_after) == expected
 
 
+@pytest.mark.parametrize(
+    ("attempt", "retry_after", "retried"),
+    [(1, None, True), (3, None, True), (4, None, False), (1, 300.0, True), (1, 300.5, False), (4, 1.0, False)],
+)
+def test_retries_stop_at_max_attempts_or_a_retry_after_past_the_cap(
+    attempt: int, retry_after: float | None, retried: bool
+) -> None:
+    assert RetryPolicy(max_attempts=4, max_retry_after=300.0).retries(attempt, retry_after) is retried
+
+
 @pytest.mark.parametrize("attempt", [1, 3, 8])
 def test_retry_delay_jitter_spreads_within_its_bounds(attempt: int) -> None:
     policy = RetryPolicy(base_delay=0.5, max_delay=30.0, jitter=0.2)
