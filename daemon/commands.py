@@ -9,11 +9,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from daemon.client import Client
-from daemon.display import describe_event, goal_line, goal_lines, watch_goal
+from daemon.display import TERMINAL, GoalDisplay, describe_event, goal_line, goal_lines, watch_goal
+from daemon.protocol import ErrorCode, RpcError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-TERMINAL = {"completed", "failed", "cancelled"}
+#: Length of a whole session id (``ses_`` and 26 characters); anything shorter is a prefix.
+_SESSION_ID_LEN = 30
 
 
 def _print_json(data: Any) -> None:
@@ -34,6 +36,19 @@ def _budgets(args: argparse.Namespace) -> dict[str, Any] | None:
     return b or None
 
 
+async def _changed_budgets(client: Client, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The goal's budgets with those given on the command line changed, the others kept.
+
+    ``goal/update`` and ``goal/resume`` replace a goal's budgets as a whole; ``--max-rounds 20`` on
+    its own must not drop the token or cost budget the goal already has.
+    """
+    given = _budgets(args)
+    if given is None:
+        return None
+    current = (await client.call("goal/get", {"goalId": args.goal}))["budgets"]
+    return {**{k: v for k, v in current.items() if v is not None}, **given}
+
+
 def _verify(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     cmds = getattr(args, "verify", None)
     if not cmds:
@@ -46,13 +61,14 @@ async def _goal_session(client: Client, target: str) -> str:
     if target.startswith("goal_"):
         goal = await client.call("goal/get", {"goalId": target})
         return str(goal["sessionId"])
-    if target.startswith("ses_") and len(target) < 30:
-        found = await client.call("session/list", {"prefix": target})
-        if len(found["sessions"]) != 1:
-            from daemon.protocol import ErrorCode, RpcError
-
-            raise RpcError(ErrorCode.NOT_FOUND, f"no single session matches {target!r}")
-        return str(found["sessions"][0]["sessionId"])
+    if target.startswith("ses_") and len(target) < _SESSION_ID_LEN:
+        found = (await client.call("session/list", {"prefix": target, "limit": 2}))["sessions"]
+        if not found:
+            raise RpcError(ErrorCode.NOT_FOUND, f"no session {target}")
+        if len(found) > 1:
+            # Like an ambiguous goal id prefix: invalid input (exit 2), not "not found".
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"session id prefix {target!r} is ambiguous")
+        return str(found[0]["sessionId"])
     return target
 
 
@@ -145,7 +161,7 @@ def _status_change(method: str) -> Callable[[Client, argparse.Namespace], Awaita
     async def run(client: Client, args: argparse.Namespace) -> int:
         params: dict[str, Any] = {"goalId": args.goal}
         if method == "goal/resume":
-            params["budgets"] = _budgets(args)
+            params["budgets"] = await _changed_budgets(client, args)
         g = await client.call(method, params)
         if args.json:
             _print_json(g)
@@ -163,7 +179,7 @@ async def goal_edit(client: Client, args: argparse.Namespace) -> int:
             "goalId": args.goal,
             "objective": args.objective,
             "title": args.title,
-            "budgets": _budgets(args),
+            "budgets": await _changed_budgets(client, args),
             "verify": _verify(args),
         },
     )
@@ -175,35 +191,52 @@ async def goal_edit(client: Client, args: argparse.Namespace) -> int:
 
 
 async def goal_logs(client: Client, args: argparse.Namespace) -> int:
+    """The goal's session events; with ``--follow``, new ones as they commit, until the goal ends.
+
+    Following also shows the goal (status, reason, rounds, tokens and cost against its budgets) as
+    it changes: a live panel under the events on a terminal, else a goal line per change (with
+    ``--json`` only the events, one JSON object a line).
+    """
     g = await client.call("goal/get", {"goalId": args.goal})
-    sid = g["sessionId"]
-    after = 0
-    while True:
-        page = await client.call("session/events", {"sessionId": sid, "afterSeq": after, "limit": 1000})
-        for ev in page["events"]:
-            _emit_event(sid, ev["seq"], ev, args.json)
-        after = page["lastSeq"]
-        if len(page["events"]) < 1000:
-            break
-    if not args.follow:
-        return EXIT_OK
-    await client.call("session/subscribe", {"sessionId": sid, "afterSeq": after})
-    async for note in client.notifications():
-        if note.get("method") != "session.event":
-            continue
-        p = note["params"]
-        _emit_event(sid, p["seq"], p["event"], args.json)
-        ev = p["event"]
-        if ev["type"] == "goal/changed" and ev["data"].get("status") in TERMINAL:
-            break
-    return EXIT_OK
+    gid, sid = g["id"], g["sessionId"]
+    live = args.follow and not args.json and sys.stdout.isatty()
+    with GoalDisplay(live=live) as view:
+        after, ended = 0, False
+        while True:
+            page = await client.call("session/events", {"sessionId": sid, "afterSeq": after, "limit": 1000})
+            for ev in page["events"]:
+                view.event(_event_text(sid, ev["seq"], ev, args.json))
+                ended = ended or _ends(ev, gid)
+            after = page["lastSeq"]
+            if len(page["events"]) < 1000:
+                break
+        if not args.follow:
+            return EXIT_OK
+        # Resuming right after the last event read: nothing committed in between is missed.
+        await client.call("session/subscribe", {"sessionId": sid, "afterSeq": after})
+        while True:
+            if not args.json:
+                view.goal(await client.call("goal/get", {"goalId": gid}))
+            if ended:
+                return EXIT_OK
+            note = await client.next_notification()
+            if note.get("method") != "session.event":
+                continue
+            p = note["params"]
+            view.event(_event_text(sid, p["seq"], p["event"], args.json))
+            ended = _ends(p["event"], gid)
 
 
-def _emit_event(sid: str, seq: int, ev: dict[str, Any], as_json: bool) -> None:
+def _ends(ev: dict[str, Any], goal_id: str) -> bool:
+    """Whether ``ev`` ends the goal (a session may hold other goals before or after it)."""
+    d = ev["data"]
+    return ev["type"] == "goal/changed" and d.get("goalId") == goal_id and d.get("status") in TERMINAL
+
+
+def _event_text(sid: str, seq: int, ev: dict[str, Any], as_json: bool) -> str:
     if as_json:
-        print(json.dumps({"sessionId": sid, "seq": seq, **ev}, default=str), flush=True)
-    else:
-        print(f"[{seq:>5}] {ev['at'][11:23]} {describe_event(ev['type'], ev['data'])}", flush=True)
+        return json.dumps({"sessionId": sid, "seq": seq, **ev}, default=str)
+    return f"[{seq:>5}] {ev['at'][11:23]} {describe_event(ev['type'], ev['data'])}"
 
 
 async def send(client: Client, args: argparse.Namespace) -> int:

@@ -129,6 +129,24 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
         assert host.rt is not None and host.engine is not None
         rt, engine = host.rt, host.engine
         workdir = host.workdir_for(None, "demo")
+        done = asyncio.Event()
+        # Listen before the goal exists, so its first events (created in the create transaction)
+        # are shown too: they are held until the goal's session is known.
+        early: list[Event] = []
+        session: list[str] = []
+
+        def show(event: Event) -> None:
+            if not session:
+                early.append(event)
+                return
+            if event.session_id != session[0]:
+                return
+            line = f"  [{event.seq:>3}] {describe_event(event.type, event.data)}"
+            say(f"\x1b[2m{line}\x1b[0m" if live and event.type in ("status", "turn/start") else line)
+            if event.type == "goal/changed" and event.data.get("status") != "active":
+                done.set()
+
+        remove = rt.store.hub.add_listener(show)
         goal = await engine.create(
             GoalSpec(
                 objective=DEMO_OBJECTIVE,
@@ -141,17 +159,9 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
         say(f"goal {goal.id} on session {goal.session_id}; work directory {workdir}")
         say(f"objective: {DEMO_OBJECTIVE}")
         say(f"verification: {DEMO_VERIFY}")
-        done = asyncio.Event()
-
-        def show(event: Event) -> None:
-            if event.session_id != goal.session_id:
-                return
-            line = f"  [{event.seq:>3}] {describe_event(event.type, event.data)}"
-            say(f"\x1b[2m{line}\x1b[0m" if live and event.type in ("status", "turn/start") else line)
-            if event.type == "goal/changed" and event.data.get("status") != "active":
-                done.set()
-
-        remove = rt.store.hub.add_listener(show)
+        session.append(goal.session_id)
+        for event in early:
+            show(event)
         try:
             await asyncio.wait_for(done.wait(), 120)
         finally:

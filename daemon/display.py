@@ -1,11 +1,24 @@
-"""How the CLI shows goals and events: plain lines, or a live panel on a terminal."""
+"""How the CLI shows goals and events: plain lines, or a live panel on a terminal.
+
+``goal show --watch`` and ``goal logs --follow`` read the goal again (``goal/get``) after each event
+of its session rather than trusting ``goal/changed`` alone: a goal's rounds, tokens and cost move
+at every decision of the engine, most of which change no status, and only the goal row knows the
+budgets they count against.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from rich.live import Live
+
+    from daemon.client import Client
+
+#: Statuses a goal never leaves.
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
@@ -45,8 +58,15 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
         case "status":
             return f"status: {d['status']}"
         case "goal/changed":
-            return f"goal {d['goalId']}: {d.get('from') or 'new'} -> {d['status']}" + (
-                f" ({d['reason']})" if d.get("reason") else ""
+            counters = (
+                f"; rounds {d['rounds']}, tokens {d['tokens']:,}, cost {d['cost']:.4f}"
+                if d.get("rounds") is not None
+                else ""
+            )
+            return (
+                f"goal {d['goalId']}: {d.get('from') or 'new'} -> {d['status']}"
+                + (f" ({d['reason']})" if d.get("reason") else "")
+                + counters
             )
         case "goal/progress":
             return f"progress: {d.get('note')}"
@@ -94,38 +114,69 @@ def goal_lines(g: dict[str, Any]) -> list[str]:
     return lines
 
 
-async def watch_goal(client: Any, g: dict[str, Any], *, as_json: bool = False) -> int:
+class GoalDisplay:
+    """A goal's status, reason, rounds, tokens and cost against its budgets, shown as they change.
+
+    Live (on a terminal): a rich panel that is redrawn in place, with event lines printed above it.
+    Otherwise plain lines: a goal line (or, with ``as_json``, the goal as one JSON line) each time
+    it differs from the last one shown, so a pipe or a log file gets one line per change.
+    """
+
+    def __init__(self, *, live: bool, as_json: bool = False) -> None:
+        self._as_json = as_json
+        self._last: str | None = None
+        self._live: Live | None = None
+        if live:
+            from rich.console import Console
+            from rich.live import Live
+            from rich.text import Text
+
+            self._live = Live(Text(""), console=Console(), refresh_per_second=8)
+
+    def __enter__(self) -> GoalDisplay:
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def event(self, line: str) -> None:
+        """Print one event line (above the panel when live)."""
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.console.print(Text(line))
+        else:
+            print(line, flush=True)
+
+    def goal(self, g: dict[str, Any]) -> None:
+        """Show the goal as it is now (a line only if it changed, when plain)."""
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text("\n".join(goal_lines(g))), refresh=True)
+            return
+        line = json.dumps(g, sort_keys=True, default=str) if self._as_json else goal_line(g)
+        if line != self._last:
+            print(line, flush=True)
+            self._last = line
+
+
+async def watch_goal(client: Client, g: dict[str, Any], *, as_json: bool = False) -> int:
     """Follow a goal until it stops being active: a live panel on a terminal, else a line per change."""
-    sid = g["sessionId"]
-    await client.call("session/subscribe", {"sessionId": sid})
-    live = None
-    if sys.stdout.isatty() and not as_json:
-        from rich.live import Live
-        from rich.text import Text
-
-        live = Live(Text("\n".join(goal_lines(g))), refresh_per_second=8)
-        live.start()
-    last = None
-    try:
+    await client.call("session/subscribe", {"sessionId": g["sessionId"]})
+    # Read again once subscribed: a change between the caller's read and the subscription would
+    # otherwise go unseen (and a goal that ended in between would be watched forever).
+    g = await client.call("goal/get", {"goalId": g["id"]})
+    with GoalDisplay(live=sys.stdout.isatty() and not as_json, as_json=as_json) as view:
         while True:
-            line = json.dumps(g, sort_keys=True, default=str) if as_json else goal_line(g)
-            if live is not None:
-                from rich.text import Text
-
-                live.update(Text("\n".join(goal_lines(g))))
-            elif line != last:
-                print(line, flush=True)
-            last = line
+            view.goal(g)
             if g["status"] != "active":
                 return 0
-            while True:
-                note = await client.next_notification()
-                if note.get("method") == "session.event" and note["params"]["event"]["type"] in (
-                    "goal/changed",
-                    "status",
-                ):
-                    break
-            g = await client.call("goal/get", {"goalId": g["id"]})
-    finally:
-        if live is not None:
-            live.stop()
+            note = await client.next_notification()
+            if note.get("method") == "session.event":
+                g = await client.call("goal/get", {"goalId": g["id"]})
