@@ -220,6 +220,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         try:
             return asyncio.run(Host(settings).run(stdio=args.stdio))
+        except ConfigError as exc:  # e.g. an invalid goals file: the file, entry and field are named
+            print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         except RuntimeError as exc:
             print(f"goald: {exc}", file=sys.stderr)
             return EXIT_FAILURE

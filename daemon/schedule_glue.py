@@ -42,13 +42,3 @@ async def goal_status(engine: GoalEngine, goal_id: str) -> str | None:
 async def cancel_goal(engine: GoalEngine, goal_id: str) -> None:
     """Cancel a schedule's previous goal (concurrency ``replace``)."""
     await engine.cancel(goal_id, reason="replaced by the next scheduled run")
-
-
-async def add_declared_schedules(host: Host, entries: list[dict[str, Any]]) -> int:
-    """Add or update (by key) every declared schedule."""
-    from daemon.schedules import ScheduleSpec
-
-    specs = [ScheduleSpec.model_validate(e) for e in entries]
-    for spec in specs:
-        await host.scheduler.add(spec)
-    return len(specs)

@@ -26,9 +26,9 @@ class ScheduleAdd(Params):
 
 
 class ScheduleRef(Params):
-    """A schedule id (or a unique prefix of one)."""
+    """A schedule id, a unique prefix of one, or a schedule key (any length, e.g. ``ev``)."""
 
-    schedule_id: str = Field(min_length=4)
+    schedule_id: str = Field(min_length=1, max_length=200)
 
 
 class ScheduleRuns(ScheduleRef):
