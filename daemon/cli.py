@@ -318,6 +318,13 @@ def _config_check(args: argparse.Namespace) -> int:
         path = Path(os.environ["GOALD_CONFIG"])
     try:
         settings = load_settings(path)
+        if settings.goals_file is not None:
+            # The declared goals and schedules are configuration too: checked as the daemon would
+            # at start (nothing is written; the store is not opened).
+            from daemon.declared import check_declared
+            from daemon.host import Host
+
+            check_declared(settings.goals_file, Host(settings))
     except ConfigError as exc:
         print(f"goald: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG

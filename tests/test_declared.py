@@ -314,3 +314,17 @@ def test_sighup_reloads_declared_goals_and_schedules_by_key(daemon: Callable[...
     assert "STATUS=reloaded 2 goal(s), 2 schedule(s)" in reload(d)
     assert stable(d.cli_json("goal", "list")) == stable(list(goals.values()))
     assert stable(d.cli_json("schedule", "list")) == stable(list(schedules.values()))
+
+
+def test_config_check_checks_the_goals_file_and_writes_nothing(daemon: Callable[..., Daemon]) -> None:
+    d = daemon(declared({"report": REPORT}, {"nightly": NIGHTLY}))
+    good = d.cli("config", "check")
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["goals_file"] == str(goals_file(d))
+
+    goals_file(d).write_text(declared({"report": {**REPORT, "colour": "red"}}, {}))
+    bad = d.cli("config", "check")
+    assert bad.returncode == 78
+    assert f"goald: invalid configuration: goals file {goals_file(d)}: goal 'report': colour: unknown key" in bad.stderr
+    assert bad.stdout == ""
+    assert store_files(d) == {}
