@@ -125,10 +125,15 @@ class PromptSlot:
             self.settled.set_result(event.seq)
 
     def dispose(self) -> None:
-        """Settle now as cancelled (the connection or the bridge is going away)."""
+        """Settle now as cancelled (the connection or the bridge is going away).
+
+        A slot that already settled keeps its outcome: its interval closed before the disposal,
+        and the response that reports it may simply not have gone out yet.
+        """
+        if self.settled.done():
+            return
         self.cancel_requested = True
-        if not self.settled.done():
-            self.settled.set_result(-1)
+        self.settled.set_result(-1)
 
     def outcome(self) -> StopReason:
         """The stop reason once settled (raises ``RequestError`` for a failed turn)."""
