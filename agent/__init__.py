@@ -63,7 +63,7 @@ from agent.sandbox import (
     detect_bwrap,
 )
 from agent.spend import Limits, Price, PromptEstimator, Refusal, Reservation, SpendGuard, Usage, estimator_for
-from agent.store import Durability, Migration, SessionState, Store, Tx, utcnow
+from agent.store import Durability, Migration, SessionState, Store, Tx, read_events, utcnow
 from agent.subagents import DEFAULT_MAX_DEPTH, Delegate, DelegateArgs
 from agent.tools import (
     FunctionTool,
@@ -191,6 +191,7 @@ __all__ = [
     "history_message",
     "parse_content",
     "parse_delivery",
+    "read_events",
     "repair",
     "settle_idle",
     "take_or_idle",

@@ -325,28 +325,40 @@ class Store:
         upto: int | None = None,
     ) -> list[Event]:
         """Stored events of a session with ``after_seq < seq <= upto``, in order, at most ``limit``."""
-        high = upto if upto is not None else 2**62
+        return await self.read(
+            lambda conn: read_events(conn, session_id, after_seq, limit=limit, types=types, upto=upto)
+        )
 
-        def run(conn: sqlite3.Connection) -> list[Event]:
-            if types:
-                marks = ",".join("?" * len(types))
-                rows = conn.execute(
-                    "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
-                    f" AND type IN ({marks}) ORDER BY seq LIMIT ?",
-                    (session_id, after_seq, high, *types, limit),
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
-                    " ORDER BY seq LIMIT ?",
-                    (session_id, after_seq, high, limit),
-                ).fetchall()
-            return [
-                Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"])
-                for r in rows
-            ]
 
-        return await self.read(run)
+def read_events(
+    conn: sqlite3.Connection,
+    session_id: str,
+    after_seq: int,
+    *,
+    limit: int = 1000,
+    types: Sequence[str] | None = None,
+    upto: int | None = None,
+) -> list[Event]:
+    """Stored events of a session with ``after_seq < seq <= upto``, in order, at most ``limit``
+    (on the store thread: in a read, or in a transaction through ``tx.conn``)."""
+    high = upto if upto is not None else 2**62
+    if types:
+        marks = ",".join("?" * len(types))
+        rows = conn.execute(
+            "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
+            f" AND type IN ({marks}) ORDER BY seq LIMIT ?",
+            (session_id, after_seq, high, *types, limit),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
+            " ORDER BY seq LIMIT ?",
+            (session_id, after_seq, high, limit),
+        ).fetchall()
+    return [
+        Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"])
+        for r in rows
+    ]
 
 
 def _split_sql(script: str) -> list[str]:

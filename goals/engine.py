@@ -37,6 +37,7 @@ from agent import (
     Tx,
     create_guard,
     create_session,
+    read_events,
     update_guard,
 )
 from goals.continuation import render
@@ -361,6 +362,13 @@ class GoalEngine:
         def run(tx: Tx) -> Goal:
             goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
             before = goal.status
+            st = tx.state(goal.session_id)
+            if before is GoalStatus.PAUSED and st.status == "idle" and st.last_seq > goal.evaluated_seq:
+                # The session went idle after the pause, and the engine has not counted that interval
+                # yet: count it here (the paused goal's bookkeeping), so a round that ran is counted
+                # once and the next continuation gets the next number.
+                events = read_events(tx.conn, goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
+                goal = decide(PolicyInput(goal, interval_facts(goal, events, st.last_seq), now)).goal
             if budgets is not None:
                 goal = goal.model_copy(update={"budgets": budgets})
             if before is GoalStatus.EXHAUSTED:
@@ -380,7 +388,6 @@ class GoalEngine:
                     "memory": goal.memory.model_copy(update={"warned_stall": False}),
                 }
             )
-            st = tx.state(goal.session_id)
             queued = tx.one(
                 "SELECT 1 FROM inbox WHERE pending_key=? AND fate='queued'", (f"goal:{goal.id}",)
             )
