@@ -50,6 +50,13 @@ def _add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> 
         p.add_argument("--session", help="run the goal on an existing session")
         p.add_argument("--idempotency-key")
         p.add_argument("--stall-rounds", type=int)
+        p.add_argument(
+            "--tool",
+            action="append",
+            metavar="PATTERN",
+            help='allow a tool or shell command pattern (repeatable; e.g. read_file, "shell:git *");'
+            " replaces the configured tool_policy for this goal",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sadd.add_argument("--max-rounds", type=int)
     sadd.add_argument("--max-tokens", type=int)
     sadd.add_argument("--verify", action="append", metavar="CMD")
+    sadd.add_argument("--tool", action="append", metavar="PATTERN", help="the goal's tool allowlist (repeatable)")
     sadd.add_argument("--json", action="store_true")
     slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
     slist.add_argument("--json", action="store_true")

@@ -125,6 +125,7 @@ async def goal_add(client: Client, args: argparse.Namespace) -> int:
         "sessionId": args.session,
         "idempotencyKey": args.idempotency_key,
         "stallRounds": args.stall_rounds,
+        "tools": args.tool,
     }
     created = await client.call("goal/create", params)
     if args.json:

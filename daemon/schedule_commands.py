@@ -43,6 +43,8 @@ async def schedule_command(client: Client, args: argparse.Namespace) -> int:
             goal["budgets"] = budgets
         if args.verify:
             goal["verify"] = [{"cmd": c} for c in args.verify]
+        if args.tool:
+            goal["tools"] = args.tool
         params = {
             "key": args.key,
             "trigger": _trigger(args),

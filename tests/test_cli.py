@@ -501,3 +501,17 @@ def test_on_a_terminal_the_goal_is_a_live_display(daemon: Daemon, command: tuple
     assert f"session {created['sessionId']}" in plain
     if action == "logs":
         assert f"goal {gid}: active -> completed" in plain
+
+
+async def test_goal_add_and_schedule_add_take_a_tool_allowlist(daemon: Daemon) -> None:
+    d = daemon
+    gid, _ = await add_goal(d, "Notes [rounds=1]", "--tool", "read_file", "--tool", "shell:git *")
+    assert (await show(d, gid))["tools"] == ["read_file", "shell:git *"]
+    sched = await d.acli_json(
+        "schedule", "add", "--cron", "0 3 * * *", "--key", "tooled", "--tool", "list_dir", "Look around"
+    )
+    assert sched["goal"]["tools"] == ["list_dir"]
+    # A malformed pattern is refused naming the field, and nothing is made.
+    code, out, err = await d.acli("goal", "add", "Bad tools", "--model", "test:worker", "--tool", "")
+    assert code == 2 and "tools" in err and out == ""
+    assert [g["id"] for g in await d.acli_json("goal", "list")] == [gid]
