@@ -118,7 +118,13 @@ def fingerprint(workdir: Path) -> str | None:
             status = subprocess.run(
                 ["git", "status", "--porcelain=v1", "-uall"], cwd=workdir, capture_output=True, timeout=60
             )
-            h.update(b"git\0" + head.stdout + b"\0" + status.stdout)
+        except (OSError, subprocess.SubprocessError):
+            status = None
+        # A git that fails (a broken ``.git``, a repository it refuses for dubious ownership) prints
+        # nothing: hashing that would make every round look the same, so the files are hashed instead.
+        if status is not None and status.returncode == 0:
+            # A repository without a commit yet has no HEAD; its status still says what changed.
+            h.update(b"git\0" + (head.stdout if head.returncode == 0 else b"") + b"\0" + status.stdout)
             # Status lists changed paths but not further edits to an already-changed file.
             for line in status.stdout.decode(errors="replace").splitlines():
                 path = workdir / line[3:].strip().strip('"')
@@ -126,8 +132,6 @@ def fingerprint(workdir: Path) -> str | None:
                     st = path.stat()
                     h.update(f"{line}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
             return h.hexdigest()[:32]
-        except (OSError, subprocess.SubprocessError):
-            pass
     for root, dirs, files in os.walk(workdir):
         dirs[:] = sorted(d for d in dirs if d != ".git")
         for name in sorted(files):

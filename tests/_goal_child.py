@@ -6,9 +6,11 @@ key, so a restart finds the goals of an earlier run instead of adding new ones),
 run. It exits by itself (code 0, after printing ``DONE``) once no goal is active; until then the
 parent may ``kill -9`` it at any moment and start it again.
 
-It prints ``BOOT`` once its imports are done, so the parent's random kill moment falls in the
-interesting part of the run (opening, repairing, deciding, turns) rather than in the interpreter's
-start-up.
+It prints ``BOOT`` once its imports are done, and then one line ``E <type>`` for each event the
+store commits once the runtime is open (turns, tool results, goal decisions, status changes of
+every goal session). The parent chooses its kill moments in that work, not in wall time: it kills
+after a seeded random number of these lines, so each kill lands while work remains, in the
+interesting part of the run (repairing, deciding, turns) rather than in the interpreter's start-up.
 
 The scripted model is a pure function of the conversation, so every run answers the same way:
 the round is the ``Round N`` of the latest continuation, the step the number of assistant messages
@@ -144,6 +146,8 @@ async def main(db: str, plan: dict[str, Any]) -> None:
 
     print("BOOT", flush=True)
     async with Runtime.open(db, models=registry, tools=tools) as rt:
+        # One line per committed event: the units of work the parent counts to choose a kill moment.
+        rt.store.hub.add_listener(lambda event: print("E", event.type, flush=True))
         async with GoalEngine.running(rt, timer_interval=0.05) as engine:
             changed = asyncio.Event()
 

@@ -38,6 +38,7 @@ from agent import (
 from goals import (
     GOAL_CHANGED,
     GOAL_PROGRESS,
+    GOAL_VERIFIED,
     Budgets,
     ContinuationFate,
     Decision,
@@ -50,7 +51,9 @@ from goals import (
     PolicyInput,
     StopRules,
     VerifyCommand,
+    VerifyResult,
     decide,
+    run_command,
     tools_for_goal_sessions,
 )
 
@@ -205,6 +208,149 @@ async def test_five_rounds_then_a_verified_completion(db_path: Path, tmp_path: P
     # Each next continuation was queued after the idle it was decided at.
     queued = [r["queued_seq"] for r in rows]
     assert all(end < q for end, q in zip(ends, queued[1:], strict=False))
+
+
+# -- a stale or replayed idle changes nothing ---------------------------------------------------------
+
+
+async def goal_state(rt: Runtime, goal: Goal) -> dict[str, Any]:
+    """What an evaluation could write: the goal row, its continuations and its session's goal events."""
+
+    def run(conn: Any) -> dict[str, Any]:
+        row = dict(conn.execute("SELECT * FROM goals WHERE id=?", (goal.id,)).fetchone())
+        sent = conn.execute(
+            "SELECT id, fate FROM inbox WHERE session_id=? AND source_kind='goal' ORDER BY queued_seq",
+            (goal.session_id,),
+        ).fetchall()
+        marks = conn.execute(
+            "SELECT seq, type FROM events WHERE session_id=? AND type LIKE 'goal/%' ORDER BY seq", (goal.session_id,)
+        ).fetchall()
+        return {"goal": row, "continuations": [tuple(r) for r in sent], "goal_events": [tuple(r) for r in marks]}
+
+    return await rt.store.read(run)
+
+
+async def test_a_stale_or_replayed_idle_changes_nothing(db_path: Path, tmp_path: Path) -> None:
+    """The engine is driven by hand (its listener and timers stopped), so each ``evaluate`` is one
+    decision at a known moment: a replay of an idle already decided, a decision whose idle was
+    overtaken by a person's message while the verification ran, and an evaluation while a turn runs."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    person_gate, round_2_entered, round_2_gate = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def rule(request: ModelRequest) -> Reply:
+        last = _text(request.messages[-1]) if request.messages[-1].role == "user" else ""
+        if last.startswith("A person asks"):
+            await person_gate.wait()
+            return Reply.say("it is going fine")
+        n, step, _ = where_am_i(request)
+        if n == 1:
+            return [Reply.call("write_file", path="draft.txt", content="draft\n"), Reply.say("drafted")][step]
+        if step == 0:
+            round_2_entered.set()
+            await round_2_gate.wait()
+        return [
+            Reply.call("write_file", path="done.txt", content="done\n"),
+            Reply.call("goal_complete", summary="done.txt written", evidence="done.txt exists"),
+            Reply.say("claimed"),
+        ][step]
+
+    runs: list[str] = []
+    interfere: list[Callable[[], Awaitable[None]]] = []
+
+    async def runner(command: VerifyCommand, where: Path) -> VerifyResult:
+        # The real check; on request, a person's message arrives while it runs (a newer status).
+        runs.append(command.cmd)
+        if interfere:
+            await interfere.pop()()
+        return await run_command(command, where)
+
+    model = ScriptedModel(rule, name="g")
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+
+    def tools(row: Any) -> ToolRegistry:
+        return ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
+
+    async with Runtime.open(db_path, models=registry, tools=tools) as rt:
+        engine = GoalEngine(rt, runner=runner)
+        await engine.start()
+        await engine.stop()  # migrated; from here on it decides only when the test calls evaluate()
+        decisions: list[Decision] = []
+        engine.add_decision_listener(lambda inp, d: decisions.append(d))
+        goal = await engine.create(
+            GoalSpec(
+                objective="Write done.txt.",
+                workdir=str(workdir),
+                verify=[VerifyCommand(cmd="test -f done.txt", timeout=30)],
+                rules=StopRules(stall_rounds=5),
+            )
+        )
+        agent = await rt.agent(goal.session_id)
+        async with asyncio.timeout(30):
+            await agent.when_idle()
+
+        # Round 1 ran; at its idle the engine issues round 2 (the enqueue makes the session busy in
+        # the same transaction), and round 2's first model step holds.
+        decided = await engine.evaluate(goal.id)
+        assert isinstance(decided, Decision) and decided.kind is DecisionKind.CONTINUE and decided.round == 2
+        async with asyncio.timeout(30):
+            await round_2_entered.wait()
+        after_round_1 = await goal_state(rt, goal)
+        assert [f for _, f in after_round_1["continuations"]] == ["admitted", "admitted"]
+
+        # The same idle replayed: a newer status (running) exists, so nothing is decided or written.
+        assert await engine.evaluate(goal.id) is None
+        assert await goal_state(rt, goal) == after_round_1
+
+        round_2_gate.set()
+        async with asyncio.timeout(30):
+            await agent.when_idle()
+        # Round 2 claimed completion. While the check runs, a person writes: the idle the engine
+        # read is no longer the session's latest status when it comes to commit.
+        at_claim = await goal_state(rt, goal)
+        seq_at_claim = (await rt.store.session_state(goal.session_id)).last_seq
+
+        async def person() -> None:
+            await agent.followup("A person asks: how is it going?")
+
+        interfere.append(person)
+        assert await engine.evaluate(goal.id) is None  # stale, and the session is busy
+        assert runs == ["test -f done.txt"]  # the check did run …
+        assert await goal_state(rt, goal) == at_claim  # … but nothing of its decision was written
+        newer = await rt.store.events_after(goal.session_id, seq_at_claim, limit=1000)
+        assert newer and not any(e.type.startswith("goal/") for e in newer)
+        assert {e.type for e in newer} <= {
+            EventType.MESSAGE_QUEUED,
+            EventType.MESSAGE_ADMITTED,
+            EventType.STATUS,
+            EventType.TURN_START,
+        }
+
+        # Evaluated while the person's turn runs (its idle is gone): nothing, and the check does not run.
+        assert (await rt.store.session_state(goal.session_id)).status != "idle"
+        assert await engine.evaluate(goal.id) is None
+        assert await goal_state(rt, goal) == at_claim and len(runs) == 1
+
+        person_gate.set()
+        async with asyncio.timeout(30):
+            await agent.when_idle()
+        # At the new idle the claim is decided once, from everything since the last decision.
+        done = await engine.evaluate(goal.id)
+        assert isinstance(done, Decision) and done.kind is DecisionKind.COMPLETE
+        final = await engine.get(goal.id)
+        assert final.status is GoalStatus.COMPLETED and final.rounds == 2 and len(runs) == 2
+        completed = await goal_state(rt, goal)
+
+        # Replayed once more after the goal ended: nothing.
+        assert await engine.evaluate(goal.id) is None
+        assert await goal_state(rt, goal) == completed
+    model.assert_done()
+
+    assert [d.kind for d in decisions] == [DecisionKind.CONTINUE, DecisionKind.COMPLETE]
+    assert completed["goal"]["revision"] == at_claim["goal"]["revision"] + 1 == after_round_1["goal"]["revision"] + 1
+    verified = [t for _, t in completed["goal_events"] if t == GOAL_VERIFIED]
+    assert verified == [GOAL_VERIFIED]
+    assert [f for _, f in completed["continuations"]] == ["admitted", "admitted"]
 
 
 # -- 2. the goal tools --------------------------------------------------------------------------------

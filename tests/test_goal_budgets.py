@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from freezegun.api import FrozenDateTimeFactory
+from harness import toml_text
 
 from agent import (
     EventType,
@@ -242,6 +243,102 @@ async def test_cost_budget_with_a_price_table(db_path: Path, tmp_path: Path) -> 
     assert refused is not None, end
     assert float(refused.group(2)) == pytest.approx(max_cost - spent, abs=1e-6)
     assert float(refused.group(1)) > float(refused.group(2))
+
+
+async def test_cost_budget_with_the_price_table_of_the_daemon_config(tmp_path: Path) -> None:
+    """The price comes from ``[providers.X.prices]`` of a real config file, read the way the daemon
+    reads it (``load_settings`` → ``build_registry``); ``max_cost`` binds before the call."""
+    from daemon.models import build_registry
+    from daemon.settings import load_settings
+
+    config = {
+        "state_dir": str(tmp_path / "state"),
+        "default_model": "test:worker",
+        "providers": {
+            "test": {
+                "kind": "scripted",
+                # goald_testmodels' ``worker``: writes a file, notes progress and reports, each round.
+                "script": "goald_testmodels:slow",
+                "max_tokens": 1024,
+                # Only ``worker`` is priced; ``chat`` is not.
+                "prices": {"worker": {"input": 2.0, "output": 8.0}},
+            }
+        },
+    }
+    path = tmp_path / "goald.toml"
+    path.write_text(toml_text(config))
+    settings = load_settings(path)
+    price = settings.providers["test"].prices["worker"]
+    assert price == Price(input=2.0, output=8.0)
+    registry = build_registry(settings)
+    worker, chat = registry.get("test:worker"), registry.get("test:chat")
+    assert isinstance(worker, ScriptedModel) and isinstance(chat, ScriptedModel)
+    assert worker.price == price and chat.price is None
+    max_cost = 0.02
+
+    def tools(row: Any) -> ToolRegistry:
+        return ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
+
+    priced_dir, unpriced_dir = tmp_path / "priced", tmp_path / "unpriced"
+    priced_dir.mkdir()
+    unpriced_dir.mkdir()
+    async with Runtime.open(settings.database_path, models=registry, tools=tools) as rt:
+        async with GoalEngine.running(rt, timer_interval=0.05) as engine:
+            goal = await engine.create(
+                GoalSpec(
+                    objective="Write a file per round until the money runs out. [rounds=1000]",
+                    workdir=str(priced_dir),
+                    model="test:worker",
+                    budgets=Budgets(max_cost=max_cost),
+                    rules=PATIENT,
+                )
+            )
+            # A model with no price in the table: a cost budget cannot be kept, so no call is made.
+            unpriced = await engine.create(
+                GoalSpec(
+                    objective="Chat until the money runs out.",
+                    workdir=str(unpriced_dir),
+                    model="test:chat",
+                    budgets=Budgets(max_cost=max_cost),
+                    rules=PATIENT,
+                )
+            )
+            changed = await wait_status(rt, goal, GoalStatus.EXHAUSTED)
+            unpriced_changed = await wait_status(rt, unpriced, GoalStatus.EXHAUSTED)
+            await engine.settled()
+            final = await engine.get(goal.id)
+            calls = await model_calls(rt, goal)
+            end = await last_turn_end(rt, goal)
+            unpriced_final = await engine.get(unpriced.id)
+            unpriced_calls = await model_calls(rt, unpriced)
+            unpriced_end = await last_turn_end(rt, unpriced)
+
+    assert final.status is GoalStatus.EXHAUSTED and final.status_reason == "cost_budget" == changed["reason"]
+    assert final.rounds >= 2, "the budget should allow a few rounds"
+    # Each attempt was priced from the config's table, within what was reserved for it.
+    assert len(calls) == worker.call_count > 0
+    for c in calls:
+        assert c["state"] == "settled"
+        usage = Usage(input_tokens=c["input_tokens"], output_tokens=c["output_tokens"])
+        assert c["cost"] > 0 and c["cost"] == pytest.approx(price.cost(usage))
+        assert c["reserved_cost"] >= c["cost"] - 1e-12
+    spent = sum(c["cost"] for c in calls)
+    # No overshoot: the goal's cost is what was charged, and within max_cost.
+    assert final.cost == pytest.approx(spent) and 0 < final.cost <= max_cost
+    # The next call was refused, not made: it might have cost more than what was left.
+    assert end["reason"] == "budget"
+    refused = re.fullmatch(r"cost budget: this call may cost ([\d.]+), ([\d.]+) left", end["error"])
+    assert refused is not None, end
+    may_cost, left = float(refused.group(1)), float(refused.group(2))
+    assert left == pytest.approx(max_cost - spent, abs=1e-6) and may_cost > left
+    # The reservation assumed the configured price: at least the whole output allowance at its rate.
+    assert may_cost >= price.output * worker.max_tokens / 1_000_000
+
+    assert unpriced_final.status is GoalStatus.EXHAUSTED and unpriced_final.status_reason == "cost_budget"
+    assert unpriced_changed["reason"] == "cost_budget"
+    assert chat.call_count == 0 and unpriced_calls == []
+    assert unpriced_end["reason"] == "budget" and "no price" in unpriced_end["error"]
+    assert unpriced_final.cost == 0 and unpriced_final.rounds == 1
 
 
 # -- the deadline and wall time ---------------------------------------------------------------------

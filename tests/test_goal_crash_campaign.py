@@ -4,15 +4,19 @@ A child process (``tests/_goal_child.py``, a real interpreter) opens the runtime
 on a SQLite file in ``tmp_path``, creates three goals on its first run (under idempotency keys, so a
 restart never adds them again) and lets them run against the shipped scripted model, whose answers
 are a pure function of the conversation and take a few to a few dozen milliseconds (some rounds end
-on a model error and wait out a backoff at idle). The parent starts the child, waits for it to
-finish importing, waits a seeded random 20–400 ms (the kill moment: not a settle delay), sends
-``SIGKILL`` and waits for the exit, 50 times; then it runs the child once more, without a kill,
-until no goal is active. The targets are sized so that the goals stay active through most of the
-campaign: kills land mid-model-call, mid-tool, between a turn and the engine's decision, and during
-backoffs (the report printed at the end counts where each kill caught each goal).
+on a model error and wait out a backoff at idle). The child prints a line for every event it
+commits; the parent chooses each kill moment *in that work*: it starts the child, lets it commit a
+seeded random number of events (4–24), waits a seeded random 0–30 ms more (so a kill lands inside
+whatever follows that event: a model call, a tool, a decision, a backoff), sends ``SIGKILL`` and
+waits for the exit, 50 times; then it runs the child once more, without a kill, until no goal is
+active. The targets are sized so that work always remains: every one of the 50 runs must end by
+``SIGKILL`` with a goal still active (a run that finished by itself fails the test), and only the
+last run finishes. The report printed at the end counts where each kill caught each goal.
 
 What must hold afterwards (invariants 9 and 10 of DESIGN.md, across real crashes):
 
+* the child was really killed 50 times, each time while a goal was still active, and restarted
+  each time; only the run after the campaign exited by itself;
 * every goal is ``completed`` (verified), after at least its target number of rounds, with exactly
   two status changes (created ``active``, then ``completed``): no restart duplicated a goal or a
   transition;
@@ -50,11 +54,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).resolve().with_name("_goal_child.py")
 SEED = 20_250_611
 KILLS = 50
-KILL_WINDOW = (0.02, 0.4)
+#: A kill lands after a seeded random number of the child's committed events (its ``E`` lines) …
+KILL_AFTER_EVENTS = (4, 24)
+#: … and a seeded random delay more, inside whatever the child does next.
+KILL_JITTER = (0.0, 0.03)
 #: Goal name → the round in which its model writes the verified file and claims completion.
-TARGETS = {"alpha": 15, "beta": 45, "gamma": 90}
+TARGETS = {"alpha": 15, "beta": 45, "gamma": 110}
 MAX_ROUNDS = 400
 BOOT_TIMEOUT = 30.0
+RUN_TIMEOUT = 30.0
 FINAL_TIMEOUT = 60.0
 
 
@@ -102,8 +110,8 @@ def _snapshot(db: Path) -> dict[str, Any]:
             "SELECT count(*) AS n FROM inbox WHERE source_kind='goal' AND fate='queued' GROUP BY pending_key"
         ).fetchall()
         goals = {
-            g["id"]: {"status": g["status"], "where": _where(conn, g)}
-            for g in conn.execute("SELECT id, status, session_id, not_before FROM goals")
+            g["id"]: {"status": g["status"], "rounds": g["rounds"], "where": _where(conn, g)}
+            for g in conn.execute("SELECT id, status, rounds, session_id, not_before FROM goals")
         }
         return {"goals": goals, "max_queued": max((r["n"] for r in queued), default=0)}
 
@@ -114,6 +122,8 @@ class Campaign:
 
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     exits: Counter[int] = field(default_factory=Counter)
+    #: How many committed events each run had reported when the parent chose to kill it.
+    kill_points: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -144,26 +154,38 @@ async def _child(db: Path, plan: Path, stderr: IO[bytes]) -> AsyncIterator[async
 
 
 async def _run_campaign(db: Path, plan: Path, stderr: IO[bytes]) -> Campaign:
-    """``KILLS`` runs, each killed at a seeded random moment after the child booted."""
+    """``KILLS`` runs, each killed at a seeded random moment within its work, while work remains."""
     rng = random.Random(SEED)
     out = Campaign()
     started = time.monotonic()
-    for _ in range(KILLS):
-        delay = rng.uniform(*KILL_WINDOW)
+    for run in range(KILLS):
+        after = rng.randint(*KILL_AFTER_EVENTS)
+        jitter = rng.uniform(*KILL_JITTER)
         async with _child(db, plan, stderr) as proc:
-            # The seeded random kill moment itself, not a wait for anything to settle.
-            await asyncio.sleep(delay)
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-            async with asyncio.timeout(30):
+            assert proc.stdout is not None
+            async with asyncio.timeout(RUN_TIMEOUT):
+                for seen in range(after):
+                    line = await proc.stdout.readline()
+                    if not line.startswith(b"E "):
+                        raise AssertionError(
+                            f"run {run + 1}: the child printed {line!r} after {seen} of the {after} events"
+                            " it was to commit before its kill: no work was left to kill it in"
+                        )
+            # The seeded random kill moment itself (inside the work that follows that event), not a
+            # wait for anything to settle.
+            await asyncio.sleep(jitter)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            async with asyncio.timeout(RUN_TIMEOUT):
                 rc = await proc.wait()
         out.exits[rc] += 1
-        # Killed, or (once no goal is active) finished by itself before the kill.
-        assert rc in (-signal.SIGKILL, 0), f"the child exited with {rc}"
+        out.kill_points.append(after)
+        assert rc == -signal.SIGKILL, f"run {run + 1} exited with {rc} instead of being killed"
         snap = _snapshot(db)
         out.snapshots.append(snap)
         assert snap["max_queued"] <= 1, f"two continuations of one goal queued after a kill: {snap}"
+        # Killed while work remained: a goal was still active when the kill landed.
+        assert any(g["status"] == "active" for g in snap["goals"].values()), f"run {run + 1}: {snap}"
     out.seconds = time.monotonic() - started
     return out
 
@@ -334,8 +356,13 @@ async def test_fifty_kills_leave_every_goal_completed_exactly_once(tmp_path: Pat
             print("\n".join(failed[-60:]))
             raise
     logs = log_path.read_text()
-    assert rc == 0 and out == b"DONE\n", logs[-4000:]
-    assert campaign.exits[-signal.SIGKILL] >= 1
+    *work, last = out.splitlines()
+    assert rc == 0 and last == b"DONE", logs[-4000:]
+    assert all(line.startswith(b"E ") for line in work)
+    # Killed 50 times with kill -9 (each time with a goal still active, checked run by run above),
+    # restarted each time; only the last run finished by itself.
+    assert campaign.exits == Counter({-signal.SIGKILL: KILLS})
+    assert len(campaign.snapshots) == len(campaign.kill_points) == KILLS
     # No run logged a failure (a failed evaluation or driver is logged, not raised).
     failures = [line for line in logs.splitlines() if "| ERROR" in line or "| CRITICAL" in line or "Traceback" in line]
     assert failures == [], "\n".join(failures[:20])
@@ -369,7 +396,12 @@ async def test_fifty_kills_leave_every_goal_completed_exactly_once(tmp_path: Pat
         "seconds": round(time.monotonic() - started, 1),
         "campaign_seconds": round(campaign.seconds, 1),
         "exits": dict(campaign.exits),
+        "events_before_each_kill": {"min": min(campaign.kill_points), "max": max(campaign.kill_points),
+                                    "total": sum(campaign.kill_points)},
         "where_kills_caught_goals": dict(where),
         "completed_after_run": completed_after,
+        "rounds_after_the_campaign": {
+            g.idempotency_key: campaign.snapshots[-1]["goals"][g.id]["rounds"] for g in stored.goals
+        },
         "goals": report,
     }, indent=1))  # fmt: skip

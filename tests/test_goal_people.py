@@ -17,12 +17,16 @@ import asyncio
 import contextlib
 import json
 import re
+import shlex
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent import (
+    CancelReason,
     EventType,
     MessageId,
     ModelRegistry,
@@ -37,6 +41,7 @@ from agent import (
 )
 from goals import (
     GOAL_CHANGED,
+    GOAL_VERIFIED,
     Budgets,
     ContinuationFate,
     Decision,
@@ -47,6 +52,7 @@ from goals import (
     GoalStatus,
     PolicyInput,
     StopRules,
+    VerifyCommand,
     tools_for_goal_sessions,
 )
 
@@ -378,6 +384,84 @@ async def test_pause_edit_and_resume_are_durable_across_restarts(db_path: Path, 
     assert goal_messages(db_path, goal) == [(f"{goal.id}#{i}", "admitted", None) for i in (1, 2, 3, 4)]
 
 
+async def test_edited_verification_is_durable_and_checks_the_next_claim(db_path: Path, tmp_path: Path) -> None:
+    """Verification commands edited while paused survive a restart, and the next claim is checked
+    with them (the old command never runs). Each command logs its runs outside the work directory."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    runs = tmp_path / "runs.log"
+
+    def check(name: str, script: str) -> VerifyCommand:
+        return VerifyCommand(cmd=f"echo {name} >> {shlex.quote(str(runs))}\necho {name}-check\n{script}", timeout=30)
+
+    old = [check("old", "true")]  # would pass any claim
+    new = [check("new", 'echo "answer is $(cat answer.txt)"; test "$(cat answer.txt)" = 42')]
+
+    # 1. Round 1 is running when the goal is paused; its verification is edited while paused.
+    gate = Gate()
+
+    async def first_rule(request: ModelRequest) -> Reply:
+        await gate.hold()
+        return Reply.say("still reading")
+
+    bookkept = asyncio.Event()
+    async with goal_runtime(db_path, first_rule, "reverify") as (rt, engine, model):
+        engine.add_decision_listener(lambda inp, d: bookkept.set() if d.kind is DecisionKind.BOOKKEEP else None)
+        goal = await engine.create(
+            GoalSpec(objective="Put the answer (42) in answer.txt.", workdir=str(workdir), verify=old, rules=RULES)
+        )
+        await gate.reached()
+        await engine.pause(goal.id)
+        gate.opened.set()
+        await wait_decision(bookkept)
+        edited = await engine.update(goal.id, verify=new)
+        assert edited.verify == new and edited.status is GoalStatus.PAUSED
+    model.assert_done()
+
+    row = goal_row(db_path, goal)
+    assert [VerifyCommand.model_validate(v) for v in json.loads(row["verify"])] == new
+    assert not runs.exists()
+
+    # 2. Reopened and resumed: the first claim (answer 41) is refused by the new command, the
+    #    second (answer 42) passes it.
+    seen: list[str] = []
+
+    def second_rule(request: ModelRequest) -> Reply:
+        text, step = latest_user(request, r"\bRound \d+\b")
+        if step == 0:
+            seen.append(text)
+        answer = "42" if "refused" in text else "41"
+        steps = [
+            call("write_file", path="answer.txt", content=answer),
+            call("goal_complete", summary=f"answered {answer}", evidence="answer.txt"),
+            Reply.say("claimed"),
+        ]
+        return steps[step]
+
+    async with goal_runtime(db_path, second_rule, "reverify") as (rt, engine, model):
+        await engine.settled()
+        assert (await engine.get(goal.id)).verify == new
+        await engine.resume(goal.id)
+        await wait_status(rt, goal, GoalStatus.COMPLETED)
+        await engine.settled()
+        final = await engine.get(goal.id)
+        events = await rt.store.events_after(goal.session_id, 0, limit=100_000)
+    model.assert_done()
+
+    assert final.status is GoalStatus.COMPLETED and final.refused_claims == 1 and final.result_summary == "answered 42"
+    assert runs.read_text().splitlines() == ["new", "new"]
+    verified = [e.data for e in events if e.type == GOAL_VERIFIED]
+    assert [(v["passed"], [r["cmd"] for r in v["results"]]) for v in verified] == [
+        (False, [new[0].cmd]),
+        (True, [new[0].cmd]),
+    ]
+    assert "new-check" in verified[0]["results"][0]["output_tail"]
+    assert "answer is 41" in verified[0]["results"][0]["output_tail"]
+    # The refusal, with the new command's output, reached the next round; the old command is nowhere.
+    assert len(seen) == 2 and "answer is 41" in seen[1] and "new-check" in seen[1]
+    assert not any("old-check" in text for text in seen)
+
+
 async def test_cancel_is_durable_across_a_restart(db_path: Path, tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -421,6 +505,80 @@ async def test_cancel_is_durable_across_a_restart(db_path: Path, tmp_path: Path)
     model.assert_done()
     assert model.call_count == 0
     assert [r["fate"] for r in inbox(db_path, sid)] == ["admitted", "cancelled"]
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [("cancel_message", "the person withdrew it"), ("interrupt_discarding", CancelReason.DISCARDED.value)],
+)
+async def test_a_continuation_cancelled_by_anything_else_pauses_the_goal_with_that_reason(
+    how: str, reason: str, db_path: Path, tmp_path: Path
+) -> None:
+    """Not superseded, so not re-issued: the goal pauses, saying why, and stays paused across a restart."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    gate = Gate()
+
+    async def rule(request: ModelRequest) -> Reply:
+        text, _ = latest_user(request)
+        assert text.startswith("Do the slow task"), "only the person's message may reach the model"
+        await gate.hold()
+        return Reply.say("slow task done")
+
+    decisions: list[tuple[PolicyInput, Decision]] = []
+    async with goal_runtime(db_path, rule, "withdrawn", lambda inp, d: decisions.append((inp, d))) as (
+        rt,
+        engine,
+        model,
+    ):
+        sid = await rt.create_session(workdir=workdir)
+        agent = await rt.agent(sid)
+        await agent.followup("Do the slow task first.")
+        await gate.reached()
+        goal = await engine.create(GoalSpec(objective="Report when done.", session_id=sid, rules=RULES))
+        assert goal_messages(db_path, goal) == [(f"{goal.id}#1", "queued", None)]
+
+        # Cancelled by the agent's own API, not by a person's follow-up and not by the engine.
+        if how == "cancel_message":
+            assert goal.continuation_id is not None
+            await agent.cancel_message(goal.continuation_id, reason=reason)
+            gate.opened.set()  # the person's turn finishes normally
+        else:
+            await agent.interrupt(discard_queued=True)  # the person's turn ends cancelled
+        changed = await wait_status(rt, goal, GoalStatus.PAUSED)
+        await engine.settled()
+        paused = await engine.get(goal.id)
+    assert model.call_count == 1
+
+    expected = f"continuation cancelled: {reason}"
+    assert paused.status is GoalStatus.PAUSED and paused.status_reason == expected == changed["reason"]
+    assert paused.rounds == 0
+    (kind,) = [d.kind for _, d in decisions]
+    assert kind is DecisionKind.PAUSE
+    assert decisions[0][0].interval.continuation_fate is ContinuationFate.CANCELLED
+    assert decisions[0][0].interval.cancel_reason == reason
+    # Durable: the row says so through a second connection; the continuation was never re-issued.
+    row = goal_row(db_path, goal)
+    assert (row["status"], row["status_reason"], row["rounds"]) == ("paused", expected, 0)
+    assert goal_messages(db_path, goal) == [(f"{goal.id}#1", "cancelled", reason)]
+    ends = stored(db_path, "SELECT end_reason FROM turns WHERE session_id=?", sid)
+    assert [e["end_reason"] for e in ends] == (["end_turn"] if how == "cancel_message" else ["cancelled"])
+
+    # Reopened: still paused with that reason; nothing is queued, decided or run.
+    reopened: list[tuple[PolicyInput, Decision]] = []
+    async with goal_runtime(db_path, [], "withdrawn", lambda inp, d: reopened.append((inp, d))) as (
+        rt,
+        engine,
+        model,
+    ):
+        await engine.settled()
+        again = await engine.get(goal.id)
+        assert (again.status, again.status_reason) == (GoalStatus.PAUSED, expected)
+        assert (await rt.store.session_state(sid)).status == "idle"
+    model.assert_done()
+    assert model.call_count == 0 and reopened == []
+    assert goal_row(db_path, goal)["revision"] == row["revision"]
+    assert goal_messages(db_path, goal) == [(f"{goal.id}#1", "cancelled", reason)]
 
 
 async def test_an_active_goal_resumes_by_itself_exactly_once(db_path: Path, tmp_path: Path) -> None:

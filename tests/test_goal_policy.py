@@ -31,6 +31,7 @@ from goals import (
     PolicyInput,
     StopReason,
     StopRules,
+    VerifyCommand,
     VerifyResult,
     decide,
     quote,
@@ -123,6 +124,11 @@ def vr(cmd: str, code: int | None, out: str = "", timed_out: bool = False) -> Ve
 
 PASSING = [vr("test -f report.md", 0), vr("grep -q Summary report.md", 0)]
 FAILING = [vr("pytest -q", 1, "1 failed: test_totals")]
+#: Verification commands on the goal (the engine could not run them: no result given).
+CHECKS = [VerifyCommand(cmd="test -f report.md", timeout=30)]
+UNVERIFIABLE = "the verification commands could not run"
+#: An unrecoverable fault as the engine reports it (the goal's model is no longer configured).
+FAULT = "unknown model: unknown model 'gone:model'"
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class Row:
     workdir_exists: bool = True
     verification: list[VerifyResult] | None = None
     reused: bool = False
+    fault: str | None = None
     now: datetime = NOW
     #: Expected values of the new goal (dotted names reach into ``memory``); KEY_FIELDS not named
     #: here must equal the input goal's.
@@ -249,7 +256,50 @@ TABLE = [
         interval={"continuation_fate": ContinuationFate.CANCELLED},
         expect={"status": S.PAUSED, "status_reason": "continuation cancelled: no reason given"},
     ),
-    # -- 3. the work directory ------------------------------------------------------------------------
+    row(
+        "2 queued beats a fault",
+        K.BOOKKEEP,
+        interval={"continuation_fate": ContinuationFate.QUEUED},
+        fault=FAULT,
+    ),
+    row(
+        "2 superseded beats a fault",
+        K.REISSUE,
+        interval={"continuation_fate": ContinuationFate.CANCELLED, "cancel_reason": "superseded"},
+        fault=FAULT,
+        round=3,
+    ),
+    # -- 3. unrecoverable faults: an unknown model, the work directory ------------------------------------
+    row(
+        "3 a fault (the model is no longer known): failed with the fault as the reason",
+        K.FAIL,
+        fault=FAULT,
+        expect={
+            "status": S.FAILED,
+            "status_reason": FAULT,
+            "rounds": 3,
+            "active_since": None,
+            "wall_used": 60.0,
+        },
+    ),
+    row(
+        "3 a fault beats a vanished workdir, a passing claim, blocked, a spent budget and an error",
+        K.FAIL,
+        goal={"blocked_streak": 2, "budgets": Budgets(max_rounds=3)},
+        interval={"claims": [CLAIM], "blocked": ["stuck"], "last_end_reason": "error", "last_error": "boom"},
+        workdir_exists=False,
+        fingerprint=None,
+        verification=PASSING,
+        fault=FAULT,
+        expect={"status": S.FAILED, "status_reason": FAULT, "rounds": 3},
+    ),
+    row(
+        "3 a fault outside a round (a timer): failed",
+        K.FAIL,
+        interval={**NONE_FATE, "turns": 0, "tokens": 0, "cost": 0.0, "last_end_reason": None},
+        fault=FAULT,
+        expect={"status": S.FAILED, "status_reason": FAULT},
+    ),
     row(
         "3 workdir missing: failed",
         K.FAIL,
@@ -362,6 +412,39 @@ TABLE = [
         expect={"rounds": 3, "refused_claims": 2, "stall_streak": 1},
         round=4,
         text_has=("has not changed since the last failed check", "1 failed: test_totals"),
+    ),
+    row(
+        "4 an unverifiable claim (commands, but no result): refused, saying the commands could not run",
+        K.CONTINUE,
+        goal={"verify": CHECKS},
+        interval={"claims": [CLAIM]},
+        verification=None,
+        expect={
+            "rounds": 3,
+            "refused_claims": 1,
+            "result_summary": None,
+            "memory.verify_results": [],
+            "memory.verify_output": "the verification commands could not run: the goal has no work directory",
+            "memory.verify_fingerprint": "fp-new",
+        },
+        round=4,
+        text_has=("Your last completion claim was refused", UNVERIFIABLE),
+    ),
+    row(
+        "4 the K-th unverifiable claim: paused unverified",
+        K.PAUSE,
+        goal={"verify": CHECKS, "refused_claims": 2},
+        interval={"claims": [CLAIM]},
+        verification=None,
+        expect={"status": S.PAUSED, "status_reason": StopReason.UNVERIFIED, "rounds": 3, "refused_claims": 3},
+    ),
+    row(
+        "4 commands on the goal and every one passed: completed (not unverifiable)",
+        K.COMPLETE,
+        goal={"verify": CHECKS},
+        interval={"claims": [CLAIM]},
+        verification=PASSING,
+        expect={"status": S.COMPLETED, "status_reason": StopReason.VERIFIED, "rounds": 3},
     ),
     row(
         "4 the K-th refused claim: paused unverified",
@@ -740,6 +823,7 @@ def test_decision_table(case: Row) -> None:
         workdir_exists=case.workdir_exists,
         verification=case.verification,
         verification_reused=case.reused,
+        fault=case.fault,
     )
     decision = decide(inp)
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shlex
+import subprocess
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -46,6 +48,7 @@ from goals import (
     PolicyInput,
     StopRules,
     VerifyCommand,
+    fingerprint,
     tools_for_goal_sessions,
 )
 
@@ -305,6 +308,88 @@ async def test_a_model_that_changes_files_every_round_is_never_stalled(db_path: 
     assert [d.kind for _, d in decisions] == [DecisionKind.CONTINUE] * 5 + [DecisionKind.EXHAUST]
     assert all(d.goal.stall_streak == 0 for _, d in decisions)
     assert not any(WARNING in r["text"] for r in rows)
+
+
+# -- the work directory's fingerprint in a git repository -------------------------------------------
+
+
+def git(repo: Path, *args: str) -> None:
+    """Run git in ``repo`` with a fixed identity (the caller clears the user's and system's config)."""
+    subprocess.run(
+        ["git", "-c", "user.name=goald test", "-c", "user.email=test@goald.invalid", "-c", "commit.gpgsign=false",
+         *args],
+        cwd=repo, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def plain_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    """git without the user's or the system's configuration (for this test and the fingerprint's git)."""
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("plain_git")
+def test_a_git_fingerprint_follows_head_and_status(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "a.txt").write_text("one\n")
+    seen: dict[str, str | None] = {"no commit yet, one untracked file": fingerprint(repo)}
+    git(repo, "add", "a.txt")
+    git(repo, "commit", "-q", "-m", "first")
+    committed = fingerprint(repo)
+    seen["first commit"] = committed
+
+    # Nothing changes: the same fingerprint, however often it is taken.
+    assert fingerprint(repo) == fingerprint(repo) == committed
+    # A tracked file touched but not changed: git says nothing changed (a names/sizes/times hash
+    # would see a change), so this is the git fingerprint at work.
+    st = (repo / "a.txt").stat()
+    os.utime(repo / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    assert fingerprint(repo) == committed
+
+    (repo / "a.txt").write_text("two\n")
+    seen["a tracked file modified"] = fingerprint(repo)
+    assert fingerprint(repo) == seen["a tracked file modified"]
+    (repo / "a.txt").write_text("three, longer\n")
+    seen["the modified file edited again"] = fingerprint(repo)
+    (repo / "b.txt").write_text("new\n")
+    seen["a new untracked file"] = fingerprint(repo)
+    (repo / "sub").mkdir()
+    (repo / "sub" / "c.txt").write_text("deeper\n")
+    seen["a new untracked file in a new directory"] = fingerprint(repo)
+    git(repo, "add", "-A")
+    seen["the changes staged"] = fingerprint(repo)
+    git(repo, "commit", "-q", "-m", "second")
+    seen["committed: HEAD moved, status clean"] = fingerprint(repo)
+    assert fingerprint(repo) == seen["committed: HEAD moved, status clean"]
+    git(repo, "commit", "-q", "--allow-empty", "-m", "third")
+    seen["an empty commit: only HEAD moved"] = fingerprint(repo)
+
+    assert all(fp is not None for fp in seen.values())
+    assert len(set(seen.values())) == len(seen), seen
+
+
+@pytest.mark.usefixtures("plain_git")
+def test_a_fingerprint_where_git_fails_falls_back_to_the_files(tmp_path: Path) -> None:
+    """A ``.git`` that git cannot read (here: a link to a repository that is gone; in the field also a
+    repository it refuses for dubious ownership) must not make every state look the same."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".git").write_text(f"gitdir: {tmp_path / 'gone'}\n")
+    failed = subprocess.run(["git", "status", "--porcelain"], cwd=work, capture_output=True)
+    assert failed.returncode != 0
+    first = fingerprint(work)
+    assert fingerprint(work) == first
+    (work / "a.txt").write_text("one\n")
+    second = fingerprint(work)
+    (work / "a.txt").write_text("two, longer\n")
+    third = fingerprint(work)
+    assert None not in (first, second, third)
+    assert len({first, second, third}) == 3
 
 
 # -- 6. model errors ----------------------------------------------------------------------------------

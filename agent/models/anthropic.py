@@ -1,8 +1,9 @@
 """The Anthropic provider: the Messages API through the official ``anthropic`` SDK.
 
-The same decisions as :mod:`agent.models.openai`: the SDK never retries (the driver does, and
-records every attempt), every call streams, failures are classified precisely and never carry the
-API key, and the SDK is imported when a provider is built, never at ``import agent``.
+The same decisions as :mod:`agent.models.openai` (the shared part is :mod:`agent.models._http`):
+the SDK never retries (the driver does, and records every attempt), every call streams, failures
+are classified precisely and never carry the API key, and the SDK is imported when a provider is
+built, never at ``import agent``.
 
 Wire specifics:
 
@@ -27,18 +28,17 @@ from typing import TYPE_CHECKING, Any, cast
 from loguru import logger
 
 from agent.messages import Block, TextBlock, ToolUseBlock
+from agent.models._http import StreamingHTTPModel
 from agent.models.base import (
     ConvMessage,
     DeltaCallback,
     FinishReason,
-    Model,
     ModelError,
     ModelErrorKind,
     ModelRequest,
     ModelResponse,
     ToolSpec,
 )
-from agent.models.health import parse_retry_after, redact, status_kind
 from agent.spend import Price, Usage
 
 if TYPE_CHECKING:
@@ -153,7 +153,6 @@ class _Assembly:
     saw_usage: bool = False
     stop_reason: str | None = None
     stopped: bool = False
-    events: int = 0
 
     @property
     def usage(self) -> Usage | None:
@@ -181,7 +180,6 @@ class _Assembly:
                 setattr(self, name, int(value))
 
     def feed(self, event: RawMessageStreamEvent, on_delta: DeltaCallback | None) -> None:
-        self.events += 1
         kind = getattr(event, "type", None)
         if kind == "message_start":
             self._take_usage(cast("RawMessageStartEvent", event).message.usage)
@@ -260,10 +258,11 @@ class _Assembly:
         return out
 
 
-class AnthropicModel(Model):
+class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
     """A model behind the Anthropic Messages API. See the module docstring."""
 
     provider = "anthropic"
+    _default_host = "api.anthropic.com"
 
     def __init__(
         self,
@@ -291,35 +290,25 @@ class AnthropicModel(Model):
         """
         import anthropic  # noqa: F401  (lazily, and here so a missing SDK fails when the model is built)
 
-        self.name = name
-        self.provider = provider
-        self.base_url = base_url
-        self.timeout = timeout
-        self.max_tokens = max_tokens
-        self.context_window = context_window
-        self.price = price
-        self._api_key = api_key or ""
-        self._client: AsyncAnthropic | None = None
+        super().__init__(
+            name,
+            provider=provider,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            max_tokens=max_tokens,
+            context_window=context_window,
+            price=price,
+        )
 
-    def _sdk(self) -> AsyncAnthropic:
-        # Made on first use, inside the event loop that will use it. An explicit key (even an empty
-        # one) keeps the SDK from looking for credentials in the environment or on disk.
-        if self._client is None:
-            import anthropic
+    def _make_client(self) -> AsyncAnthropic:
+        # An explicit key (even an empty one) keeps the SDK from looking for credentials in the
+        # environment or on disk.
+        import anthropic
 
-            self._client = anthropic.AsyncAnthropic(
-                api_key=self._api_key or "no-key",
-                base_url=self.base_url,
-                max_retries=0,
-                timeout=self.timeout,
-            )
-        return self._client
-
-    async def aclose(self) -> None:
-        """Close the HTTP client's connections."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        return anthropic.AsyncAnthropic(
+            api_key=self._api_key or "no-key", base_url=self.base_url, max_retries=0, timeout=self.timeout
+        )
 
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Stream one message. Raises :class:`ModelError` classified as the module docstring says."""
@@ -330,50 +319,21 @@ class AnthropicModel(Model):
         messages = to_messages(tuple(request.messages))
         tools = to_tools(tuple(request.tools))
         got = _Assembly()
-        try:
-            stream = await client.messages.create(
-                model=self.name,
-                max_tokens=request.max_tokens,
-                messages=messages,
-                system=request.system if request.system else anthropic.omit,
-                tools=tools if tools else anthropic.omit,
-                stream=True,
-            )
-            async with stream:
-                async for event in stream:
-                    try:
-                        got.feed(event, on_delta)
-                    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-                        raise ModelError(
-                            ModelErrorKind.MALFORMED,
-                            f"malformed stream event #{got.events} from {self.provider}: {type(exc).__name__}: {exc}",
-                            usage=got.usage,
-                        ) from None
-        except ModelError as exc:
-            exc.message = redact(exc.message, self._api_key)
-            raise
-        except anthropic.APIError as exc:
-            raise self._failure(exc, got.usage) from None
-        except httpx2.TimeoutException:
-            # The SDK passes errors of a stream that is being read through as they are.
-            why = f"{self.provider} sent nothing for {self.timeout:g}s (timed out)"
-            raise ModelError(ModelErrorKind.TIMEOUT, why, usage=got.usage) from None
-        except httpx2.RequestError as exc:
-            raise ModelError(
-                ModelErrorKind.CONNECTION,
-                redact(f"the stream from {self.provider} broke: {type(exc).__name__}: {exc}", self._api_key),
-                usage=got.usage,
-            ) from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelError(
-                ModelErrorKind.MALFORMED,
-                f"malformed stream event #{got.events + 1} from {self.provider}: not valid JSON ({exc})",
-                usage=got.usage,
-            ) from None
+        opening = client.messages.create(
+            model=self.name,
+            max_tokens=request.max_tokens,
+            messages=messages,
+            system=request.system if request.system else anthropic.omit,
+            tools=tools if tools else anthropic.omit,
+            stream=True,
+        )
+        # The SDK passes errors of a stream that is being read through as they are: httpx2's.
+        failures = (anthropic.APIError, httpx2.RequestError)
+        events = await self._read_stream(opening, got, on_delta, unit="event", failures=failures)
         if not got.stopped:
             raise ModelError(
                 ModelErrorKind.CONNECTION,
-                f"the stream from {self.provider} ended after {got.events} event(s) without message_stop"
+                f"the stream from {self.provider} ended after {events} event(s) without message_stop"
                 " (connection dropped?)",
                 usage=got.usage,
             )
@@ -393,48 +353,30 @@ class AnthropicModel(Model):
 
     def _failure(self, exc: Exception, usage: Usage | None) -> ModelError:
         import anthropic
+        import httpx2
 
-        where = self.base_url or "api.anthropic.com"
-        if isinstance(exc, anthropic.APITimeoutError):
-            return ModelError(
-                ModelErrorKind.TIMEOUT, f"{self.provider} sent nothing for {self.timeout:g}s (timed out)", usage=usage
-            )
+        if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
+            return self._timed_out(usage)
         if isinstance(exc, anthropic.APIConnectionError):
-            cause = exc.__cause__
-            why = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
-            return ModelError(
-                ModelErrorKind.CONNECTION, redact(f"connection to {where} failed: {why}", self._api_key), usage=usage
-            )
+            return self._unreachable(exc, exc.message, usage)
         if isinstance(exc, anthropic.APIStatusError):
-            status = exc.status_code
             detail = exc.api_message or _detail(exc.body) or exc.message
-            if status < 400:
+            if exc.status_code < 400:
                 # An error event inside a stream that started fine.
                 kind = STREAM_ERROR_KINDS.get(str(exc.type or ""), ModelErrorKind.SERVER)
-                return ModelError(
-                    kind,
-                    redact(f"{self.provider} reported {exc.type or 'an error'} mid-stream: {detail}", self._api_key)[
-                        :1000
-                    ],
-                    usage=usage,
-                )
-            kind = status_kind(status)
-            return ModelError(
-                kind,
-                redact(f"HTTP {status} from {self.provider}: {detail}", self._api_key)[:1000],
-                retry_after=parse_retry_after(exc.response.headers) if kind.retryable else None,
-                usage=usage,
-                status=status,
-            )
+                why = f"{self.provider} reported {exc.type or 'an error'} mid-stream: {detail}"
+                return ModelError(kind, self._redact(why)[:1000], usage=usage)
+            return self._http_error(exc.status_code, detail, exc.response.headers, usage)
         if isinstance(exc, anthropic.APIResponseValidationError):
             return ModelError(
                 ModelErrorKind.MALFORMED,
                 f"{self.provider} sent a response that does not fit the Messages API schema: {exc.message}",
                 usage=usage,
             )
-        return ModelError(
-            ModelErrorKind.SERVER, redact(f"{self.provider} failed: {exc}", self._api_key)[:1000], usage=usage
-        )
+        if isinstance(exc, httpx2.RequestError):
+            why = f"the stream from {self.provider} broke: {type(exc).__name__}: {exc}"
+            return ModelError(ModelErrorKind.CONNECTION, self._redact(why), usage=usage)
+        return ModelError(ModelErrorKind.SERVER, self._redact(f"{self.provider} failed: {exc}")[:1000], usage=usage)
 
 
 def _detail(body: object) -> str | None:

@@ -31,18 +31,18 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from loguru import logger
 
 from agent.messages import Block, TextBlock, ToolResultBlock, ToolUseBlock
+from agent.models._http import StreamingHTTPModel
 from agent.models.base import (
     ConvMessage,
     DeltaCallback,
     FinishReason,
-    Model,
     ModelError,
     ModelErrorKind,
     ModelRequest,
     ModelResponse,
     ToolSpec,
 )
-from agent.models.health import parse_retry_after, redact, status_kind
+from agent.models.health import status_kind
 from agent.spend import Price, Usage
 
 if TYPE_CHECKING:
@@ -146,13 +146,11 @@ class _Assembly:
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     finish: str | None = None
     usage: Usage | None = None
-    chunks: int = 0
 
     def feed(self, chunk: ChatCompletionChunk, on_delta: DeltaCallback | None) -> None:
         """Take one chunk. The SDK builds chunks without validating them, so the shapes are checked here."""
         from openai.types.chat.chat_completion_chunk import Choice, ChoiceDelta, ChoiceDeltaToolCall
 
-        self.chunks += 1
         if chunk.usage is not None:
             self.usage = map_usage(chunk.usage)
         for choice in _list_of(chunk.choices, Choice, "choices"):
@@ -239,10 +237,11 @@ def _list_of(value: object, cls: type[_T], what: str) -> list[_T]:
     return value
 
 
-class OpenAIModel(Model):
+class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
     """A model behind any OpenAI-compatible chat-completions server. See the module docstring."""
 
     provider = "openai"
+    _default_host = "api.openai.com"
 
     def __init__(
         self,
@@ -275,38 +274,27 @@ class OpenAIModel(Model):
         """
         import openai  # noqa: F401  (lazily, and here so a missing SDK fails when the model is built)
 
-        self.name = name
-        self.provider = provider
-        self.base_url = base_url
-        self.timeout = timeout
-        self.max_tokens = max_tokens
-        self.context_window = context_window
-        self.price = price
+        super().__init__(
+            name,
+            provider=provider,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            max_tokens=max_tokens,
+            context_window=context_window,
+            price=price,
+        )
         self.max_tokens_param: TokensParam = max_tokens_param or (
             "max_completion_tokens" if base_url is None else "max_tokens"
         )
-        self._api_key = api_key or ""
-        self._client: AsyncOpenAI | None = None
         self._warned_no_usage = False
 
-    def _sdk(self) -> AsyncOpenAI:
-        # Made on first use, inside the event loop that will use it.
-        if self._client is None:
-            import openai
+    def _make_client(self) -> AsyncOpenAI:
+        import openai
 
-            self._client = openai.AsyncOpenAI(
-                api_key=self._api_key or "no-key",
-                base_url=self.base_url,
-                max_retries=0,
-                timeout=self.timeout,
-            )
-        return self._client
-
-    async def aclose(self) -> None:
-        """Close the HTTP client's connections."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        return openai.AsyncOpenAI(
+            api_key=self._api_key or "no-key", base_url=self.base_url, max_retries=0, timeout=self.timeout
+        )
 
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Stream one chat completion. Raises :class:`ModelError` classified as the module docstring says."""
@@ -317,42 +305,20 @@ class OpenAIModel(Model):
         tools = to_chat_tools(tuple(request.tools))
         use_completion_tokens = self.max_tokens_param == "max_completion_tokens"
         got = _Assembly()
-        try:
-            stream = await client.chat.completions.create(
-                model=self.name,
-                messages=messages,
-                tools=tools if tools else openai.omit,
-                stream=True,
-                stream_options={"include_usage": True},
-                max_completion_tokens=request.max_tokens if use_completion_tokens else openai.omit,
-                max_tokens=openai.omit if use_completion_tokens else request.max_tokens,
-            )
-            async with stream:
-                async for chunk in stream:
-                    try:
-                        got.feed(chunk, on_delta)
-                    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-                        raise ModelError(
-                            ModelErrorKind.MALFORMED,
-                            f"malformed stream chunk #{got.chunks} from {self.provider}:"
-                            f" {type(exc).__name__}: {exc}",
-                            usage=got.usage,
-                        ) from None
-        except ModelError as exc:
-            exc.message = redact(exc.message, self._api_key)
-            raise
-        except openai.APIError as exc:
-            raise self._failure(exc, got.usage) from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelError(
-                ModelErrorKind.MALFORMED,
-                f"malformed stream chunk #{got.chunks + 1} from {self.provider}: not valid JSON ({exc})",
-                usage=got.usage,
-            ) from None
+        opening = client.chat.completions.create(
+            model=self.name,
+            messages=messages,
+            tools=tools if tools else openai.omit,
+            stream=True,
+            stream_options={"include_usage": True},
+            max_completion_tokens=request.max_tokens if use_completion_tokens else openai.omit,
+            max_tokens=openai.omit if use_completion_tokens else request.max_tokens,
+        )
+        chunks = await self._read_stream(opening, got, on_delta, unit="chunk", failures=(openai.APIError,))
         if got.finish is None:
             raise ModelError(
                 ModelErrorKind.CONNECTION,
-                f"the stream from {self.provider} ended after {got.chunks} chunk(s) without a finish_reason"
+                f"the stream from {self.provider} ended after {chunks} chunk(s) without a finish_reason"
                 " (connection dropped?)",
                 usage=got.usage,
             )
@@ -377,31 +343,19 @@ class OpenAIModel(Model):
     def _failure(self, exc: Exception, usage: Usage | None) -> ModelError:
         import openai
 
-        where = self.base_url or "api.openai.com"
         if isinstance(exc, openai.APITimeoutError):
-            return ModelError(
-                ModelErrorKind.TIMEOUT, f"{self.provider} sent nothing for {self.timeout:g}s (timed out)", usage=usage
-            )
+            return self._timed_out(usage)
         if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__
-            why = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
-            return ModelError(
-                ModelErrorKind.CONNECTION, redact(f"connection to {where} failed: {why}", self._api_key), usage=usage
-            )
+            return self._unreachable(exc, exc.message, usage)
         if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
             detail = _detail(exc.body) or exc.message
-            kind = status_kind(status)
-            return ModelError(
-                kind,
-                redact(f"HTTP {status} from {self.provider}: {detail}", self._api_key)[:1000],
-                retry_after=parse_retry_after(exc.response.headers) if kind.retryable else None,
-                usage=usage,
-                status=status,
-            )
+            return self._http_error(exc.status_code, detail, exc.response.headers, usage)
         if isinstance(exc, openai.APIResponseValidationError):
-            return ModelError(ModelErrorKind.MALFORMED, f"{self.provider} sent a response that does not fit the"
-                              f" chat-completions schema: {exc.message}", usage=usage)
+            return ModelError(
+                ModelErrorKind.MALFORMED,
+                f"{self.provider} sent a response that does not fit the chat-completions schema: {exc.message}",
+                usage=usage,
+            )
         assert isinstance(exc, openai.APIError)
         # An error reported inside the stream ({"error": {...}} in place of a chunk).
         code = exc.body.get("code") if isinstance(exc.body, dict) else None
@@ -412,7 +366,7 @@ class OpenAIModel(Model):
             code_status = int(code)
         return ModelError(
             status_kind(code_status) if code_status is not None else ModelErrorKind.SERVER,
-            redact(f"{self.provider} reported an error mid-stream: {exc.message}", self._api_key)[:1000],
+            self._redact(f"{self.provider} reported an error mid-stream: {exc.message}")[:1000],
             usage=usage,
             status=code_status,
         )

@@ -1,0 +1,206 @@
+"""The store on a real SQLite file: the connection's settings, schema versions and forward migrations.
+
+The settings are read back with ``PRAGMA`` on the very connection the store works with (through
+``Store.read``), and the file's journal mode through a second, independent connection. Migrations
+are checked with a small package of this test's own (a column added to a table that holds rows, a
+failing step that must leave nothing behind, a database newer than the code) and with the real
+``goals`` schema: a database left at goals version 1 by an older goald is brought to the current
+version on open, its rows kept, and it ends with exactly the schema of a fresh database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import Conflict, Limits, Migration, Runtime, SchemaTooNew, Store, Tx, create_guard, create_session
+from agent.schema import MIGRATIONS as AGENT_MIGRATIONS
+from goals import Budgets, Goal, GoalId, GoalStatus, StopRules
+from goals.store import MIGRATIONS as GOAL_MIGRATIONS
+from goals.store import goal_from_row, insert_goal
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+async def pragma(store: Store, name: str) -> Any:
+    """``PRAGMA name`` on the store's own connection."""
+    return await store.read(lambda conn: conn.execute(f"PRAGMA {name}").fetchone()[0])
+
+
+def second_connection(db: Path) -> contextlib.closing[sqlite3.Connection]:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return contextlib.closing(conn)
+
+
+def versions(db: Path) -> list[tuple[str, int, str]]:
+    with second_connection(db) as conn:
+        rows = conn.execute("SELECT package, version, summary FROM schema_versions ORDER BY package, version")
+        return [(r["package"], r["version"], r["summary"]) for r in rows]
+
+
+def schema(db: Path) -> dict[tuple[str, str], str]:
+    """Every table, index and trigger of the file with its SQL."""
+    with second_connection(db) as conn:
+        rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall()
+        return {(r["type"], r["name"]): r["sql"] for r in rows}
+
+
+# -- the connection's settings ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("durability", "synchronous"), [("normal", 1), ("full", 2)])
+async def test_the_store_opens_in_wal_with_a_busy_timeout_and_the_chosen_durability(
+    db_path: Path, durability: Any, synchronous: int
+) -> None:
+    async with await Store.open(db_path, durability=durability) as store:
+        assert str(await pragma(store, "journal_mode")).lower() == "wal"
+        assert await pragma(store, "busy_timeout") == 5000
+        # synchronous: 1 is NORMAL (survives a process crash), 2 is FULL (also a power loss).
+        assert await pragma(store, "synchronous") == synchronous
+        assert store.durability == durability
+    # WAL is a property of the file: an independent connection finds it too.
+    with second_connection(db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_durability_defaults_to_normal_and_the_runtime_passes_full_through(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "default.db") as store:
+        assert await pragma(store, "synchronous") == 1
+    async with Runtime.open(tmp_path / "full.db", durability="full") as rt:
+        assert await pragma(rt.store, "synchronous") == 2
+        assert str(await pragma(rt.store, "journal_mode")).lower() == "wal"
+
+
+# -- schema versions --------------------------------------------------------------------------------
+
+
+async def test_schema_versions_are_recorded_per_package_with_their_summaries(db_path: Path) -> None:
+    async with await Store.open(db_path) as store:
+        assert await store.migrate("goals", GOAL_MIGRATIONS) == max(m.version for m in GOAL_MIGRATIONS)
+    expected = [("agent", m.version, m.summary) for m in AGENT_MIGRATIONS] + [
+        ("goals", m.version, m.summary) for m in GOAL_MIGRATIONS
+    ]
+    assert versions(db_path) == expected
+    before = schema(db_path)
+
+    # Opening again applies nothing twice.
+    async with await Store.open(db_path) as store:
+        assert await store.migrate("goals", GOAL_MIGRATIONS) == len(GOAL_MIGRATIONS)
+    assert versions(db_path) == expected
+    assert schema(db_path) == before
+
+
+DEMO = [
+    Migration(version=1, summary="notes", sql="CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL);"),
+    Migration(
+        version=2,
+        summary="notes get a tag; old notes are tagged 'old'",
+        sql="ALTER TABLE notes ADD COLUMN tag TEXT; UPDATE notes SET tag='old'; CREATE INDEX notes_tag ON notes(tag);",
+    ),
+]
+#: A step that fails half way: its first statement must not survive.
+BROKEN = Migration(
+    version=3, summary="broken", sql="CREATE TABLE half (x INTEGER); INSERT INTO no_such_table VALUES (1);"
+)
+
+
+async def test_a_forward_migration_keeps_the_data_and_a_failed_step_leaves_nothing(db_path: Path) -> None:
+    async with await Store.open(db_path) as store:
+        assert await store.migrate("demo", DEMO[:1]) == 1
+        await store.transact(lambda tx: tx.execute("INSERT INTO notes(body) VALUES ('first'), ('second')"))
+    assert ("demo", 1, "notes") in versions(db_path)
+
+    # A newer goald: version 2 is applied on open, the rows are kept and brought along.
+    async with await Store.open(db_path) as store:
+        assert await store.migrate("demo", DEMO) == 2
+        rows = await store.read(lambda conn: [tuple(r) for r in conn.execute("SELECT id, body, tag FROM notes")])
+    assert rows == [(1, "first", "old"), (2, "second", "old")]
+    assert [v for v in versions(db_path) if v[0] == "demo"] == [("demo", 1, "notes"), ("demo", 2, DEMO[1].summary)]
+    assert ("index", "notes_tag") in schema(db_path)
+
+    # A step that fails rolls back whole: no version row, no table, the earlier data untouched.
+    before = schema(db_path)
+    async with await Store.open(db_path) as store:
+        with pytest.raises(sqlite3.OperationalError, match="no_such_table"):
+            await store.migrate("demo", [*DEMO, BROKEN])
+        assert await store.read(lambda conn: conn.execute("SELECT count(*) FROM notes").fetchone()[0]) == 2
+    assert schema(db_path) == before
+    assert max(v for p, v, _ in versions(db_path) if p == "demo") == 2
+
+    # An older goald refuses a database a newer one has migrated, and changes nothing.
+    async with await Store.open(db_path) as store:
+        with pytest.raises(SchemaTooNew, match="demo schema version 2; this goald knows up to 1"):
+            await store.migrate("demo", DEMO[:1])
+    assert schema(db_path) == before
+
+
+def _goal(session_id: str, guard_id: str, workdir: Path, title: str) -> Goal:
+    return Goal(
+        id=GoalId.new(),
+        title=title,
+        objective=f"{title}.",
+        status=GoalStatus.ACTIVE,
+        session_id=session_id,
+        guard_id=guard_id,
+        workdir=str(workdir),
+        budgets=Budgets(max_rounds=5),
+        verify=[],
+        rules=StopRules(),
+        active_since=T0,
+        created_at=T0,
+        updated_at=T0,
+    )
+
+
+def _add_goal(tx: Tx, workdir: Path, title: str) -> Goal:
+    guard = create_guard(tx, Limits())
+    sid = create_session(tx, workdir=str(workdir), guard_id=guard, config={"goal": True})
+    goal = _goal(sid, guard, workdir, title)
+    insert_goal(tx, goal)
+    return goal
+
+
+async def test_a_goals_schema_of_version_1_is_migrated_on_open_and_keeps_its_goals(tmp_path: Path) -> None:
+    fresh, old = tmp_path / "fresh.db", tmp_path / "old.db"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    async with await Store.open(fresh) as store:
+        await store.migrate("goals", GOAL_MIGRATIONS)
+
+    # An older goald (goals schema 1, before work-directory locks) let two live goals share a directory.
+    async with await Store.open(old) as store:
+        assert await store.migrate("goals", GOAL_MIGRATIONS[:1]) == 1
+        first = await store.transact(lambda tx: _add_goal(tx, shared, "First"))
+        second = await store.transact(lambda tx: _add_goal(tx, shared, "Second"))
+    assert [v[1] for v in versions(old) if v[0] == "goals"] == [1]
+    assert not [name for kind, name in schema(old) if kind == "trigger"]
+    with second_connection(old) as conn:
+        kept = {r["id"]: dict(r) for r in conn.execute("SELECT * FROM goals")}
+    assert set(kept) == {first.id, second.id}
+
+    # This goald opens it: migrated to the current version, every row as it was, the schema now
+    # exactly that of a fresh database.
+    async with await Store.open(old) as store:
+        assert await store.migrate("goals", GOAL_MIGRATIONS) == len(GOAL_MIGRATIONS)
+        stored = await store.read(lambda conn: {r["id"]: dict(r) for r in conn.execute("SELECT * FROM goals")})
+        assert stored == kept
+        assert {gid: goal_from_row(row) for gid, row in stored.items()} == {first.id: first, second.id: second}
+
+        # Migration 2's rule holds from now on (for new goals; the two it found are left alone).
+        with pytest.raises(Conflict, match="held by another active or paused goal"):
+            await store.transact(lambda tx: _add_goal(tx, shared, "Third"))
+        inside = shared / "inside"
+        inside.mkdir()
+        with pytest.raises(Conflict, match="held by another active or paused goal"):
+            await store.transact(lambda tx: _add_goal(tx, inside, "Nested"))
+    assert versions(old) == versions(fresh)
+    assert schema(old) == schema(fresh)
+    with second_connection(old) as conn:
+        assert conn.execute("SELECT count(*) FROM goals").fetchone()[0] == 2
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
