@@ -6,10 +6,20 @@ packages import only these.
 
 from agent.calls import usage_of_guard
 from agent.driver import Agent, AgentConfig, AgentStatus, CallId, RetryPolicy, StatusSnapshot, history_message
-from agent.errors import AgentError, Conflict, InvalidInput, InvalidTransition, NotFound, SchemaTooNew, StoreClosed
+from agent.errors import (
+    AgentError,
+    Conflict,
+    InvalidInput,
+    InvalidTransition,
+    NotFound,
+    SchemaTooNew,
+    StorageUnavailable,
+    StoreClosed,
+)
 from agent.events import HISTORY_TYPES, Event, EventHub, EventType, Subscription
 from agent.ids import GuardId, MessageId, SessionId, TurnId, TypedId
 from agent.inbox import Admitted, Enqueued, cancel, cancel_all, enqueue, get_message, has_waking, settle_idle
+from agent.limits import CommandLimits, LimitsUnavailable
 from agent.messages import (
     MAX_MESSAGE_BYTES,
     Block,
@@ -97,6 +107,7 @@ __all__ = [
     "Bwrap",
     "CallId",
     "CancelReason",
+    "CommandLimits",
     "Conflict",
     "Content",
     "ConvMessage",
@@ -117,6 +128,7 @@ __all__ = [
     "InvalidInput",
     "InvalidTransition",
     "Limits",
+    "LimitsUnavailable",
     "McpServer",
     "McpServers",
     "McpTool",
@@ -156,6 +168,7 @@ __all__ = [
     "SourceKind",
     "SpendGuard",
     "StatusSnapshot",
+    "StorageUnavailable",
     "Store",
     "StoreClosed",
     "Subscription",

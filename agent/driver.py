@@ -17,26 +17,36 @@ Cancellation, in one place:
   (before a model call) or, when the grace period runs out, by cancellation as above.
 * Cancelling the driver task itself (a hard stop) leaves the turn open in the store, exactly as
   a crash would; crash repair closes it when the store is next opened.
+* A storage failure (the disk full) never ends the driver: every write a running driver makes
+  is retried until it commits (:meth:`Agent._write`); the session waits meanwhile and goes on by
+  itself when space returns. Writes a caller asks for (``followup``, ``cancel_message``) raise
+  :class:`~agent.errors.StorageUnavailable` instead, so that new input is refused, not half-taken.
+* The spend guard's time binds a call in flight: when its deadline (or the end of its wall time)
+  passes during a model call, the call is cancelled, its streamed text is kept (marked
+  ``interrupted``), its reservation is charged in full, and the turn ends ``budget``. The overshoot
+  is the cancellation latency, logged with the cut. No call starts with less than
+  ``AgentConfig.min_call_seconds`` left, and a retry's backoff never sleeps past the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
-import json
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.calls import commit_assistant, reserve_call, settle_call
+from agent.errors import StorageUnavailable
 from agent.events import HISTORY_TYPES, Event, EventType
 from agent.ids import MessageId, TypedId
 from agent.inbox import Admitted, admit, cancel, cancel_all, enqueue
@@ -51,7 +61,7 @@ from agent.messages import (
     content_from_python,
     parse_content,
 )
-from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, ModelResponse
+from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, ModelResponse, WireCache
 from agent.spend import Refusal, SpendGuard, Usage, estimator_for
 from agent.store import SESSION_IDLE, SessionState, Store, Tx
 from agent.tools.base import ToolContext, ToolRegistry
@@ -66,12 +76,42 @@ from agent.turns import (
 )
 
 CANCELLED_TOOL_TEXT = "cancelled: the turn was interrupted before this call finished"
+#: First and longest wait between attempts of a write the store refused for lack of storage.
+STORAGE_RETRY_FIRST = 0.5
+STORAGE_RETRY_MAX = 15.0
+_T = TypeVar("_T")
 
 
 class CallId(TypedId):
     """Identity of one model attempt (a ``model_calls`` row)."""
 
     prefix = "mc_"
+
+
+class _OutOfTime(Exception):
+    """Control flow: the spend guard's time ran out during a model call, which was cancelled."""
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """A tool result's write, committed with the driver's next write (see :meth:`Agent._write`)."""
+
+    write: Callable[[Tx], None]
+    #: Set on the store thread when the transaction that made the write commits.
+    committed: bool = False
+
+    def mark(self) -> None:
+        self.committed = True
+
+
+def _with_deferred(deferred: tuple[_Deferred, ...], fn: Callable[[Tx], _T], tx: Tx) -> _T:
+    # On the store thread, so ``committed`` is exact: a write an earlier transaction committed
+    # (its caller cancelled before it could see so) is never made twice.
+    for item in deferred:
+        if not item.committed:
+            item.write(tx)
+            tx.on_commit(item.mark)
+    return fn(tx)
 
 
 class AgentStatus(enum.StrEnum):
@@ -92,7 +132,7 @@ class StatusSnapshot:
 
 
 class RetryPolicy(BaseModel):
-    """How the driver retries failed model attempts (retryable kinds only)."""
+    """How the driver retries failed model attempts (retryable kinds and malformed answers only)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -126,18 +166,13 @@ class AgentConfig(BaseModel):
     max_steps: int = Field(default=40, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     retry: RetryPolicy = RetryPolicy()
+    #: No model call starts with less than this many seconds left before the spend guard's
+    #: deadline or the end of its wall time (a call cut off there is paid for and yields nothing).
+    min_call_seconds: float = Field(default=5.0, ge=0)
 
 
 SlotFactory = Callable[[], AbstractAsyncContextManager[Any]]
 DeltaListener = Callable[[str, str], None]
-
-
-def _message_bytes(msg: ConvMessage) -> int:
-    return sum(
-        len(b.text) if isinstance(b, TextBlock) else len(b.content) if isinstance(b, ToolResultBlock) else
-        len(json.dumps(b.input)) + len(b.name) + len(b.id)
-        for b in msg.content
-    ) + 16
 
 
 class Agent:
@@ -177,13 +212,14 @@ class Agent:
         self._turn_task: asyncio.Task[TurnEnd] | None = None
         self._turn_finished: asyncio.Future[None] | None = None
         self._history: list[ConvMessage] | None = None
-        self._history_bytes = 0
-        self._fixed_bytes = len(config.system or "") + tools.specs_bytes()
+        #: The history as the model converted it, one message at a time (reset with the history).
+        self._wire = WireCache()
         self._estimator = estimator_for(model.spec)
         self._stream: list[str] = []
         self._delta_listeners: list[DeltaListener] = []
         self._driver: asyncio.Task[None] | None = None
         self._waiting_slot = False
+        self._deferred: list[_Deferred] = []
 
     # -- the public API --------------------------------------------------------------------
 
@@ -191,6 +227,12 @@ class Agent:
     def status(self) -> AgentStatus:
         """Whole-agent status as of the last committed status event."""
         return self._status
+
+    @property
+    def wire(self) -> WireCache:
+        """The model's converted form of this session's history; its counters are the conversion
+        work done so far (each message once, whatever the length of the history)."""
+        return self._wire
 
     @property
     def status_seq(self) -> int:
@@ -297,7 +339,6 @@ class Agent:
         for tool in tools:
             if self.tools.get(tool.name) is None:
                 self.tools.add(tool)
-        self._fixed_bytes = len(self.config.system or "") + self.tools.specs_bytes()
 
     def add_delta_listener(self, listener: DeltaListener) -> Callable[[], None]:
         """Receive streamed text as ``(turn_id, text)`` (ephemeral; not durable)."""
@@ -389,7 +430,7 @@ class Agent:
             async with self._slot_cm():
                 if self.is_stopping():
                     break
-                turn = await self.store.transact(partial(take_or_idle, session_id=self.session_id))
+                turn = await self._write(partial(take_or_idle, session_id=self.session_id))
                 if turn is None:
                     has_work = False
                     continue
@@ -398,9 +439,7 @@ class Agent:
                 try:
                     end = await self._execute_turn(turn)
                     has_work = await asyncio.shield(
-                        self.store.transact(
-                            partial(end_turn, session_id=self.session_id, turn_id=turn.turn_id, end=end)
-                        )
+                        self._write(partial(end_turn, session_id=self.session_id, turn_id=turn.turn_id, end=end))
                     )
                 finally:
                     if not finished.done():
@@ -409,6 +448,43 @@ class Agent:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise asyncio.CancelledError
+
+    async def _write(self, fn: Callable[[Tx], _T]) -> _T:
+        """A write the running driver depends on, retried while the store cannot write.
+
+        A storage failure (the disk full) must not end the driver, let alone lose the turn: the
+        write is tried again with backoff, and at once when another write gets through, so the
+        session continues by itself when space returns. The store logs the failure once; while
+        stopping, the failure is raised and crash repair closes the turn at the next start.
+
+        A step's only tool result is not committed on its own: it goes in the same transaction as
+        the driver's next write (the next call's reservation, steering admitted, the turn's end or
+        its cleanup), which follows at once, with nothing awaited in between but that write. So a
+        step costs two commits (the assistant message; its tool result with the next reservation)
+        and a crash between the tool's end and that commit leaves what a crash just before the
+        result's own commit left: a call without a result, repaired as "outcome unknown". Several
+        tool calls of one step run in parallel and each result is committed as it comes.
+        """
+        delay = STORAGE_RETRY_FIRST
+        while True:
+            deferred = tuple(self._deferred)
+            try:
+                result = await self.store.transact(partial(_with_deferred, deferred, fn) if deferred else fn)
+                if deferred:
+                    self._deferred = [d for d in self._deferred if not d.committed]
+                return result
+            except StorageUnavailable as exc:
+                if self._stopping:
+                    raise
+                logger.debug(
+                    "session {}: a write waits for the store ({}); trying again in up to {:.1f}s",
+                    self.session_id,
+                    exc,
+                    delay,
+                )
+                if await self.store.wait_writable(delay):
+                    await asyncio.sleep(STORAGE_RETRY_FIRST / 10)
+                delay = min(delay * 2, STORAGE_RETRY_MAX)
 
     def _pending_cancel(self) -> EndReason | None:
         # A method, so type checkers do not assume the attribute kept the value set before an await.
@@ -445,7 +521,7 @@ class Agent:
             while True:
                 if self._steer_hint:
                     self._steer_hint = False
-                    admitted = await self.store.transact(
+                    admitted = await self._write(
                         partial(admit, session_id=self.session_id, turn_id=turn.turn_id, waking=False)
                     )
                     self._append_admitted(admitted)
@@ -475,10 +551,14 @@ class Agent:
         except Exception as exc:
             logger.exception("turn {} of session {} failed", turn.turn_id, self.session_id)
             await self._cleanup(turn, f"not run: the turn failed ({type(exc).__name__})")
-            return TurnEnd(reason=EndReason.ERROR, error=f"internal error: {type(exc).__name__}: {exc}",
-                           error_kind="internal", steps=steps)
+            return TurnEnd(
+                reason=EndReason.ERROR,
+                error=f"internal error: {type(exc).__name__}: {exc}",
+                error_kind="internal",
+                steps=steps,
+            )
 
-    async def _cleanup(self, turn: OpenedTurn, tool_text: str) -> None:
+    async def _cleanup(self, turn: OpenedTurn, tool_text: str, error_class: str = "interrupted") -> None:
         partial_text = "".join(self._stream)
         self._stream = []
         guard = self.guard
@@ -497,7 +577,7 @@ class Agent:
                     },
                 )
             close_open_tool_calls(tx, self.session_id, turn.turn_id, turn.start_seq, tool_text)
-            charged = charge_open_reservations(tx, self.session_id, turn.turn_id)
+            charged = charge_open_reservations(tx, self.session_id, turn.turn_id, error_class)
 
             def settle() -> None:
                 for call_id in charged:
@@ -505,7 +585,7 @@ class Agent:
 
             tx.after_commit(settle)
 
-        await asyncio.shield(self.store.transact(run))
+        await asyncio.shield(self._write(run))
         self._history = None  # reload: the cleanup wrote history the loop did not build
 
     async def _model_step(self, turn: OpenedTurn) -> ModelResponse | TurnEnd:
@@ -516,13 +596,21 @@ class Agent:
             attempt += 1
             history = self._history
             assert history is not None
-            prompt_bytes = self._history_bytes + self._fixed_bytes
+            request = ModelRequest(self.config.system, tuple(history), self.tools.specs(), max_tokens, cache=self._wire)
+            # The model converts only the messages added since its last request (see WireCache).
+            prompt_bytes = model.measure(request)
+            request = dataclasses.replace(request, prompt_bytes=prompt_bytes)
             bound = self._estimator.bound(prompt_bytes)
             call_id = CallId.new()
-            held = guard.reserve(call_id, bound + max_tokens, price.bound(bound, max_tokens) if price else None)
+            held = guard.reserve(
+                call_id,
+                bound + max_tokens,
+                price.bound(bound, max_tokens) if price else None,
+                min_left=self.config.min_call_seconds,
+            )
             if isinstance(held, Refusal):
                 return TurnEnd(reason=EndReason.BUDGET, error=held.reason)
-            await self.store.transact(
+            await self._write(
                 partial(
                     reserve_call,
                     call_id=call_id,
@@ -537,17 +625,24 @@ class Agent:
                 )
             )
             self._stream = []
-            request = ModelRequest(self.config.system, tuple(history), self.tools.specs(), max_tokens, prompt_bytes)
             try:
-                response = await model.complete(request, self._on_delta(turn.turn_id))
+                response = await self._complete_in_time(request, turn.turn_id)
+            except _OutOfTime as cut:
+                await self._cleanup(turn, CANCELLED_TOOL_TEXT, error_class="deadline")
+                return TurnEnd(reason=EndReason.BUDGET, error=str(cut))
             except ModelError as exc:
-                retry = exc.retryable and self.config.retry.retries(attempt, exc.retry_after) and not self._stopping
+                retry = (
+                    exc.retried_in_turn and self.config.retry.retries(attempt, exc.retry_after) and not self._stopping
+                )
                 # Read now, as the failure left it: a goal does not count errors of a provider outage.
                 breaker_open = getattr(model, "breaker_open", None)
                 outage = bool(breaker_open()) if callable(breaker_open) else False
                 await self._settle_failed(turn, call_id, exc, attempt, retry, outage)
                 if retry:
-                    await asyncio.sleep(self.config.retry.delay(attempt, exc.retry_after))
+                    delay = self.config.retry.delay(attempt, exc.retry_after)
+                    left = guard.time_left()
+                    # Never sleep past the end of the time: the next reservation is refused then.
+                    await asyncio.sleep(delay if left is None else min(delay, max(left, 0.0)))
                     continue
                 return TurnEnd(reason=EndReason.ERROR, error=str(exc), error_kind=exc.kind.value)
             self._stream = []
@@ -559,7 +654,7 @@ class Agent:
                 content = [TextBlock(text="")]
             usage = response.usage
             cost = price.cost(usage) if price else 0.0
-            await self.store.transact(
+            await self._write(
                 partial(
                     self._commit_response,
                     call_id=call_id,
@@ -575,6 +670,44 @@ class Agent:
             if content is not response.content:
                 response = response.model_copy(update={"content": content})
             return response
+
+    async def _complete_in_time(self, request: ModelRequest, turn_id: str) -> ModelResponse:
+        """One model attempt, cancelled if the guard's time runs out while it is in flight.
+
+        The guard's end is read again when the wait runs out, so a limit raised meanwhile (a goal's
+        budgets edited) extends the call; a time limit set where there was none applies from the
+        next call. Raises :class:`_OutOfTime` after the cancellation.
+        """
+        call = asyncio.ensure_future(self.model.complete(request, self._on_delta(turn_id)))
+        try:
+            while True:
+                left = self.guard.time_left()
+                if left is not None and left <= 0:
+                    break
+                done, _ = await asyncio.wait({call}, timeout=left)
+                if done:
+                    return call.result()
+            end = self.guard.ends_at()
+            call.cancel()
+            await asyncio.wait({call})
+            if not call.cancelled():
+                return call.result()  # it finished as the time ran out
+            late = -(self.guard.time_left() or 0.0)
+            logger.info(
+                "session {}: model call cancelled at the end of its time ({}), {:.3f}s after it",
+                self.session_id,
+                end,
+                late,
+            )
+            when = end.isoformat() if end is not None else "the deadline"
+            raise _OutOfTime(f"deadline {when} passed during the model call: it was cancelled {late:.3f}s after")
+        finally:
+            if not call.done():
+                # The turn itself was cancelled (an interrupt, a stop): the call goes with it.
+                call.cancel()
+                await asyncio.wait({call})
+                if not call.cancelled():
+                    call.exception()  # retrieved: the turn's own cancellation is what counts
 
     def _commit_response(
         self, tx: Tx, *, call_id: str, turn_id: str, content: Content, finish: str, usage: Usage, cost: float
@@ -621,7 +754,7 @@ class Agent:
             )
             tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
 
-        await self.store.transact(run)
+        await self._write(run)
 
     def _on_delta(self, turn_id: str) -> Callable[[str], None]:
         def on_delta(text: str) -> None:
@@ -636,13 +769,13 @@ class Agent:
 
     async def _run_tools(self, turn: OpenedTurn, uses: list[ToolUseBlock]) -> None:
         if len(uses) == 1:
-            await self._run_tool(turn, uses[0])
+            await self._run_tool(turn, uses[0], defer=True)
             return
         async with asyncio.TaskGroup() as tg:
             for use in uses:
                 tg.create_task(self._run_tool(turn, use))
 
-    async def _run_tool(self, turn: OpenedTurn, use: ToolUseBlock) -> None:
+    async def _run_tool(self, turn: OpenedTurn, use: ToolUseBlock, *, defer: bool = False) -> None:
         ctx = ToolContext(
             session_id=self.session_id,
             turn_id=turn.turn_id,
@@ -672,7 +805,10 @@ class Agent:
                     {"turnId": turn.turn_id, "toolUseId": use.id, "name": use.name, "reason": out.denied},
                 )
 
-        await self.store.transact(run)
+        if defer:
+            self._deferred.append(_Deferred(run))  # committed with the next write (see _write)
+        else:
+            await self._write(run)
         block = ToolResultBlock(tool_use_id=use.id, content=out.content, is_error=out.is_error)
         self._append(ConvMessage(role="tool", content=[block]))
 
@@ -681,14 +817,13 @@ class Agent:
     def _append(self, msg: ConvMessage) -> None:
         assert self._history is not None
         self._history.append(msg)
-        self._history_bytes += _message_bytes(msg)
 
     def _append_admitted(self, admitted: list[Admitted]) -> None:
         for a in admitted:
             self._append(ConvMessage(role="user", content=a.content))
 
     async def _load_history(self) -> None:
-        self._history, self._history_bytes = [], 0
+        self._history, self._wire = [], WireCache()
         after = 0
         while True:
             page = await self.store.events_after(self.session_id, after, limit=5000, types=HISTORY_TYPES)

@@ -34,3 +34,16 @@ class StoreClosed(AgentError, RuntimeError):
 
 class SchemaTooNew(AgentError, RuntimeError):
     """The database was written by a newer goald than this one."""
+
+
+class StorageUnavailable(AgentError, RuntimeError):
+    """The store cannot write (disk full, an I/O error, a read-only file system); nothing was written.
+
+    ``hint`` says what to do. Whoever holds durable work (the driver, the goal engine) retries
+    until a write succeeds; new input is refused with this error meanwhile.
+    """
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint

@@ -215,8 +215,11 @@ class Runtime:
             tool_factory = tools or (lambda row: ToolRegistry())
 
             def default_resolver(row: SessionRow) -> SessionSetup:
-                return SessionSetup(model=registry.get(row.model), tools=tool_factory(row),
-                                    config=AgentConfig.model_validate(row.config.get("agent", {})))
+                return SessionSetup(
+                    model=registry.get(row.model),
+                    tools=tool_factory(row),
+                    config=AgentConfig.model_validate(row.config.get("agent", {})),
+                )
 
             resolver = default_resolver
         store = await Store.open(path, durability=durability)

@@ -1,10 +1,18 @@
 """The sandbox every tool command runs in: bubblewrap, or nothing when the config says so.
 
 A :class:`Sandbox` is a small value: the work directory (the only writable place besides a private
-``/tmp``), the paths to hide (the state directory, the database, the control socket, the
-credentials, other work directories), whether the network is on, and the environment, secrets
-included. :meth:`Sandbox.argv` is the bubblewrap command line; :meth:`Sandbox.run` runs a command
-and returns its exit code and both output streams.
+``/tmp``), extra read-only paths (a toolchain), the paths to hide (the state directory, the
+database, the control socket, the credentials, other work directories), whether the network is on,
+the environment, secrets included, and caps on the command's processes and memory
+(:class:`~agent.limits.CommandLimits`). :meth:`Sandbox.argv` is the bubblewrap command line;
+:meth:`Sandbox.run` runs a command and returns its exit code, both output streams and the limit it
+hit, if any.
+
+**The daemon reads a work directory as data, never as configuration.** A work directory belongs
+to the model: nothing in it (a ``.git/config`` with an fsmonitor or a pager, hooks, attributes, an
+rc file, a ``.env``) may decide what the daemon runs outside the sandbox. Whatever executes on a
+goal's behalf runs through a :class:`Sandbox`; the daemon itself only lists, stats and reads files
+there.
 
 How the bubblewrap command line is built, and why:
 
@@ -13,13 +21,19 @@ How the bubblewrap command line is built, and why:
   ``--cap-drop ALL`` matters when the daemon runs as root (bwrap then keeps every capability in
   the sandbox, enough to unmount what hides the state directory); ``--disable-userns`` (bwrap ≥ 0.8)
   stops the command from making a user namespace of its own.
-* ``--ro-bind / /`` makes the whole root read-only; then ``/proc`` (of the new PID namespace),
-  ``/dev``, a private ``/tmp``, an empty read-only tmpfs over each hidden directory, and the work
-  directory bound writable — mounted parents first, so a work directory inside a hidden root (the
-  default ``<state_dir>/work/<goal>``) stays visible while its siblings do not.
+* The file system is an allowlist (:mod:`agent.allowlist`): the system directories a shell needs,
+  read-only and without the secrets of ``/etc``, the goal's extra read-only paths, the work
+  directory writable, a private ``/tmp``, ``/proc`` (of the new PID namespace) and ``/dev``.
+  Nothing of ``/root``, ``/home``, ``/run``, ``/var`` (the state directory), the configuration or
+  the credentials exists in it; a hidden path inside what is shown gets an empty read-only tmpfs
+  (a directory) or ``/dev/null`` (a file).
 * ``--clearenv``, then ``--setenv`` for PATH, HOME (the work directory), LANG and TMPDIR. Secrets
   are never put on the command line, which every local user can read in ``/proc/<pid>/cmdline``:
   :meth:`Sandbox.run` hands their ``--setenv`` arguments to bwrap through a pipe (``--args FD``).
+  A spawner that cannot pass a descriptor (the MCP SDK's) uses :meth:`Sandbox.launcher`: bash
+  moves the values from its environment into that pipe, so they are on no command line either.
+* Limits: bwrap waits on that pipe before it does anything, which is when the daemon puts it into
+  the command's cgroup (:mod:`agent.limits`); everything it starts inherits the group.
 * ``--die-with-parent`` and the PID namespace make the sandbox end as one: when bwrap's process
   1 in the namespace dies, the kernel kills every other process in it before process 1 may
   finish exiting. bwrap outside exits when the command's main process does; process 1 then dies
@@ -58,7 +72,9 @@ from typing import Literal
 
 from loguru import logger
 
+from agent import allowlist
 from agent.errors import AgentError
+from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
 from agent.redact import Redactor
 
 #: The sandbox's ``PATH``.
@@ -67,6 +83,14 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_VARIABLES = frozenset({"PATH", "HOME", "LANG", "TMPDIR"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _READ = 65536
+#: Run by bash in :meth:`Sandbox.launcher`: the secrets named in GOALD_SECRET_NAMES go from bash's
+#: environment into a pipe on descriptor 3 (printf is a builtin: no process gets them as arguments),
+#: are dropped from the environment, and bash becomes bwrap, which reads them with ``--args 3``.
+_LAUNCH = (
+    "names=$GOALD_SECRET_NAMES; unset GOALD_SECRET_NAMES; "
+    'exec 3< <(for n in $names; do printf "%s\\0%s\\0%s\\0" --setenv "$n" "${!n}"; done); '
+    'unset $names; exec "$@"'
+)
 
 
 class SandboxUnavailable(AgentError, RuntimeError):
@@ -117,6 +141,8 @@ class SandboxResult:
     #: Bytes each stream produced, shown or not.
     stdout_bytes: int = 0
     stderr_bytes: int = 0
+    #: The limit the command hit, in words (``"process limit (64) reached: ..."``); ``None`` if none.
+    limit: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -141,10 +167,17 @@ class Sandbox:
     disable_userns: bool = True
     #: Seconds between SIGTERM and SIGKILL when a command times out.
     kill_grace: float = 2.0
+    #: Paths shown read-only besides the system allowlist (a toolchain under ``/opt``, say).
+    read_only: tuple[Path, ...] = ()
+    #: Caps on the processes and memory of each command as a whole (bwrap only).
+    limits: CommandLimits = field(default_factory=CommandLimits)
 
     def __post_init__(self) -> None:
         if not self.workdir.is_absolute():
             raise SandboxUnavailable(f"the work directory {str(self.workdir)!r} is not an absolute path")
+        for path in self.read_only:
+            if not Path(path).is_absolute():
+                raise SandboxUnavailable(f"the read-only path {str(path)!r} is not an absolute path")
         for name in (*self.env, *self.secrets):
             if not _NAME.match(name):
                 raise SandboxUnavailable(f"{name!r} is not a valid environment variable name")
@@ -200,49 +233,24 @@ class Sandbox:
             args += ["--setenv", name, value]
         if secrets_fd is not None:
             args += ["--args", str(secrets_fd)]
-        args += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-        args += self._mounts()
+        try:
+            args += allowlist.mounts(self.workdir, self.read_only, self.hidden)
+        except allowlist.MountError as exc:
+            raise SandboxUnavailable(str(exc)) from None
         args += ["--chdir", str(self.workdir), "--", *cmd]
         return args
 
-    def _mounts(self) -> list[str]:
-        workdir = Path(os.path.normpath(self.workdir))
-        tmp = Path("/tmp")
-        hidden: list[Path] = []
-        for raw in self.hidden:
-            path = Path(os.path.realpath(raw))
-            if path == workdir:
-                raise SandboxUnavailable(f"the work directory {str(workdir)!r} is one of the hidden paths")
-            if path in hidden or not os.path.lexists(path):
-                continue
-            hidden.append(path)
-        # Hiding a path inside a hidden directory (or the private /tmp) adds nothing, unless the
-        # work directory lies between the two and brings it back into view.
-        covers = [tmp, *hidden]
-
-        def covered(p: Path) -> bool:
-            return not p.is_relative_to(workdir) and any(p != c and p.is_relative_to(c) for c in covers)
-
-        hidden = [p for p in hidden if not covered(p)]
-        # (depth, order, path, op): parents first; at one depth a tmpfs before the bind it may hold.
-        ops: list[tuple[int, int, Path, str]] = [(len(tmp.parts), 0, tmp, "tmp")]
-        ops += [(len(p.parts), 0, p, "dir" if p.is_dir() else "file") for p in hidden]
-        if workdir != Path("/"):
-            ops.append((len(workdir.parts), 1, workdir, "bind"))
-        args: list[str] = []
-        for _, _, path, op in sorted(ops):
-            target = str(path)
-            if op in ("tmp", "dir"):
-                args += ["--tmpfs", target]
-            elif op == "file":
-                args += ["--ro-bind", "/dev/null", target]
-            else:
-                args += ["--bind", target, target]
-        # Made read-only last: the work directory's mount point was created inside them first.
-        for path in hidden:
-            if path.is_dir():
-                args += ["--remount-ro", str(path)]
-        return args
+    def launcher(self, cmd: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """A command line and an environment that start ``cmd`` in this sandbox through a spawner that
+        passes no descriptors (the MCP SDK's): the secrets ride in the environment of a bash that
+        hands them to bwrap through a pipe, so no command line carries them. Limits do not apply."""
+        if self.kind == "none":
+            return list(cmd), self.environment()
+        if not self.secrets:
+            return self.argv(cmd), {}
+        bash = shutil.which("bash", path=DEFAULT_PATH) or "/bin/bash"
+        names = {"GOALD_SECRET_NAMES": " ".join(self.secrets)}
+        return [bash, "-c", _LAUNCH, "goald-sandbox", *self.argv(cmd, secrets_fd=3)], {**self.secrets, **names}
 
     # The timeout is not the caller's deadline (asyncio.timeout): at it the command is killed, and reported.
     async def run(
@@ -265,35 +273,56 @@ class Sandbox:
             raise SandboxUnavailable(f"the work directory {str(self.workdir)!r} does not exist")
         redactor = self.redactor
         info = _Info() if self.kind == "bwrap" else None
-        secrets_fd = -1
+        group: Group | None = None
+        args = _ArgsPipe()
         fds: tuple[int, ...] = ()
-        if info is None:
-            argv = self.argv(cmd)
-        else:
-            if self.secrets:
-                secrets_fd = _data_fd(self.secret_args())
-            argv = self.argv(cmd, secrets_fd=secrets_fd if secrets_fd >= 0 else None)
-            argv[1:1] = ["--info-fd", str(info.write_fd)]
-            fds = (info.write_fd,) if secrets_fd < 0 else (info.write_fd, secrets_fd)
-        started = time.monotonic()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=str(self.workdir),
-                env=self.environment() if info is None else {"PATH": DEFAULT_PATH},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=fds,
-            )
-        except OSError as exc:
+            if info is None:
+                argv = self.argv(cmd)
+            else:
+                if self.limits.active:
+                    try:
+                        group = limiter().group(self.limits)
+                    except LimitsUnavailable as exc:
+                        raise SandboxUnavailable(str(exc)) from None
+                if self.secrets or group is not None:
+                    # bwrap waits for these arguments: the time to put it into its cgroup.
+                    args.open(self.secret_args(), hold=group is not None)
+                argv = self.argv(cmd, secrets_fd=args.read_fd if args.read_fd >= 0 else None)
+                argv[1:1] = ["--info-fd", str(info.write_fd)]
+                fds = (info.write_fd,) if args.read_fd < 0 else (info.write_fd, args.read_fd)
+            started = time.monotonic()
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=str(self.workdir),
+                    env=self.environment() if info is None else {"PATH": DEFAULT_PATH},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                    start_new_session=True,
+                    pass_fds=fds,
+                )
+            except OSError as exc:
+                raise SandboxUnavailable(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+            finally:
+                args.close_read()
+            if group is not None:
+                try:
+                    group.enter(proc.pid)
+                except LimitsUnavailable as exc:
+                    _killpg(proc.pid, signal.SIGKILL)  # before it gets its arguments and runs unlimited
+                    args.close()
+                    await proc.wait()
+                    raise SandboxUnavailable(str(exc)) from None
+            args.release()
+        except BaseException:
+            args.close()
             if info is not None:
                 info.close()
-            raise SandboxUnavailable(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
-        finally:
-            if secrets_fd >= 0:
-                os.close(secrets_fd)
+            if group is not None:
+                await asyncio.shield(group.remove())
+            raise
         if info is not None:
             info.started()
         out = _Capture(output_cap, redactor.longest)
@@ -301,6 +330,7 @@ class Sandbox:
         pumps = [asyncio.ensure_future(_pump(proc.stdout, out)), asyncio.ensure_future(_pump(proc.stderr, err))]
         waiter = asyncio.ensure_future(proc.wait())
         timed_out = False
+        verdict: str | None = None
         try:
             _, pending = await asyncio.wait([waiter, *pumps], timeout=timeout)
             if pending:
@@ -322,6 +352,9 @@ class Sandbox:
                     await asyncio.shield(_end(info))
                 finally:
                     info.close()
+            if group is not None:
+                verdict = group.verdict()
+                await asyncio.shield(group.remove())
         code = proc.returncode
         assert code is not None
         return SandboxResult(
@@ -332,6 +365,7 @@ class Sandbox:
             seconds=round(time.monotonic() - started, 3),
             stdout_bytes=out.total,
             stderr_bytes=err.total,
+            limit=verdict,
         )
 
     async def _stop(self, proc: asyncio.subprocess.Process, info: _Info | None, *, polite: bool) -> None:
@@ -484,19 +518,42 @@ class _Info:
         self.read_fd = self.write_fd = self._pidfd = -1
 
 
-def _data_fd(data: bytes) -> int:
-    """A descriptor to read ``data`` from: a pipe, already written and closed at the other end."""
-    read_fd, write_fd = os.pipe()
-    try:
+class _ArgsPipe:
+    """bwrap's ``--args`` pipe: written at once, or held (bwrap waits on it) until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.read_fd = self.write_fd = -1
+        self._data = b""
+
+    def open(self, data: bytes, *, hold: bool) -> None:
         if len(data) > 60_000:  # a pipe's buffer; more would block before bwrap reads it
             raise SandboxUnavailable("the secrets of one sandbox are over 60 kB")
-        os.write(write_fd, data)
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)
-    return read_fd
+        self.read_fd, self.write_fd = os.pipe()
+        self._data = data
+        if not hold:
+            self.release()
+
+    def release(self) -> None:
+        """Write the arguments and close the pipe: bwrap goes on."""
+        if self.write_fd >= 0:
+            try:
+                if self._data:
+                    os.write(self.write_fd, self._data)
+            finally:
+                os.close(self.write_fd)
+                self.write_fd = -1
+
+    def close_read(self) -> None:
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+    def close(self) -> None:
+        """Close both ends without writing anything."""
+        self.close_read()
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
@@ -593,12 +650,36 @@ async def _pump(stream: asyncio.StreamReader | None, capture: _Capture) -> None:
 
 @dataclass(frozen=True)
 class SandboxPolicy:
-    """What one goal's commands get beyond the defaults."""
+    """What one goal's commands get beyond the daemon's defaults (``[goal_sandbox.<key>]``, or given
+    with the goal). Every field left at its default keeps the profile's value.
+
+    Raises:
+        ValueError: a read-only path is not absolute, or a cap is below its minimum.
+    """
 
     #: The network on or off; ``None`` keeps the default.
     network: bool | None = None
     #: Secret environment variables for this goal's commands only.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Paths shown read-only to this goal's commands, besides the profile's (a toolchain, say).
+    read_only: tuple[Path, ...] = ()
+    #: Cap on the processes of each command; ``None`` keeps the default, 0 means no cap.
+    max_processes: int | None = None
+    #: Cap on the memory of each command, in bytes; ``None`` keeps the default, 0 means no cap.
+    max_memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for path in self.read_only:
+            if not Path(path).is_absolute():
+                raise ValueError(f"the read-only path {str(path)!r} is not an absolute path")
+        CommandLimits(self.max_processes or None, self.max_memory_bytes or None)  # checks the minimums
+
+    def limits(self, default: CommandLimits) -> CommandLimits:
+        """This policy's caps over ``default``."""
+        return CommandLimits(
+            default.max_processes if self.max_processes is None else self.max_processes or None,
+            default.max_memory_bytes if self.max_memory_bytes is None else self.max_memory_bytes or None,
+        )
 
 
 @dataclass(frozen=True)
@@ -609,7 +690,7 @@ class SandboxProfile:
     bwrap: Bwrap | None = None
     #: Why sandboxed commands cannot run at all (``kind = "bwrap"`` without a usable bwrap).
     unavailable: str | None = None
-    #: Always hidden: state directory, database and socket directories, credentials.
+    #: Always hidden: state directory, database and socket directories, configuration, credentials.
     hidden: tuple[Path, ...] = ()
     #: Work-directory roots: hidden, except the one that is a command's own work directory.
     roots: tuple[Path, ...] = ()
@@ -619,18 +700,25 @@ class SandboxProfile:
     #: Redacts every secret the daemon knows (tool secrets and provider keys), from every tool.
     redactor: Redactor = field(default_factory=Redactor)
     kill_grace: float = 2.0
+    #: Paths shown read-only to every command, besides the system allowlist.
+    read_only: tuple[Path, ...] = ()
+    #: Default caps of each command (a goal's policy may change them).
+    limits: CommandLimits = field(default_factory=CommandLimits)
 
-    def sandbox(self, workdir: Path, key: str | None = None) -> Sandbox:
-        """The sandbox for a command in ``workdir``, under the policy of the goal ``key`` (if any).
+    def sandbox(self, workdir: Path, key: str | None = None, *, policy: SandboxPolicy | None = None) -> Sandbox:
+        """The sandbox for a command in ``workdir``, under ``policy`` if given, else the configured
+        policy of the goal ``key`` (if any).
 
         Raises:
             SandboxUnavailable: saying why no command can run.
         """
         if self.unavailable is not None:
             raise SandboxUnavailable(self.unavailable)
-        policy = self.policies.get(key) if key is not None else None
-        secrets = dict(policy.secrets) if policy is not None else {}
-        network = self.network if policy is None or policy.network is None else policy.network
+        if policy is None and key is not None:
+            policy = self.policies.get(key)
+        policy = policy or SandboxPolicy()
+        secrets = dict(policy.secrets)
+        network = self.network if policy.network is None else policy.network
         if self.kind == "none":
             return Sandbox.none(workdir, secrets=secrets, kill_grace=self.kill_grace)
         if self.bwrap is None:
@@ -645,4 +733,6 @@ class SandboxProfile:
             bwrap=self.bwrap.path,
             disable_userns=self.bwrap.disable_userns,
             kill_grace=self.kill_grace,
+            read_only=tuple(dict.fromkeys((*self.read_only, *policy.read_only))),
+            limits=policy.limits(self.limits),
         )

@@ -8,6 +8,12 @@ check and the in-memory reservation happen without an ``await`` in between, so t
 share one guard cannot both pass the last of it. A reservation is durable (a ``model_calls`` row)
 before the call; it settles to the reported usage, and one left open by a crash is charged in full.
 
+Time binds before the call too. A call does not start with less than ``min_left`` seconds (the
+driver's ``min_call_seconds``) before the deadline or the end of the wall time, and a call in
+flight when the time runs out is cancelled by the driver (see :meth:`SpendGuard.time_left`): a
+provider's per-request timeout bounds each connect and read, not the call, so it cannot be the
+measure. The overshoot is the cancellation latency, a few milliseconds.
+
 The prompt bound needs no tokenizer: byte-level tokenizers never produce more tokens than bytes,
 and real ratios are far lower, so the estimator starts at a cautious ratio and calibrates to the
 highest ratio it has seen (with a margin), never above one token per byte.
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -175,16 +181,50 @@ class SpendGuard:
             return None
         return self.limits.max_cost - self.spent_cost - self.reserved_cost
 
-    def check(self, tokens: int, cost: float | None, now: datetime | None = None) -> Refusal | None:
-        """Why a call of this size may not be made now, or ``None`` if it may."""
+    def ends_at(self) -> datetime | None:
+        """When the guard's time runs out: the deadline or the end of the wall time, whichever
+        comes first (``None``: no time limit)."""
+        lim = self.limits
+        ends = [lim.deadline] if lim.deadline is not None else []
+        if lim.max_wall_seconds is not None and self.wall_started_at is not None:
+            ends.append(self.wall_started_at + timedelta(seconds=lim.max_wall_seconds))
+        return min(ends, default=None)
+
+    def time_left(self, now: datetime | None = None) -> float | None:
+        """Seconds until :meth:`ends_at` (negative once passed; ``None``: no time limit)."""
+        end = self.ends_at()
+        if end is None:
+            return None
+        return (end - (now or datetime.now(UTC))).total_seconds()
+
+    def check(
+        self, tokens: int, cost: float | None, now: datetime | None = None, min_left: float = 0.0
+    ) -> Refusal | None:
+        """Why a call of this size may not be made now, or ``None`` if it may.
+
+        ``min_left``: the seconds that must be left before the deadline or the end of the wall
+        time for a call to start (a call cut off at the deadline is paid for and yields nothing).
+        """
         now = now or datetime.now(UTC)
         lim = self.limits
-        if lim.deadline is not None and now >= lim.deadline:
-            return Refusal(f"deadline {lim.deadline.isoformat()} has passed")
+        if lim.deadline is not None:
+            to_deadline = (lim.deadline - now).total_seconds()
+            if to_deadline <= 0:
+                return Refusal(f"deadline {lim.deadline.isoformat()} has passed")
+            if to_deadline < min_left:
+                return Refusal(
+                    f"deadline {lim.deadline.isoformat()} is {to_deadline:.1f}s away,"
+                    f" less than the {min_left:g}s a model call needs to start"
+                )
         if lim.max_wall_seconds is not None and self.wall_started_at is not None:
             used = (now - self.wall_started_at).total_seconds()
             if used >= lim.max_wall_seconds:
                 return Refusal(f"wall time used {used:.0f}s of {lim.max_wall_seconds:.0f}s")
+            if lim.max_wall_seconds - used < min_left:
+                return Refusal(
+                    f"wall time used {used:.1f}s of {lim.max_wall_seconds:g}s: less than the {min_left:g}s"
+                    " a model call needs to start"
+                )
         left = self.remaining_tokens()
         if left is not None and tokens > left:
             return Refusal(f"token budget: this call may take {tokens} tokens, {max(left, 0)} left")
@@ -196,9 +236,9 @@ class SpendGuard:
                 return Refusal(f"cost budget: this call may cost {cost:.6f}, {max(left_cost, 0):.6f} left")
         return None
 
-    def reserve(self, call_id: str, tokens: int, cost: float | None) -> Reservation | Refusal:
+    def reserve(self, call_id: str, tokens: int, cost: float | None, min_left: float = 0.0) -> Reservation | Refusal:
         """Check and hold ``tokens``/``cost`` for one call, atomically on the event loop."""
-        refusal = self.check(tokens, cost)
+        refusal = self.check(tokens, cost, min_left=min_left)
         if refusal is not None:
             return refusal
         res = Reservation(call_id, tokens, cost or 0.0)

@@ -12,6 +12,13 @@ Sequence numbers and each session's status are cached on the connection's thread
 changed by transaction functions, which that thread runs one at a time; a transaction's changes
 to the cache are applied only after its ``COMMIT``. Committed events are handed to the event loop
 in commit order from the same thread, before the caller's ``await`` returns.
+
+Storage failures (the disk full, an I/O error, a read-only file system) are told apart from
+every other database error: a transaction that meets one rolls back and raises
+:class:`~agent.errors.StorageUnavailable` with a hint of what to do. The store remembers the
+condition (:meth:`Store.storage_health`), logs it once at error level, and clears it, logged,
+at the next commit that succeeds; :meth:`Store.wait_writable` lets whoever retries a write wake
+as soon as another write got through. Nothing polls: the writers' own retries are the probes.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import aiosqlite
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
-from agent.errors import NotFound, SchemaTooNew, StoreClosed
+from agent.errors import NotFound, SchemaTooNew, StorageUnavailable, StoreClosed
 from agent.events import Event, EventHub, EventType
 
 T = TypeVar("T")
@@ -77,6 +84,7 @@ class Tx:
         self.events: list[Event] = []
         self._states: dict[str, SessionState] = {}
         self._after: list[Callable[[], None]] = []
+        self._committed: list[Callable[[], None]] = []
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         """Run one statement."""
@@ -124,9 +132,54 @@ class Tx:
         st.status_seq = event.seq
         return event
 
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the store thread right after this transaction commits, before any
+        later transaction runs (state that the next transaction function must see)."""
+        self._committed.append(callback)
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the event loop after this transaction commits."""
         self._after.append(callback)
+
+
+def _owner_only(path: Path) -> None:
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if name.stat().st_mode & 0o077:
+                name.chmod(0o600)
+        except FileNotFoundError:
+            pass
+        except PermissionError:
+            logger.warning("{} is readable by others and not ours to change (chmod 600 it)", name)
+
+
+#: SQLite's primary result codes that mean the storage, not the statement, failed.
+_STORAGE_CODES = {
+    13: "the disk is full",  # SQLITE_FULL
+    10: "an I/O error",  # SQLITE_IOERR
+    8: "the database is read-only",  # SQLITE_READONLY
+    14: "a database file cannot be opened",  # SQLITE_CANTOPEN
+}
+
+
+def storage_failure(exc: BaseException, path: Path) -> StorageUnavailable | None:
+    """``exc`` as a :class:`StorageUnavailable` if it is a storage failure of the store at ``path``."""
+    if isinstance(exc, StorageUnavailable):
+        return exc
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None or (code & 0xFF) not in _STORAGE_CODES:
+        return None
+    where = path.parent
+    match code & 0xFF:
+        case 13:
+            hint = f"free space on the file system of {where}; goald continues by itself"
+        case 8:
+            hint = f"make {where} and the database files writable by goald; goald continues by itself"
+        case _:
+            hint = f"check the disk and file system of {where} (dmesg); goald retries by itself"
+    return StorageUnavailable(str(exc), hint)
 
 
 class Store:
@@ -140,6 +193,11 @@ class Store:
         self._loop = asyncio.get_running_loop()
         self._states: dict[str, SessionState] = {}
         self._closed = False
+        #: The storage failure that stopped the last write, with when it began (``None``: writable).
+        self._failure: StorageUnavailable | None = None
+        self._failing_since: str | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -149,9 +207,12 @@ class Store:
         from agent.schema import MIGRATIONS
 
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         conn = await aiosqlite.connect(str(path), isolation_level=None)
         try:
+            # Every prompt and tool output is in here: owner only, whatever the umask. SQLite creates
+            # the WAL and SHM files with the database file's mode, so this comes before WAL mode.
+            _owner_only(path)
             sync = "FULL" if durability == "full" else "NORMAL"
             await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute(f"PRAGMA synchronous={sync}")
@@ -243,18 +304,64 @@ class Store:
     def _run_tx(self, fn: Callable[[Tx], T]) -> T:
         conn = self._raw()
         tx = Tx(self, conn)
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            result = fn(tx)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(tx)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            failure = storage_failure(exc, self.path)
+            if failure is None:
+                raise
+            self._storage_failed(failure)
+            raise failure from exc
+        if self._failure is not None:
+            self._storage_recovered()
         self._states.update(tx._states)
+        for mark in tx._committed:
+            mark()
         if tx.events or tx._after:
             self._loop.call_soon_threadsafe(self._deliver, tx.events, tx._after)
         return result
+
+    # -- storage health (on the store thread; the event lives on the loop) ---------------------
+
+    def _storage_failed(self, failure: StorageUnavailable) -> None:
+        if self._failure is None or self._failure.message != failure.message:
+            logger.error("the store cannot write: {} ({}); {}", failure.message, self.path, failure.hint)
+        if self._failure is None:
+            self._failing_since = utcnow()
+            self._loop.call_soon_threadsafe(self._writable.clear)
+        self._failure = failure
+
+    def _storage_recovered(self) -> None:
+        logger.info("the store writes again (it could not since {}: {})", self._failing_since, self._failure)
+        self._failure, self._failing_since = None, None
+        self._loop.call_soon_threadsafe(self._writable.set)
+
+    def storage_health(self) -> dict[str, Any]:
+        """``{"ok": True}``, or the failure that stops writes: ``error``, ``hint`` and ``since``."""
+        failure, since = self._failure, self._failing_since
+        if failure is None:
+            return {"ok": True}
+        return {"ok": False, "error": failure.message, "hint": failure.hint, "since": since}
+
+    async def wait_writable(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a write to succeed after a storage failure; ``True`` if the
+        store writes (again). Retrying writers call this between their attempts."""
+        if self._writable.is_set():
+            await asyncio.sleep(0)
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await self._writable.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _deliver(self, events: list[Event], after: list[Callable[[], None]]) -> None:
         self.hub.publish(events)
@@ -351,13 +458,11 @@ def read_events(
         ).fetchall()
     else:
         rows = conn.execute(
-            "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
-            " ORDER BY seq LIMIT ?",
+            "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=? ORDER BY seq LIMIT ?",
             (session_id, after_seq, high, limit),
         ).fetchall()
     return [
-        Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"])
-        for r in rows
+        Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"]) for r in rows
     ]
 
 

@@ -135,8 +135,9 @@ class Delegate(Tool[DelegateArgs]):
         config["subagent"] = {"tools": tools.names, "parentTurnId": ctx.turn_id, "parentToolUseId": ctx.call_id}
         child = await rt.create_child(ctx.session_id, tools=tools, config=config)
         try:
-            run = await run_child(rt.store, child, content, ref=f"{ctx.session_id}/{ctx.call_id}",
-                                  parent_turn_id=ctx.turn_id)
+            run = await run_child(
+                rt.store, child, content, ref=f"{ctx.session_id}/{ctx.call_id}", parent_turn_id=ctx.turn_id
+            )
         except BaseException:
             # Cancelled (or failed) while the child works: it must not go on without its owner.
             await asyncio.shield(abandon(rt, child, ctx.turn_id))
@@ -169,9 +170,7 @@ def child_tools(parent: ToolRegistry, wanted: list[str] | None, depth: int, max_
     return ToolRegistry(chosen, policy=policy, redactor=parent.redactor, unavailable=unavailable)
 
 
-async def run_child(
-    store: Store, child: Agent, content: Content, *, ref: str, parent_turn_id: str | None
-) -> ChildRun:
+async def run_child(store: Store, child: Agent, content: Content, *, ref: str, parent_turn_id: str | None) -> ChildRun:
     """Queue the task in the child, observe its interval to idle, and charge its spend to the parent."""
     receipt = await store.transact(
         partial(enqueue, session_id=child.session_id, content=content, source=Source(kind=SourceKind.SUBAGENT, ref=ref))

@@ -128,17 +128,20 @@ def close_open_tool_calls(tx: Tx, session_id: str, turn_id: str, start_seq: int,
     return len(wanted)
 
 
-def charge_open_reservations(tx: Tx, session_id: str, turn_id: str | None = None) -> list[str]:
+def charge_open_reservations(
+    tx: Tx, session_id: str, turn_id: str | None = None, error_class: str = "interrupted"
+) -> list[str]:
     """Charge every reservation still open for the session in full; returns the call ids.
 
     A ``model/charged`` event records what was charged, so that whoever sums a session's spend
-    from its events (the goal engine) agrees with the spend guard.
+    from its events (the goal engine) agrees with the spend guard. ``error_class`` says why the
+    call's outcome is unknown (``interrupted``; ``deadline`` for a call cut at the end of its time).
     """
     rows = tx.all(
         "UPDATE model_calls SET state='charged_in_full', cost=reserved_cost, ended_at=?,"
-        " error_class=COALESCE(error_class, 'interrupted') WHERE session_id=? AND state='reserved'"
+        " error_class=COALESCE(error_class, ?) WHERE session_id=? AND state='reserved'"
         " RETURNING id, reserved_tokens, reserved_cost",
-        (tx.now, session_id),
+        (tx.now, error_class, session_id),
     )
     if rows:
         tx.emit(

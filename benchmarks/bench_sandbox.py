@@ -5,7 +5,9 @@ a bare subprocess (the floor), ``Sandbox.none`` (the unconfined path: own proces
 environment, output capture), bubblewrap with the network off and on (a daemon-like layout: the
 state directory and a work-directory root hidden, the work directory bound inside it), and the
 ``shell`` tool end to end through a ``ToolRegistry`` (which adds ``bash -c``). The bubblewrap
-rows minus the ``none`` row are the sandbox's own cost.
+rows minus the ``none`` row are the sandbox's own cost. The rows "with limits" run each command in
+a cgroup of its own (processes and memory capped, ``agent.limits``): minus the row without, they
+are the cost of making, entering, reading and removing that group per call.
 
 Run: ``python benchmarks/bench_sandbox.py [--calls N]``.
 """
@@ -22,7 +24,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from agent import Sandbox, SandboxUnavailable, Shell, ToolContext, ToolRegistry, detect_bwrap
+from agent import CommandLimits, Sandbox, SandboxUnavailable, Shell, ToolContext, ToolRegistry, detect_bwrap
+from agent.limits import limiter
 
 
 def pct(values: list[float], q: float) -> float:
@@ -70,6 +73,15 @@ async def run(calls: int) -> None:
                 )
                 label = f"bwrap, network {'on' if network else 'off'}"
                 rows.append((label, await timed(calls, lambda box=box: box.run(["true"], timeout=30))))
+            limited = Sandbox(
+                workdir,
+                hidden=(state, state / "work"),
+                bwrap=found.path,
+                disable_userns=found.disable_userns,
+                limits=CommandLimits.of(512, 4096),
+            )
+            label = f"bwrap, with limits ({limiter().mechanism.value})"
+            rows.append((label, await timed(calls, lambda: limited.run(["true"], timeout=30))))
             shell_box = Sandbox(
                 workdir, hidden=(state, state / "work"), bwrap=found.path, disable_userns=found.disable_userns
             )
@@ -82,13 +94,17 @@ async def run(calls: int) -> None:
                 )
             )
     print(f"{calls} calls each; wall time per call")
-    print(f"{'':28} {'median':>9} {'p90':>9}")
+    print(f"{'':34} {'median':>9} {'p90':>9}")
     for label, values in rows:
-        print(f"{label:28} {statistics.median(values) * 1000:8.2f}ms {pct(values, 0.9) * 1000:8.2f}ms")
+        print(f"{label:34} {statistics.median(values) * 1000:8.2f}ms {pct(values, 0.9) * 1000:8.2f}ms")
     medians = dict((label, statistics.median(values)) for label, values in rows)
     if "bwrap, network off" in medians:
         cost = (medians["bwrap, network off"] - medians["Sandbox.none"]) * 1000
         print(f"sandbox start-up cost per shell call (median, network off, over Sandbox.none): {cost:.2f}ms")
+        limited_label = next((label for label in medians if label.startswith("bwrap, with limits")), None)
+        if limited_label is not None:
+            extra = (medians[limited_label] - medians["bwrap, network off"]) * 1000
+            print(f"limits' cost per shell call (median, {limited_label} over network off): {extra:.2f}ms")
 
 
 def main() -> None:

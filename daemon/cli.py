@@ -27,6 +27,8 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_CONFLICT = 4
 EXIT_UNAVAILABLE = 69
+#: Another goald holds the state directory (``EX_TEMPFAIL``: try again once it has stopped).
+EXIT_LOCKED = 75
 EXIT_CONFIG = 78
 
 
@@ -57,6 +59,30 @@ def _add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> 
             help='allow a tool or shell command pattern (repeatable; e.g. read_file, "shell:git *");'
             " replaces the configured tool_policy for this goal",
         )
+        _add_sandbox_options(p)
+
+
+def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
+    """A goal's progress command and its own sandbox settings (merged with ``[goal_sandbox.<key>]``)."""
+    p.add_argument("--progress", metavar="CMD", help="a command whose changed output counts as progress")
+    p.add_argument("--progress-timeout", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument(
+        "--network",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the network on (or off) for the goal's commands",
+    )
+    p.add_argument(
+        "--read-only-path", action="append", metavar="PATH", help="a path the goal's commands may read (repeatable)"
+    )
+    p.add_argument("--max-processes", type=int, metavar="N", help="processes of one command at once")
+    p.add_argument("--max-memory", type=int, metavar="MIB", help="memory of one command as a whole, in MiB")
+    p.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME=env:VAR|credential:FILE",
+        help="a secret environment variable of the goal's commands, by where the daemon reads it",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     sadd.add_argument("--max-tokens", type=int)
     sadd.add_argument("--verify", action="append", metavar="CMD")
     sadd.add_argument("--tool", action="append", metavar="PATTERN", help="the goal's tool allowlist (repeatable)")
+    _add_sandbox_options(sadd)
     sadd.add_argument("--json", action="store_true")
     slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
     slist.add_argument("--json", action="store_true")
@@ -206,6 +233,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     from daemon.settings import ConfigError
 
     cmd = args.command
+    if cmd in ("serve", "run", "demo", "acp"):
+        # The daemon's files (database, WAL, work directories, logs of tools) are its own: 0600 and
+        # 0700, outside systemd (whose units set UMask=0077) too.
+        os.umask(0o077)
     if cmd == "demo":
         setup_logging(args.log_level or "WARNING")
         from daemon.demo import run_demo
@@ -225,9 +256,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "serve":
         setup_logging(args.log_level or settings.log_level, settings.log_format)
         from daemon.host import Host
+        from daemon.lock import StateDirLocked
 
         try:
             return asyncio.run(Host(settings).run(stdio=args.stdio))
+        except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
+            print(f"goald: {exc}", file=sys.stderr)
+            return EXIT_LOCKED
         except ConfigError as exc:  # e.g. an invalid goals file: the file, entry and field are named
             print(f"goald: invalid configuration: {exc}", file=sys.stderr)
             return EXIT_CONFIG

@@ -57,6 +57,38 @@ def _verify(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     return [{"cmd": c, "timeout": timeout} for c in cmds]
 
 
+def sandbox_params(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``sandbox`` object of a goal from the command line (``None``: no flag given).
+
+    Raises:
+        UsageError: a malformed ``--secret``.
+    """
+    out: dict[str, Any] = {}
+    if getattr(args, "network", None) is not None:
+        out["network"] = args.network
+    if getattr(args, "read_only_path", None):
+        out["readOnlyPaths"] = args.read_only_path
+    if getattr(args, "max_processes", None) is not None:
+        out["maxProcesses"] = args.max_processes
+    if getattr(args, "max_memory", None) is not None:
+        out["maxMemoryMb"] = args.max_memory
+    for item in getattr(args, "secret", None) or []:
+        name, _, where = item.partition("=")
+        kind, _, ref = where.partition(":")
+        if not name or kind not in ("env", "credential") or not ref:
+            from daemon.cli import UsageError
+
+            raise UsageError(f"--secret {item!r}: expected NAME=env:VARIABLE or NAME=credential:FILE")
+        out.setdefault("secrets", {})[name] = {kind: ref}
+    return out or None
+
+
+def progress_params(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``progress`` command of a goal from the command line (``None``: none given)."""
+    cmd = getattr(args, "progress", None)
+    return {"cmd": cmd, "timeout": args.progress_timeout} if cmd else None
+
+
 async def _goal_session(client: Client, target: str) -> str:
     if target.startswith("goal_"):
         goal = await client.call("goal/get", {"goalId": target})
@@ -126,6 +158,8 @@ async def goal_add(client: Client, args: argparse.Namespace) -> int:
         "idempotencyKey": args.idempotency_key,
         "stallRounds": args.stall_rounds,
         "tools": args.tool,
+        "progress": progress_params(args),
+        "sandbox": sandbox_params(args),
     }
     created = await client.call("goal/create", params)
     if args.json:

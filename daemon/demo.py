@@ -18,6 +18,7 @@ from typing import TextIO
 
 from agent import Event, ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall
 from daemon.display import describe_event, goal_line
+from daemon.lock import StateDirLocked
 
 DEMO_OBJECTIVE = (
     "Keep the nightly report current: write report.md from the inputs in data.csv, "
@@ -125,7 +126,15 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
         print(line, file=out, flush=True)
 
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        ready = asyncio.ensure_future(host.ready.wait())
+        await asyncio.wait({ready, server}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if not host.ready.is_set():
+            ready.cancel()
+            exc = server.exception() if server.done() and not server.cancelled() else None
+            if isinstance(exc, StateDirLocked):  # another goald serves this state directory; nothing was written
+                print(f"goald: {exc}", file=sys.stderr, flush=True)
+                return 75
+            raise RuntimeError(f"the demo's daemon did not start: {exc}")
         assert host.rt is not None and host.engine is not None
         rt, engine = host.rt, host.engine
         workdir = host.workdir_for(None, "demo")
@@ -181,7 +190,8 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
         return 0 if final.status is GoalStatus.COMPLETED else 1
     finally:
         host.request_stop()
-        await asyncio.wait_for(server, 60)
+        if not (server.done() and not server.cancelled() and server.exception() is not None):
+            await asyncio.wait_for(server, 60)
 
 
 def main() -> int:  # pragma: no cover - convenience for ``python -m daemon.demo``

@@ -1,10 +1,12 @@
 """The host: the long-running process that holds the store, the sessions, the goal engine, the
 scheduler and the control server, all inside one ``asyncio.TaskGroup``.
 
-Start order: state directory → store (crash repair) → goal engine (every active goal's pending
+Start order: state directory → its lock (a second daemon stops here, having written nothing:
+:mod:`daemon.lock`) → store (crash repair) → goal engine (every active goal's pending
 decision is made: that is what "resumed" means; histories are not loaded) → scheduler (missed
 fires applied) → control socket → ``READY=1``. Stop order (SIGTERM/SIGINT, or the ``shutdown``
-method): ``STOPPING=1`` → the socket and the scheduler stop taking work → running turns get the
+method): ``STOPPING=1`` → the socket and the scheduler stop taking work (a request in flight, such as the
+call that stopped the daemon, still writes its answer) → running turns get the
 grace period to reach a safe point, else end ``interrupted`` → the store closes → exit 0.
 SIGHUP reloads declared goals and schedules by ``key``. The configured MCP servers start before the
 store opens (sessions' tool lists are built from their listings) and stop after it closes.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import io
 import os
@@ -45,9 +48,22 @@ from agent import (
     file_tools,
 )
 from daemon import __version__
+from daemon.goal_sandbox import goal_policy, goal_redactor
+from daemon.lock import StateLock
 from daemon.protocol import InvalidField
 from daemon.settings import Settings, sandbox_profile
-from goals import GoalEngine, GoalStatus, policy_for_session, sandboxed_runner, tools_for_goal_sessions
+from goals import MIGRATIONS as GOAL_MIGRATIONS
+from goals import (
+    CommandRunner,
+    Goal,
+    GoalEngine,
+    GoalStatus,
+    SandboxSpec,
+    goal_from_row,
+    policy_for_session,
+    sandboxed_runner,
+    tools_for_goal_sessions,
+)
 
 
 class RunState(enum.StrEnum):
@@ -104,23 +120,40 @@ async def build_mcp_servers(settings: Settings) -> McpServers:
             return McpServers()
     creds = os.environ.get("CREDENTIALS_DIRECTORY")
     visible = (s.state_dir.expanduser(), s.database_path.parent, s.socket_path.parent, *s.roots)
-    hidden = tuple(p for p in (*visible, *([Path(creds)] if creds else [])) if p != Path("/"))
+    config = [s.config_file] if s.config_file is not None else []
+    hidden = tuple(p for p in (*visible, *([Path(creds)] if creds else []), *config) if p != Path("/"))
     servers = []
     for name, cfg in s.mcp_servers.items():
         home = s.state_dir.expanduser() / "mcp" / name
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        wrap = None
+        box = None
         if bwrap is not None:
             try:
-                # The sandbox starts from an empty environment: the server's variables go in with it.
-                box = Sandbox(home, hidden=hidden, network=cfg.network, env=cfg.env, bwrap=bwrap.path,
-                              disable_userns=bwrap.disable_userns)
+                # The sandbox starts from an empty environment: the server's variables go in with it,
+                # as secrets (on no command line; redacted from its output).
+                box = Sandbox(
+                    home,
+                    hidden=hidden,
+                    network=cfg.network,
+                    secrets=cfg.env,
+                    bwrap=bwrap.path,
+                    disable_userns=bwrap.disable_userns,
+                    read_only=(*s.sandbox_read_only_paths, *cfg.read_only_paths),
+                )
             except SandboxUnavailable as exc:
                 logger.error("MCP server {} not started: {}", name, exc)
                 continue
-            wrap = box.argv
-        servers.append(McpServer(name, cfg.command, cfg.env, wrap=wrap, cwd=home,
-                                 start_timeout=cfg.start_timeout_seconds, call_timeout=cfg.timeout_seconds))
+        servers.append(
+            McpServer(
+                name,
+                cfg.command,
+                cfg.env,
+                sandbox=box,
+                cwd=home,
+                start_timeout=cfg.start_timeout_seconds,
+                call_timeout=cfg.timeout_seconds,
+            )
+        )
     return McpServers(servers)
 
 
@@ -158,14 +191,29 @@ class Host:
         self._stop.set()
 
     async def run(self, *, stdio: bool = False) -> int:
-        """Serve until stopped; returns the exit code."""
+        """Serve until stopped; returns the exit code.
+
+        Raises:
+            StateDirLocked: another process holds the state directory; nothing was written.
+        """
+        state_dir = self.settings.state_dir.expanduser()
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Before the store is opened or repaired, and before the socket is touched (daemon.lock).
+        lock = StateLock(state_dir)
+        lock.acquire()
+        try:
+            return await self._serve(stdio=stdio)
+        finally:
+            lock.release()
+
+    async def _serve(self, *, stdio: bool) -> int:
         from daemon.notify import Notifier, watchdog_loop
-        from daemon.server import UnixServer, serve_stdio
+        from daemon.server import ConnectionLimits, UnixServer, raise_nofile_limit, serve_stdio
 
         s = self.settings
-        s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        raise_nofile_limit()
         for root in s.roots:
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
         if s.goals_file is not None:
             from daemon.declared import check_declared
 
@@ -176,27 +224,33 @@ class Host:
         loop = asyncio.get_running_loop()
         self._install_signals(loop)
         self.mcp = await build_mcp_servers(s)
-        async with self.mcp, Runtime.open(
-            s.database_path,
-            durability=s.durability,
-            resolver=self._resolve,
-            grace=s.shutdown_grace_seconds,
-            resume=False,
-        ) as rt:
+        async with (
+            self.mcp,
+            Runtime.open(
+                s.database_path,
+                durability=s.durability,
+                resolver=self._resolve,
+                grace=s.shutdown_grace_seconds,
+                resume=False,
+            ) as rt,
+        ):
             self.rt = rt
             engine = GoalEngine(
                 rt,
                 allowed_roots=s.roots,
                 model_check=self._check_model,
                 runner=sandboxed_runner(self.sandboxing.sandbox, self.sandboxing.redactor),
+                runner_for=self._goal_runner,
             )
             self.engine = engine
+            # Before the engine resumes any goal's session (their tools are set up as they load).
+            await self._learn_live_goal_secrets(rt)
             await engine.start(resume=s.resume_on_start)
             await self._start_scheduler()
             from daemon.methods import build_dispatcher
 
             dispatcher = build_dispatcher(self)
-            server = UnixServer(s.socket_path, dispatcher, s.max_frame_bytes)
+            server = UnixServer(s.socket_path, dispatcher, s.max_frame_bytes, limits=ConnectionLimits.of(s))
             await server.start()
             stdio_task = rt.spawn(self._stdio(serve_stdio, dispatcher)) if stdio else None
             self._set_state(RunState.SERVING)
@@ -320,7 +374,8 @@ class Host:
             tools.add(Shell(self._sandbox_for, default_timeout=self.settings.shell_timeout_seconds))
         else:
             tools.unavailable["shell"] = self.sandboxing.unavailable
-        config = AgentConfig.model_validate(row.config.get("agent", {}))
+        agent_config = {"min_call_seconds": self.settings.model_call_min_seconds, **row.config.get("agent", {})}
+        config = AgentConfig.model_validate(agent_config)
         return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots)
 
     async def _sandbox_for(self, ctx: ToolContext) -> Sandbox:
@@ -340,19 +395,45 @@ class Host:
                 " SELECT id, parent_session_id, 0 FROM sessions WHERE id=?"
                 " UNION ALL SELECT s.id, s.parent_session_id, chain.depth + 1 FROM sessions s"
                 " JOIN chain ON s.id = chain.parent WHERE chain.depth < 64)"
-                " SELECT g.key FROM chain JOIN goals g ON g.session_id = chain.id"
+                " SELECT g.* FROM chain JOIN goals g ON g.session_id = chain.id"
                 " WHERE g.status IN ('active', 'paused') ORDER BY chain.depth DESC LIMIT 1",
                 (ctx.session_id,),
             ).fetchone()
         )
-        return self.sandboxing.sandbox(ctx.workdir, row["key"] if row is not None else None)
+        if row is None:
+            return self.sandboxing.sandbox(ctx.workdir)
+        return self.sandboxing.sandbox(ctx.workdir, policy=goal_policy(self.sandboxing, goal_from_row(row)))
+
+    def _goal_runner(self, goal: Goal) -> CommandRunner:
+        """Where ``goal``'s verification and progress commands run: its own sandbox, as its shell."""
+        policy = goal_policy(self.sandboxing, goal)
+        return sandboxed_runner(
+            lambda workdir: self.sandboxing.sandbox(workdir, policy=policy),
+            goal_redactor(self.sandboxing, goal.sandbox),
+        )
+
+    def learn_secrets(self, spec: SandboxSpec) -> None:
+        """Redact the secrets ``spec`` names from every tool's output of sessions resolved from now on
+        (a goal's own session is resolved after the goal is created)."""
+        if spec.secrets:
+            self.sandboxing = dataclasses.replace(self.sandboxing, redactor=goal_redactor(self.sandboxing, spec))
+
+    async def _learn_live_goal_secrets(self, rt: Runtime) -> None:
+        await rt.store.migrate("goals", GOAL_MIGRATIONS)  # what the engine's start does first (idempotent)
+        rows = await rt.store.read(
+            lambda conn: conn.execute(
+                "SELECT * FROM goals WHERE status IN ('active', 'paused') AND sandbox != '{}'"
+            ).fetchall()
+        )
+        for row in rows:
+            self.learn_secrets(goal_from_row(row).sandbox)
 
     def workdir_for(self, raw: str | None, name: str) -> Path:
         """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``."""
         roots = [r.resolve() for r in self.settings.roots]
         if raw is None:
             path = roots[0] / name
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
             return path
         path = Path(raw).expanduser()
         if not path.is_absolute():
@@ -404,5 +485,7 @@ class Host:
             "goals": await self.goal_counts() if self.rt is not None else {},
             "sessionsRunning": self.sessions_running(),
             "providers": {name: h.snapshot() for name, h in self.healths.items()},
+            # Whether the store can write; if not, the error and what to do (cleared by the next write).
+            "storage": self.rt.store.storage_health() if self.rt is not None else {"ok": True},
             "time": datetime.now(UTC).isoformat(),
         }

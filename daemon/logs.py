@@ -18,11 +18,13 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
         logger.add(sys.stderr, level=level.upper(), serialize=True)
     elif fmt == "journal":
         # journald adds its own timestamp; a syslog-style priority prefix sets the level there.
-        logger.add(sys.stderr, level=level.upper(), format="{extra[prio]}{name}: {message}",
-                   filter=_journal_priority)
+        logger.add(sys.stderr, level=level.upper(), format="{extra[prio]}{name}: {message}", filter=_journal_priority)
     else:
-        logger.add(sys.stderr, level=level.upper(),
-                   format="<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> {name}: {message}")
+        logger.add(
+            sys.stderr,
+            level=level.upper(),
+            format="<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> {name}: {message}",
+        )
 
 
 _PRIORITIES = {"TRACE": 7, "DEBUG": 7, "INFO": 6, "SUCCESS": 5, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}

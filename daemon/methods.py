@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from agent import Event, EventType, MessageId, SessionId, Subscription, create_session
 from daemon import __version__
-from daemon.protocol import PROTOCOL_VERSION, Dispatcher, ErrorCode, Peer, RpcError
-from goals import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopRules, VerifyCommand
+from daemon.protocol import PROTOCOL_VERSION, Dispatcher, ErrorCode, InvalidField, Peer, RpcError
+from goals import Budgets, Goal, GoalId, GoalSpec, GoalStatus, SandboxSpec, StopRules, VerifyCommand
 
 if TYPE_CHECKING:
     from daemon.host import Host
@@ -61,6 +61,37 @@ class VerifyIn(Params):
 
     cmd: str = Field(min_length=1)
     timeout: float = Field(default=300.0, gt=0, le=86_400)
+
+
+class SecretIn(Params):
+    """Where the daemon reads one secret of a goal's sandbox (never its value)."""
+
+    credential: str | None = None
+    env: str | None = None
+
+
+class SandboxIn(Params):
+    """A goal's own sandbox settings on the wire (merged with ``[goal_sandbox.<key>]``; see the README)."""
+
+    network: bool | None = None
+    read_only_paths: list[str] = []
+    max_processes: int | None = None
+    max_memory_mb: int | None = None
+    secrets: dict[str, SecretIn] = {}
+
+    def to_spec(self) -> SandboxSpec:
+        """As the goal model's sandbox spec."""
+        return SandboxSpec.model_validate(self.model_dump(exclude_unset=True))
+
+    @model_validator(mode="after")
+    def _valid(self) -> SandboxIn:
+        try:
+            self.to_spec()
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(to_camel(str(p)) if isinstance(p, str) else str(p) for p in first["loc"])
+            raise ValueError(f"{where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
+        return self
 
 
 class NoParams(Params):
@@ -154,6 +185,9 @@ class GoalCreate(Params):
     session_id: SessionId | None = None
     idempotency_key: str | None = None
     stall_rounds: int | None = Field(default=None, ge=1)
+    #: A command whose changed output counts as the goal's progress (run in its sandbox).
+    progress: VerifyIn | None = None
+    sandbox: SandboxIn | None = None
 
 
 class GoalRef(Params):
@@ -183,12 +217,31 @@ class GoalList(Params):
     status: GoalStatus | None = None
 
 
+def checked_sandbox(host: Host, spec: SandboxSpec, on_existing_session: bool = False) -> None:
+    """Refuse a goal's sandbox that names a provider's key, or secrets for a session that is already
+    set up; otherwise let the daemon redact its secrets from the new session's tool output.
+
+    Raises:
+        InvalidField: naming what is wrong (nothing was written).
+    """
+    from daemon.goal_sandbox import check_spec
+
+    try:
+        check_spec(host.settings, spec)
+    except ValueError as exc:
+        raise InvalidField(str(exc), field="sandbox") from None
+    if spec.secrets and on_existing_session:
+        raise InvalidField("sandbox.secrets come with a goal's own session: leave out sessionId", field="sandbox")
+    host.learn_secrets(spec)
+
+
 def goal_view(goal: Goal) -> dict[str, Any]:
     """A goal as the protocol shows it."""
     data = goal.model_dump(mode="json", exclude={"memory"})
     out = {to_camel(k): v for k, v in data.items()}
     out["budgets"] = {to_camel(k): v for k, v in data["budgets"].items()}
     out["rules"] = {to_camel(k): v for k, v in data["rules"].items()}
+    out["sandbox"] = {to_camel(k): v for k, v in data["sandbox"].items()}
     mem = goal.memory
     out["notes"] = mem.notes
     out["lastVerification"] = [r.model_dump(mode="json") for r in mem.verify_results]
@@ -337,8 +390,11 @@ def build_dispatcher(host: Host) -> Dispatcher:
             session_id=p.session_id,
             idempotency_key=p.idempotency_key,
             rules=StopRules(stall_rounds=p.stall_rounds) if p.stall_rounds else StopRules(),
+            progress=VerifyCommand.model_validate(p.progress.model_dump()) if p.progress is not None else None,
+            sandbox=p.sandbox.to_spec() if p.sandbox is not None else SandboxSpec(),
         )
         host.models.get(spec.model)
+        checked_sandbox(host, spec.sandbox, p.session_id is not None)
         if p.workdir is not None or p.session_id is None:
             workdir = host.workdir_for(p.workdir, goal_id)
             spec = spec.model_copy(update={"workdir": str(workdir)})

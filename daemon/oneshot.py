@@ -11,7 +11,10 @@ The exit code reflects the run-level ``finish_reason`` (the last root turn's end
 interval, not the prompt's outcome); see :func:`exit_code`. SIGINT interrupts the running turn
 and discards what is queued (the run ends ``cancelled``, exit 130; a second SIGINT stops the
 host); SIGTERM stops the host gracefully, so a running turn ends ``interrupted`` at its next safe
-point or after the grace period (exit 1).
+point or after the grace period (exit 1). When another goald holds ``--state-dir`` the run exits
+75 at once and writes nothing (the host takes the state directory's lock: :mod:`daemon.lock`).
+A turn may also be ended by another client of the embedded host's socket (``session/interrupt``):
+the host's stop lets that call write its answer before the process exits (:mod:`daemon.server`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from agent import EndReason, InvalidInput, Limits, SessionId, create_session
+from daemon.lock import StateDirLocked
 from daemon.notify import NOTIFY_ENV
 from daemon.sdk import Client, RpcError, RunIncomplete, RunResult, SessionEvent
 from daemon.settings import Settings
@@ -42,6 +46,8 @@ EXIT_USAGE = 2
 EXIT_LIMIT = 3
 EXIT_MAX_STEPS = 4
 EXIT_CANCELLED = 130
+#: Another goald holds ``--state-dir`` (as ``goald serve`` exits).
+EXIT_LOCKED = 75
 
 #: Seconds the run may still take to deliver its last events once the host has stopped.
 _DRAIN_SECONDS = 5.0
@@ -114,6 +120,9 @@ async def run_oneshot(settings: Settings, opts: RunOptions, out: TextIO, err: Te
         if not host.ready.is_set():
             ready.cancel()
             exc = server.exception() if server.done() and not server.cancelled() else None
+            if isinstance(exc, StateDirLocked):  # another goald serves this state directory; nothing was written
+                print(f"goald: {exc}", file=err)
+                return EXIT_LOCKED
             print(f"goald: the embedded host did not start: {exc}", file=err)
             return EXIT_ERROR
         return await _run(host, server, opts, workdir, out, err)
@@ -125,8 +134,9 @@ async def run_oneshot(settings: Settings, opts: RunOptions, out: TextIO, err: Te
             shutil.rmtree(temp, ignore_errors=True)
 
 
-async def _run(host: Host, server: asyncio.Task[int], opts: RunOptions, workdir: Path | None, out: TextIO,
-               err: TextIO) -> int:
+async def _run(
+    host: Host, server: asyncio.Task[int], opts: RunOptions, workdir: Path | None, out: TextIO, err: TextIO
+) -> int:
     assert host.rt is not None
     rt = host.rt
     try:

@@ -3,7 +3,9 @@
 This module is transport-free: it parses frames, validates requests, dispatches them to handlers
 and turns every failure into a JSON-RPC error. A bad frame is answered with an error and never
 closes the connection, let alone other clients' connections. Frames over the configured limit
-(1 MiB by default) are refused and skipped up to the next newline.
+(1 MiB by default) are refused and skipped up to the next newline. A transport may bound how long
+a frame takes to arrive and how long a connection may stay silent (:func:`read_frames`): a client
+that never finishes its frame would otherwise hold its buffer and descriptor for ever.
 
 Error codes: the JSON-RPC ones (-32700 parse error, -32600 invalid request, -32601 unknown method,
 -32602 invalid params with the offending field in ``data.field``, -32603 internal error) and
@@ -22,7 +24,7 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel, ValidationError
 
-from agent import Conflict, InvalidInput, InvalidTransition, NotFound
+from agent import Conflict, InvalidInput, InvalidTransition, NotFound, StorageUnavailable
 
 PROTOCOL_VERSION = 1
 
@@ -45,6 +47,8 @@ class ErrorCode(enum.IntEnum):
     SHUTTING_DOWN = -32004
     #: Resuming a subscription below the oldest kept event.
     EVENTS_PRUNED = -32005
+    #: The store cannot write (disk full, I/O error): the request changed nothing; retry later.
+    STORAGE_UNAVAILABLE = -32006
 
 
 class RpcError(Exception):
@@ -97,6 +101,12 @@ def map_exception(exc: BaseException) -> RpcError:
             return RpcError(ErrorCode.CONFLICT, str(exc))
         case InvalidInput():
             return RpcError(ErrorCode.INVALID_PARAMS, str(exc), {"field": getattr(exc, "field", None)})
+        case StorageUnavailable():
+            return RpcError(
+                ErrorCode.STORAGE_UNAVAILABLE,
+                f"storage unavailable: {exc.message}; nothing was accepted, try again later ({exc.hint})",
+                {"error": exc.message, "hint": exc.hint},
+            )
         case _:
             logger.opt(exception=exc).error("internal error while handling a request")
             return RpcError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
@@ -204,12 +214,47 @@ def _error(req_id: Any, err: RpcError) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": req_id, "error": err.to_json()}
 
 
-async def read_frames(reader: asyncio.StreamReader, max_bytes: int) -> AsyncIterator[bytes | None]:
-    """Newline-delimited frames from ``reader``; ``None`` stands for a frame over ``max_bytes`` (skipped)."""
+class FrameTimeout(TimeoutError):
+    """A connection sat too long on a partial frame, or idle (see :func:`read_frames`)."""
+
+
+async def read_frames(
+    reader: asyncio.StreamReader,
+    max_bytes: int,
+    *,
+    frame_timeout: float | None = None,
+    idle_timeout: Callable[[], float | None] | None = None,
+) -> AsyncIterator[bytes | None]:
+    """Newline-delimited frames from ``reader``; ``None`` stands for a frame over ``max_bytes`` (skipped).
+
+    Args:
+        frame_timeout: seconds a begun frame may take to arrive whole (counted while waiting for
+            bytes only, not while the consumer handles earlier frames); then :class:`FrameTimeout`.
+        idle_timeout: asked before each wait with no partial frame: the seconds the connection may
+            stay silent (``None``: for ever); then :class:`FrameTimeout`.
+    """
+    loop = asyncio.get_running_loop() if frame_timeout is not None or idle_timeout is not None else None
     buf = bytearray()
     discarding = False
+    waited = 0.0  # seconds spent waiting for the rest of the partial frame
     while True:
-        chunk = await reader.read(65536)
+        partial = bool(buf) or discarding
+        if loop is None:
+            chunk = await reader.read(65536)
+        else:
+            if partial:
+                limit = None if frame_timeout is None else frame_timeout - waited
+            else:
+                limit = idle_timeout() if idle_timeout is not None else None
+            began = loop.time()
+            try:
+                async with asyncio.timeout(limit):
+                    chunk = await reader.read(65536)
+            except TimeoutError:
+                if partial:
+                    raise FrameTimeout(f"a frame still unfinished after {waited + loop.time() - began:.0f}s") from None
+                raise FrameTimeout(f"silent for {loop.time() - began:.0f}s with no subscription") from None
+            waited = waited + loop.time() - began if partial else 0.0
         if not chunk:
             if buf.strip() and not discarding:
                 yield bytes(buf)
@@ -224,6 +269,7 @@ async def read_frames(reader: asyncio.StreamReader, max_bytes: int) -> AsyncIter
                         buf.clear()
                         discarding = True
                 break
+            waited = 0.0  # a frame ended: whatever follows is a new frame with its own time
             if discarding:
                 discarding = False
                 yield None

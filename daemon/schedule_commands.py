@@ -45,6 +45,12 @@ async def schedule_command(client: Client, args: argparse.Namespace) -> int:
             goal["verify"] = [{"cmd": c} for c in args.verify]
         if args.tool:
             goal["tools"] = args.tool
+        from daemon.commands import progress_params, sandbox_params
+
+        if (progress := progress_params(args)) is not None:
+            goal["progress"] = progress
+        if (sandbox := sandbox_params(args)) is not None:
+            goal["sandbox"] = sandbox
         params = {
             "key": args.key,
             "trigger": _trigger(args),

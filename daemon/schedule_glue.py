@@ -27,6 +27,7 @@ async def fire_goal(host: Host, schedule: Any, at: datetime) -> str:
     spec = GoalSpec.model_validate(
         {**template, "workdir": str(workdir), "idempotency_key": f"{schedule.id}@{at.isoformat()}"}
     )
+    host.learn_secrets(spec.sandbox)  # redacted from the new session's tool output
     goal = await host.engine.create(spec)
     return str(goal.id)
 

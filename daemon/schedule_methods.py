@@ -52,6 +52,10 @@ def register_schedule_methods(d: Dispatcher, host: Host) -> None:
         if host.state != "serving":
             raise RpcError(ErrorCode.SHUTTING_DOWN, f"the daemon is {host.state}; it takes no new work")
         spec = ScheduleSpec.parse(p.model_dump())
+        from daemon.methods import checked_sandbox
+        from goals import SandboxSpec
+
+        checked_sandbox(host, SandboxSpec.model_validate(spec.goal.get("sandbox") or {}))
         schedule = await scheduler().add(spec)
         return dict(schedule.public())
 

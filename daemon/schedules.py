@@ -396,9 +396,13 @@ _TEMPLATE_REFUSED = {
 }
 
 
-def _snake_keys(value: Any) -> Any:
+def _snake_keys(value: Any, *, names: bool = False) -> Any:
+    # ``names``: the keys are names of the user's (a sandbox's secrets: ``GIT_TOKEN``), kept as given.
     if isinstance(value, dict):
-        return {to_snake(k) if isinstance(k, str) else k: _snake_keys(v) for k, v in value.items()}
+        return {
+            (to_snake(k) if isinstance(k, str) and not names else k): _snake_keys(v, names=k == "secrets" and not names)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_snake_keys(v) for v in value]
     return value

@@ -13,10 +13,20 @@ import dataclasses
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent import (
@@ -29,11 +39,39 @@ from agent import (
     ToolPolicy,
     detect_bwrap,
 )
+from agent.allowlist import etc_secrets
+from agent.limits import MIB, MIN_MEMORY_BYTES, MIN_PROCESSES, CommandLimits, limiter
 from agent.sandbox import BASE_VARIABLES
 
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and the reason."""
+
+
+def _absolute_path(value: Path) -> Path:
+    path = value.expanduser()
+    if not path.is_absolute():
+        raise ValueError(f"must be an absolute path, got {str(value)!r}")
+    return path
+
+
+#: A path a sandbox shows read-only: absolute (``~`` expanded).
+ReadOnlyPath = Annotated[Path, AfterValidator(_absolute_path)]
+
+
+def _cap(minimum: int, unit: str) -> AfterValidator:
+    def check(value: int) -> int:
+        if value != 0 and value < minimum:
+            raise ValueError(f"must be 0 (no cap) or at least {minimum}{unit}")
+        return value
+
+    return AfterValidator(check)
+
+
+#: A cap on a command's processes: 0 (no cap) or at least :data:`~agent.limits.MIN_PROCESSES`.
+Processes = Annotated[int, Field(ge=0), _cap(MIN_PROCESSES, "")]
+#: A cap on a command's memory in MiB: 0 (no cap) or at least 16.
+MemoryMb = Annotated[int, Field(ge=0), _cap(MIN_MEMORY_BYTES // MIB, " MiB")]
 
 
 class ProviderSettings(BaseModel):
@@ -77,6 +115,8 @@ class McpServerSettings(BaseModel):
     env: dict[str, str] = {}
     #: Whether the server may use the network (in the bwrap sandbox; unconfined it always can).
     network: bool = False
+    #: Paths the server's sandbox shows read-only besides the system directories (its installation).
+    read_only_paths: list[ReadOnlyPath] = []
     #: Seconds to wait for the server's handshake and tool listing.
     start_timeout_seconds: float = Field(default=30.0, gt=0)
     #: Each tool call's timeout.
@@ -115,6 +155,12 @@ class GoalSandbox(BaseModel):
     network: bool | None = None
     #: Environment variables of this goal's commands only, by name; their values are redacted from tool output.
     secrets: dict[str, SecretRef] = {}
+    #: Paths this goal's commands see read-only besides the system directories (a toolchain under /opt).
+    read_only_paths: list[ReadOnlyPath] = []
+    #: Cap on the processes of each of this goal's commands (default: ``sandbox_max_processes``; 0: none).
+    max_processes: Processes | None = None
+    #: Cap on the memory of each of this goal's commands, in MiB (default: ``sandbox_max_memory_mb``; 0: none).
+    max_memory_mb: MemoryMb | None = None
 
     @field_validator("secrets")
     @classmethod
@@ -149,12 +195,27 @@ class Settings(BaseSettings):
     sandbox_network: bool = False
     #: The ``shell`` tool's default and longest timeout for one command.
     shell_timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
+    #: Paths every sandboxed command sees read-only besides the system directories.
+    sandbox_read_only_paths: list[ReadOnlyPath] = []
+    #: Cap on the processes of each sandboxed command as a whole (0: no cap).
+    sandbox_max_processes: Processes = 512
+    #: Cap on the memory of each sandboxed command as a whole, in MiB (0: no cap).
+    sandbox_max_memory_mb: MemoryMb = 4096
+    #: No model call starts with less than this many seconds left of its goal's wall time or
+    #: before its deadline; a call still running when the time runs out is cancelled.
+    model_call_min_seconds: float = Field(default=5.0, ge=0, le=3600)
     #: Network and secrets of each goal's commands, by goal key.
     goal_sandbox: dict[str, GoalSandbox] = {}
     #: What sessions may run unless their goal gives its own allowlist (``None``: every tool, every command).
     tool_policy: ToolPolicy | None = None
     goals_file: Path | None = None
     max_frame_bytes: int = Field(default=1024 * 1024, ge=1024)
+    #: Control-socket connections held at once; at the cap the oldest one without a subscription is closed.
+    max_connections: int = Field(default=256, ge=2, le=65_536)
+    #: Seconds a control-socket client may take to send a frame it has begun.
+    frame_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    #: Seconds a control-socket connection without a subscription may stay silent before it is closed.
+    idle_connection_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     mcp_servers: dict[str, McpServerSettings] = {}
 
     @field_validator("default_model")
@@ -185,6 +246,14 @@ class Settings(BaseSettings):
             if not root.expanduser().is_absolute():
                 raise ValueError(f"entries must be absolute paths, got {str(root)!r}")
         return value
+
+    #: The TOML file these settings were read from (hidden from every sandbox).
+    _config_file: Path | None = PrivateAttr(default=None)
+
+    @property
+    def config_file(self) -> Path | None:
+        """The TOML file these settings were read from, if any."""
+        return self._config_file
 
     @property
     def database_path(self) -> Path:
@@ -271,9 +340,12 @@ def load_settings(path: Path | str | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
     data.update(overrides)
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(f"{where}: {_describe(exc)}") from None
+    if path is not None:
+        settings._config_file = Path(path).expanduser().absolute()
+    return settings
 
 
 def read_secret(provider: ProviderSettings) -> str | None:
@@ -323,16 +395,32 @@ def sandbox_profile(settings: Settings) -> SandboxProfile:
                 continue
             secrets[name] = value
         values += secrets.values()
-        policies[key] = SandboxPolicy(network=conf.network, secrets=secrets)
+        policies[key] = SandboxPolicy(
+            network=conf.network,
+            secrets=secrets,
+            read_only=tuple(conf.read_only_paths),
+            max_processes=conf.max_processes,
+            max_memory_bytes=conf.max_memory_mb * MIB if conf.max_memory_mb is not None else None,
+        )
     for provider in settings.providers.values():
         api_key = read_secret(provider)
         if api_key:
             values.append(api_key)
+    for server in settings.mcp_servers.values():
+        values += server.env.values()  # MCP servers' environments carry tokens
     hidden = [settings.state_dir.expanduser(), settings.database_path.parent, settings.socket_path.parent]
+    if settings.config_file is not None:
+        hidden.append(settings.config_file)
     # systemd's credentials, and the directories it made for the unit (/etc/goald holds the config).
     hidden.append(Path("/run/credentials"))
-    for variable in ("CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "RUNTIME_DIRECTORY", "CONFIGURATION_DIRECTORY",
-                     "CACHE_DIRECTORY", "LOGS_DIRECTORY"):
+    for variable in (
+        "CREDENTIALS_DIRECTORY",
+        "STATE_DIRECTORY",
+        "RUNTIME_DIRECTORY",
+        "CONFIGURATION_DIRECTORY",
+        "CACHE_DIRECTORY",
+        "LOGS_DIRECTORY",
+    ):
         hidden += [Path(p) for p in os.environ.get(variable, "").split(":") if p.startswith("/")]
     if settings.goals_file is not None:
         hidden.append(settings.goals_file.expanduser())
@@ -343,6 +431,8 @@ def sandbox_profile(settings: Settings) -> SandboxProfile:
         network=settings.sandbox_network,
         policies=policies,
         redactor=Redactor(values),
+        read_only=tuple(settings.sandbox_read_only_paths),
+        limits=CommandLimits.of(settings.sandbox_max_processes, settings.sandbox_max_memory_mb),
     )
     if settings.sandbox == "none":
         logger.warning('sandbox = "none": shell and verification commands run unconfined, as the daemon\'s user')
@@ -354,4 +444,8 @@ def sandbox_profile(settings: Settings) -> SandboxProfile:
         logger.error("no sandbox: {}. The shell tool is not offered and verification commands fail", why)
         return dataclasses.replace(profile, unavailable=why)
     logger.info("sandbox: {} (network {})", found.path, "on" if settings.sandbox_network else "off")
+    # Found once per process: at start (logged, a fallback to rlimits as a warning), not in the first command.
+    etc_secrets()
+    if profile.limits.active or any(p.max_processes or p.max_memory_bytes for p in policies.values()):
+        limiter()
     return dataclasses.replace(profile, bwrap=found)

@@ -21,6 +21,8 @@ from goals.model import (
     GoalMemory,
     GoalSpec,
     GoalStatus,
+    SandboxSpec,
+    SecretSource,
     StopReason,
     StopRules,
     VerifyCommand,
@@ -42,7 +44,7 @@ from goals.store import (
     pending_key,
 )
 from goals.tools import GOAL_TOOL_NAMES, GoalBlocked, GoalComplete, GoalProgress, goal_tools
-from goals.verify import CommandRunner, fingerprint, run_all, run_command, sandboxed_runner
+from goals.verify import CommandRunner, fingerprint, progress_digest, run_all, run_command, sandboxed_runner
 
 __all__ = [
     "GOAL_BLOCKED",
@@ -69,6 +71,8 @@ __all__ = [
     "GoalStatus",
     "Interval",
     "PolicyInput",
+    "SandboxSpec",
+    "SecretSource",
     "StaleDecision",
     "StopReason",
     "StopRules",
@@ -87,6 +91,7 @@ __all__ = [
     "load_goal",
     "pending_key",
     "policy_for_session",
+    "progress_digest",
     "quote",
     "render",
     "run_all",

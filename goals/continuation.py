@@ -60,7 +60,8 @@ def render(goal: Goal, round_no: int, now: datetime, *, stall_warning: bool = Fa
     if stall_warning:
         lines.append(
             f"Warning: no progress in the last {goal.stall_streak} round(s): nothing changed in the work "
-            "directory and no new progress was noted. Change approach, or the goal will be paused as stalled."
+            "directory (or in the output of the goal's progress command); progress notes alone do not count. "
+            "Change approach, or the goal will be paused as stalled."
         )
     lines.append("Verify where things stand, then continue.")
     return "\n".join(lines)

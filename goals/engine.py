@@ -9,6 +9,12 @@ the decision, the cursor, the counters and any continuation in **one** transacti
 that idle is still the session's latest status and nobody changed the goal meanwhile. A stale
 decision writes nothing; the next idle (or a re-read) decides again. The goal recognizes its own
 continuation by ``MessageId`` only; it never reads the outcome of a turn for its message.
+
+An evaluation that fails (the store cannot write, a verification runner breaks) is retried with
+backoff from the durable state, like any idle not yet decided, until it commits: its timer is the
+goal's durable ``not_before`` when the store can write it, an in-memory timer when it cannot, and
+at start the engine evaluates every active goal anyway, so no goal sits ``active`` with nothing
+queued, nothing running and no timer set.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from agent import (
     NotFound,
     Runtime,
     SessionId,
+    StorageUnavailable,
     ToolPolicy,
     Tx,
     create_guard,
@@ -72,9 +79,12 @@ from goals.store import (
     set_status,
 )
 from goals.tools import GOAL_TOOL_NAMES, goal_tools
-from goals.verify import CommandRunner, fingerprint, run_all, run_command
+from goals.verify import CommandRunner, fingerprint, progress_digest, run_all, run_command
 
 DecisionListener = Callable[[PolicyInput, Decision], None]
+#: First and longest wait before a failed evaluation is tried again.
+EVAL_RETRY_FIRST = 1.0
+EVAL_RETRY_MAX = 30.0
 Clock = Callable[[], datetime]
 
 
@@ -175,10 +185,14 @@ class GoalEngine:
         timer_interval: float = 1.0,
         model_check: Callable[[str | None], None] | None = None,
         allowed_roots: list[Path] | None = None,
+        runner_for: Callable[[Goal], CommandRunner] | None = None,
     ) -> None:
         self.rt = runtime
         self.store = runtime.store
         self.runner = runner
+        #: The runner of one goal's verification and progress commands (the daemon's: in that goal's
+        #: sandbox, under its network setting, secrets, extra paths and limits); else ``runner``.
+        self.runner_for = runner_for
         self.clock = clock
         self.timer_interval = timer_interval
         self.model_check = model_check
@@ -187,6 +201,8 @@ class GoalEngine:
         self._due: dict[str, datetime] = {}
         self._evaluating: set[str] = set()
         self._dirty: set[str] = set()
+        #: Failed evaluations in a row, by goal (for the retry's backoff).
+        self._failures: dict[str, int] = {}
         self._listeners: list[DecisionListener] = []
         self._remove: Callable[[], None] | None = None
         self._timer_task: asyncio.Task[None] | None = None
@@ -280,6 +296,8 @@ class GoalEngine:
                 budgets=spec.budgets,
                 verify=spec.verify,
                 rules=spec.rules,
+                progress=spec.progress,
+                sandbox=spec.sandbox,
                 memory=GoalMemory(fingerprint=baseline),
                 active_since=now,
                 created_at=now,
@@ -312,6 +330,8 @@ class GoalEngine:
                 sid = create_session(tx, model=spec.model, workdir=draft.workdir, guard_id=guard_id, config=config)
             if spec.verify and draft.workdir is None:
                 raise InvalidInput("verification commands need a work directory: give the goal a workdir")
+            if spec.progress is not None and draft.workdir is None:
+                raise InvalidInput("a progress command needs a work directory: give the goal a workdir")
             goal = draft.model_copy(update={"session_id": sid, "guard_id": guard_id})
             claim_workdir(tx, goal)
             emit_changed(tx, None, goal)
@@ -388,9 +408,7 @@ class GoalEngine:
                     "memory": goal.memory.model_copy(update={"warned_stall": False}),
                 }
             )
-            queued = tx.one(
-                "SELECT 1 FROM inbox WHERE pending_key=? AND fate='queued'", (f"goal:{goal.id}",)
-            )
+            queued = tx.one("SELECT 1 FROM inbox WHERE pending_key=? AND fate='queued'", (f"goal:{goal.id}",))
             if st.status == "idle" and queued is None:
                 goal = issue_continuation(tx, goal, goal.rounds + 1, render(goal, goal.rounds + 1, now))
             update_guard(tx, goal.guard_id, guard_limits(goal, now))
@@ -460,14 +478,47 @@ class GoalEngine:
                 self._dirty.discard(goal_id)
                 try:
                     again = await self.evaluate(goal_id) == "stale"
-                except Exception:
-                    logger.exception("evaluating goal {} failed", goal_id)
+                except StorageUnavailable as exc:
+                    # The store logged the failure once; the retry's timer is in memory only.
+                    logger.warning("goal {}: the decision was not committed ({}); it is retried", goal_id, exc)
+                    await self._retry_later(goal_id)
                     again = False
+                except Exception:
+                    logger.exception("evaluating goal {} failed; it is retried", goal_id)
+                    await self._retry_later(goal_id)
+                    again = False
+                else:
+                    self._failures.pop(goal_id, None)
                 again = again or goal_id in self._dirty
         finally:
             self._evaluating.discard(goal_id)
             if not self._evaluating:
                 self._idle.set()
+
+    async def _retry_later(self, goal_id: str) -> None:
+        """After a failed evaluation: evaluate again after a backoff, like any idle not yet decided.
+
+        The retry's time is made durable as the goal's ``not_before`` (so a restart, which
+        re-evaluates every active goal, keeps the backoff) when the store can write; the in-memory
+        timer covers the retry either way. A goal is thus never left ``active`` with nothing
+        queued, nothing running and no timer set.
+        """
+        failures = self._failures[goal_id] = self._failures.get(goal_id, 0) + 1
+        delay = min(EVAL_RETRY_MAX, EVAL_RETRY_FIRST * 2 ** (failures - 1))
+        due = self.clock() + timedelta(seconds=delay)
+
+        def run(tx: Tx) -> None:
+            goal = load_goal(tx, goal_id)
+            if goal.status is GoalStatus.ACTIVE and (goal.not_before is None or goal.not_before < due):
+                save_goal(tx, goal.model_copy(update={"not_before": due}), goal.revision)
+
+        try:
+            await self.store.transact(run)
+        except Exception as exc:  # the store cannot write (or the goal is gone): the timer below
+            logger.debug("goal {}: the retry's timer is in memory only ({})", goal_id, exc)
+        if goal_id in self._sessions.values():
+            self._due[goal_id] = min(self._due.get(goal_id, due), due)
+        logger.info("goal {}: evaluation failed {} time(s) in a row; retrying in {:.0f}s", goal_id, failures, delay)
 
     async def evaluate(self, goal_id: str) -> Decision | str | None:
         """Decide for one goal at its session's current idle; returns the decision, "stale" or ``None``."""
@@ -478,24 +529,44 @@ class GoalEngine:
         st = await self.store.session_state(goal.session_id)
         if st.status != "idle" or st.open_turn is not None:
             return None
-        events = await self.store.events_after(
-            goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq
-        )
+        events = await self.store.events_after(goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
         interval = interval_facts(goal, events, st.last_seq)
         now = self.clock()
         workdir = Path(goal.workdir) if goal.workdir else None
         fp = await asyncio.to_thread(fingerprint, workdir) if workdir is not None else None
         exists = workdir is None or fp is not None
-        verification, reused = None, False
-        if interval.claims and goal.verify and exists and goal.status is GoalStatus.ACTIVE and workdir is not None:
+        verification, reused, progress = None, False, None
+        runnable = exists and goal.status is GoalStatus.ACTIVE and workdir is not None
+        if interval.claims and goal.verify and runnable and workdir is not None:
             previous = goal.memory.verify_results
-            if fp is not None and fp == goal.memory.verify_fingerprint and previous and not all(
-                r.passed for r in previous
+            if (
+                fp is not None
+                and fp == goal.memory.verify_fingerprint
+                and previous
+                and not all(r.passed for r in previous)
             ):
                 verification, reused = previous, True
             else:
-                verification = await run_all(goal.verify, workdir, self.runner)
-        inp = PolicyInput(goal, interval, now, fp, exists, verification, reused, self._fault(goal))
+                verification = await run_all(goal.verify, workdir, self._runner(goal))
+        if (
+            goal.progress is not None
+            and runnable
+            and workdir is not None
+            and (interval.continuation_fate is ContinuationFate.ADMITTED)
+        ):
+            # Only a round's end is judged for progress (policy rule 9), so only then is it measured.
+            progress = progress_digest(await self._runner(goal)(goal.progress, workdir))
+        inp = PolicyInput(
+            goal,
+            interval,
+            now,
+            fingerprint=fp,
+            workdir_exists=exists,
+            verification=verification,
+            verification_reused=reused,
+            fault=self._fault(goal),
+            progress=progress,
+        )
         decision = decide(inp)
         if decision.kind is DecisionKind.NOTHING:
             return decision
@@ -553,6 +624,10 @@ class GoalEngine:
         goal = await self.store.transact(run)
         self._track(goal)
         return goal
+
+    def _runner(self, goal: Goal) -> CommandRunner:
+        """Where ``goal``'s verification and progress commands run."""
+        return self.runner_for(goal) if self.runner_for is not None else self.runner
 
     def _fault(self, goal: Goal) -> str | None:
         """An unrecoverable fault of the goal's setup, if any."""

@@ -8,6 +8,8 @@ the last verification) lives in :class:`GoalMemory`, stored as one JSON column.
 from __future__ import annotations
 
 import enum
+import posixpath
+import re
 from datetime import datetime
 from typing import Any, assert_never
 
@@ -115,6 +117,87 @@ class VerifyCommand(BaseModel):
     timeout: float = Field(default=300.0, gt=0, le=86_400)
 
 
+#: The smallest per-goal caps accepted (bwrap itself is two processes and a few MiB).
+MIN_PROCESSES = 8
+MIN_MEMORY_MB = 16
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Variables the sandbox sets itself; a secret may not replace them.
+_SANDBOX_VARIABLES = frozenset({"PATH", "HOME", "LANG", "TMPDIR"})
+
+
+class SecretSource(BaseModel):
+    """Where the daemon reads a secret's value: never the value itself, which never crosses the
+    control socket or lands in the store."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: A file in ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
+    credential: str | None = None
+    #: An environment variable of the daemon.
+    env: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretSource:
+        if (self.credential is None) == (self.env is None):
+            raise ValueError("name exactly one of credential or env")
+        if self.credential is not None and ("/" in self.credential or self.credential in ("", ".", "..")):
+            raise ValueError("credential must be a file name in $CREDENTIALS_DIRECTORY")
+        if self.env is not None and not _ENV_NAME.match(self.env):
+            raise ValueError(f"{self.env!r} is not a valid environment variable name")
+        return self
+
+
+class SandboxSpec(BaseModel):
+    """A goal's own sandbox settings (``sandbox`` in a goal spec), beside the config file's
+    ``[goal_sandbox.<key>]``. How the two merge is the daemon's (see the README's goal section):
+    an explicit ``network = false`` on either side wins, the smaller of two caps wins, read-only
+    paths and secrets are the union (the config's value of a secret named on both sides)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The network on or off for this goal's commands (``None``: the daemon's default).
+    network: bool | None = None
+    #: Extra paths the goal's commands may read (a toolchain under ``/opt``, say): absolute.
+    read_only_paths: list[str] = Field(default=[], max_length=64)
+    #: Processes of one command at once (bwrap's two included).
+    max_processes: int | None = Field(default=None, ge=MIN_PROCESSES, le=1_000_000)
+    #: Memory of one command as a whole, in MiB.
+    max_memory_mb: int | None = Field(default=None, ge=MIN_MEMORY_MB, le=16 * 1024 * 1024)
+    #: Secret environment variables of this goal's commands, by name: where the daemon reads each.
+    secrets: dict[str, SecretSource] = Field(default={}, max_length=64)
+
+    @field_validator("read_only_paths")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for raw in value:
+            if not raw.startswith("/"):
+                raise ValueError(f"read-only path {raw!r} must be absolute")
+            if "\0" in raw or any(part == ".." for part in raw.split("/")):
+                raise ValueError(f"read-only path {raw!r} must not contain '..' or NUL")
+            path = posixpath.normpath(raw)
+            if path == "/":
+                raise ValueError("read-only path '/' would show the whole host: name the directories needed")
+            if path not in out:
+                out.append(path)
+        return out
+
+    @field_validator("secrets")
+    @classmethod
+    def _names(cls, value: dict[str, SecretSource]) -> dict[str, SecretSource]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name in _SANDBOX_VARIABLES:
+                raise ValueError(f"{name} is set by the sandbox itself")
+        return value
+
+    @property
+    def empty(self) -> bool:
+        """Whether it says nothing (the config entry, if any, and the defaults apply)."""
+        return self == SandboxSpec()
+
+
 class StopRules(BaseModel):
     """Thresholds of the engine's stop rules for one goal."""
 
@@ -144,6 +227,10 @@ class GoalSpec(BaseModel):
     session_id: str | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     rules: StopRules = StopRules()
+    #: A command whose output is the goal's observable progress (a remote branch's head, a ticket's
+    #: state), run in the goal's sandbox at each idle that ends a round: a changed output is progress.
+    progress: VerifyCommand | None = None
+    sandbox: SandboxSpec = SandboxSpec()
 
     @field_validator("tools")
     @classmethod
@@ -198,6 +285,8 @@ class GoalMemory(BaseModel):
     verify_output: str | None = None
     last_error: str | None = None
     warned_stall: bool = False
+    #: A digest of the ``progress`` command's last output (exit code included).
+    progress: str | None = None
 
 
 class Goal(BaseModel):
@@ -220,6 +309,8 @@ class Goal(BaseModel):
     budgets: Budgets
     verify: list[VerifyCommand]
     rules: StopRules
+    progress: VerifyCommand | None = None
+    sandbox: SandboxSpec = SandboxSpec()
     rounds: int = 0
     tokens: int = 0
     cost: float = 0.0

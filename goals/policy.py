@@ -1,29 +1,45 @@
 """The goal engine's decision, as a pure function of its inputs.
 
 At each whole-agent idle of a goal's session the engine gathers the facts of the interval since it
-last looked (:class:`Interval`, read from the session's events), the work directory's fingerprint,
-and the result of any verification it ran, and calls :func:`decide`. Nothing here reads a clock,
-a file or the store; every input is an argument, so the rules are tested as a table.
+last looked (:class:`Interval`, read from the session's events), what it can observe of the work
+(the work directory's fingerprint, the output of the goal's ``progress`` command), and the result
+of any verification it ran, and calls :func:`decide`. Nothing here reads a clock, a file or the
+store; every input is an argument, so the rules are tested as a table.
 
-The rules, in order:
+**Every fact of the interval is decided, whatever else the interval holds.** :func:`decide` first
+folds every fact into the goal (tokens, rounds, notes; a claim verified or refused; the blocked,
+error and stall streaks), and only then picks the outcome by precedence. So no rule can skip
+another's fact by returning first: a refused claim is counted and its output kept for the next
+continuation even when the interval also exhausted a budget; a verified claim completes the goal
+even when a person's follow-up superseded the continuation in the same interval. The precedence:
 
-1. A goal that is not live changes nothing; a paused goal only counts tokens.
-2. Its own continuation still queued: nothing. Cancelled as ``superseded`` (a person's follow-up
-   went first): re-issued with the same round number. Cancelled otherwise: paused, with the reason.
+1. A goal that is not live changes nothing; a paused goal only counts (tokens, rounds, notes).
+   Its own continuation still queued cannot happen at a real idle (a queued waking message keeps
+   the session running): nothing is decided, and the interval is read again, whole, at the next.
+2. A completion claim whose verification passed (or that has no verification commands):
+   completed. It beats every other fact: the objective is met.
 3. An unrecoverable fault (the goal's model is no longer known, the work directory vanished): failed.
-4. A completion claim: with no verification commands, or with all passing, completed; otherwise
-   refused (the output goes into the next continuation), and after K refusals paused ``unverified``.
-5. ``goal_blocked`` called in B consecutive rounds: paused ``blocked`` with the model's words.
-6. A budget spent (rounds, tokens, cost, wall time, deadline, or the guard refused a call): exhausted.
-7. The interval ended on a model error: an authentication error pauses at once; an error of a
+   A claim in the same interval is counted as refused (it could not be verified).
+4. The continuation cancelled other than ``superseded``: paused, with the reason.
+5. K claims refused: paused ``unverified``.
+6. ``goal_blocked`` called in B consecutive rounds: paused ``blocked`` with the model's words. A
+   call in an interval that is not a round (a person's follow-up) counts too; a round without one
+   ends the streak.
+7. A budget spent (rounds, tokens, cost, wall time, deadline, or the guard refused a call): exhausted.
+8. The interval ended on a model error: an authentication error pauses at once; an error of a
    provider outage (its circuit breaker was open or opened in the interval) is not counted: the
    goal waits the base backoff and goes on (its next call waits for the breaker), so one long
    outage leaves no goal paused; otherwise the goal waits (``not_before``, exponential backoff)
    and after M errors in a row pauses ``model_error``.
-8. No progress in N rounds: the next continuation warns; in N+1, paused ``stalled``. Progress is a
-   changed work-directory fingerprint or a new distinct ``goal_progress`` note; tool calls alone
-   are not (a model that runs the same ``list_dir`` every round makes none).
-9. Otherwise, one continuation for the next round.
+9. Stalls, judged on rounds (a round that ended on a model error is the error rule's). **Progress
+   is what the daemon can observe**: a changed work-directory fingerprint, or a changed output of
+   the goal's ``progress`` command. A round without either extends the stall streak; at N the next
+   continuation warns; at N+1 the goal is paused ``stalled``, unless the round brought a new
+   ``goal_progress`` note: a note is the model's own word, like a completion claim, so it may
+   delay the pause by at most N more rounds (at 2N+1 the goal is paused whatever it notes). Tool
+   calls never count (a model that runs the same ``list_dir`` every round makes none).
+10. A backoff still pending: wait. Otherwise one continuation: for the next round, or, when a
+    person's follow-up superseded the continuation, re-issued with the same round number.
 """
 
 from __future__ import annotations
@@ -109,6 +125,9 @@ class PolicyInput:
     workdir_exists: bool = True
     verification: list[VerifyResult] | None = None
     verification_reused: bool = False
+    #: A digest of the goal's ``progress`` command's output at this idle (``None``: it has none, or
+    #: it was not run).
+    progress: str | None = None
     #: An unrecoverable fault found by the engine (e.g. the goal's model is no longer configured).
     fault: str | None = None
 
@@ -152,6 +171,14 @@ def refusal_reason(error: str | None) -> StopReason:
     return StopReason.TOKEN_BUDGET
 
 
+def _wall_ends_first(goal: Goal, now: datetime) -> bool:
+    """Whether the goal's wall time ends before its deadline (the guard folds both into one)."""
+    b = goal.budgets
+    if b.max_wall_seconds is None:
+        return False
+    return b.deadline is None or now + timedelta(seconds=b.max_wall_seconds - goal.wall_used) <= b.deadline
+
+
 def backoff(goal: Goal, errors: int) -> float:
     """Seconds to wait after ``errors`` model errors in a row."""
     r = goal.rules
@@ -184,10 +211,46 @@ def _verify_text(results: list[VerifyResult]) -> str:
     return text[-MAX_VERIFY_OUTPUT:]
 
 
+def _claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
+    """Fold the interval's completion claim (if any) into the goal: ``(goal, verified)``."""
+    iv = inp.interval
+    if not iv.claims:
+        return g, False
+    claim = iv.claims[-1]
+    results = inp.verification or []
+    missing = not inp.workdir_exists
+    unverifiable = missing or (bool(g.verify) and inp.verification is None)
+    if not unverifiable and all(r.passed for r in results):
+        done = g.model_copy(
+            update={
+                "result_summary": claim.summary,
+                "evidence": claim.evidence,
+                "memory": g.memory.model_copy(update={"verify_results": results, "verify_output": None}),
+            }
+        )
+        return done, True
+    output = _verify_text(results)
+    if missing:
+        output = "the claim could not be verified: the work directory is gone"
+    elif unverifiable:
+        output = "the verification commands could not run: the goal has no work directory"
+    if inp.verification_reused:
+        output = "(the work directory has not changed since the last failed check)\n" + output
+    refused = g.model_copy(
+        update={
+            "refused_claims": g.refused_claims + 1,
+            "memory": g.memory.model_copy(
+                update={"verify_results": results, "verify_output": output, "verify_fingerprint": inp.fingerprint}
+            ),
+        }
+    )
+    return refused, False
+
+
 def decide(inp: PolicyInput) -> Decision:
     """Decide what the goal does at this idle. Pure: see the module docstring."""
     g, iv, now = inp.goal, inp.interval, inp.now
-    if not g.status.live:
+    if not g.status.live or iv.continuation_fate is ContinuationFate.QUEUED:
         return Decision(DecisionKind.NOTHING, g)
 
     # Bookkeeping that holds whatever is decided.
@@ -218,117 +281,107 @@ def decide(inp: PolicyInput) -> Decision:
     if g.status is GoalStatus.PAUSED:
         return Decision(DecisionKind.BOOKKEEP, g)
 
-    def pause(reason: str, **memory: object) -> Decision:
-        mem = g.memory.model_copy(update=memory) if memory else g.memory
-        return Decision(DecisionKind.PAUSE, _with_status(g.model_copy(update={"memory": mem}), GoalStatus.PAUSED,
-                                                         reason, now))
+    # -- Every fact folded into the goal first. ----------------------------------------------------
+    g, verified = _claim(g, inp)
+    superseded = iv.continuation_fate is ContinuationFate.CANCELLED and iv.cancel_reason == "superseded"
+    cancelled = iv.continuation_fate is ContinuationFate.CANCELLED and not superseded
+    if iv.blocked:
+        g = g.model_copy(update={"blocked_streak": g.blocked_streak + 1})
+    elif is_round:
+        g = g.model_copy(update={"blocked_streak": 0})
+    error = iv.last_end_reason == "error"
+    error_text = iv.last_error or "model error"
+    counted_error = error and iv.last_error_kind != ModelErrorKind.AUTH and not iv.breaker_open
+    if error:
+        g = g.model_copy(
+            update={
+                "error_streak": g.error_streak + (1 if counted_error else 0),
+                "memory": g.memory.model_copy(update={"last_error": error_text}),
+            }
+        )
+    elif iv.turns:
+        g = g.model_copy(update={"error_streak": 0})
+    stalled = False
+    if is_round and not error:
+        g, stalled = _stall(g, inp, bool(new_notes))
 
-    # 2. The continuation's fate.
-    if iv.continuation_fate is ContinuationFate.QUEUED:
-        return Decision(DecisionKind.BOOKKEEP, g)
-    if iv.continuation_fate is ContinuationFate.CANCELLED:
-        if iv.cancel_reason == "superseded":
-            round_no = g.continuation_round or (g.rounds + 1)
-            return Decision(DecisionKind.REISSUE, g, render(g, round_no, now,
-                            stall_warning=g.memory.warned_stall), round_no)
-        return pause(f"continuation cancelled: {iv.cancel_reason or 'no reason given'}")
+    def pause(reason: str) -> Decision:
+        return Decision(DecisionKind.PAUSE, _with_status(g, GoalStatus.PAUSED, reason, now))
 
-    # 3. Unrecoverable faults: the model is gone, the work directory vanished.
+    # -- Then the outcome, by precedence. -----------------------------------------------------------
+    if verified:
+        return Decision(DecisionKind.COMPLETE, _with_status(g, GoalStatus.COMPLETED, StopReason.VERIFIED, now))
     if inp.fault is not None:
         return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, inp.fault, now))
     if not inp.workdir_exists:
         return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, StopReason.WORKDIR_MISSING, now))
+    if cancelled:
+        return pause(f"continuation cancelled: {iv.cancel_reason or 'no reason given'}")
+    if g.refused_claims >= g.rules.max_refused_claims:
+        return pause(StopReason.UNVERIFIED)
+    if iv.blocked and g.blocked_streak >= g.rules.blocked_rounds:
+        return pause(f"{StopReason.BLOCKED}: {iv.blocked[-1]}")
 
-    # 4. Completion claims.
-    if iv.claims:
-        claim = iv.claims[-1]
-        results = inp.verification or []
-        unverifiable = bool(g.verify) and inp.verification is None
-        if not unverifiable and all(r.passed for r in results):
-            done = g.model_copy(
-                update={
-                    "result_summary": claim.summary,
-                    "evidence": claim.evidence,
-                    "memory": g.memory.model_copy(update={"verify_results": results, "verify_output": None}),
-                }
-            )
-            return Decision(DecisionKind.COMPLETE, _with_status(done, GoalStatus.COMPLETED, StopReason.VERIFIED, now))
-        output = _verify_text(results)
-        if unverifiable:
-            output = "the verification commands could not run: the goal has no work directory"
-        if inp.verification_reused:
-            output = "(the work directory has not changed since the last failed check)\n" + output
-        g = g.model_copy(
-            update={
-                "refused_claims": g.refused_claims + 1,
-                "memory": g.memory.model_copy(
-                    update={"verify_results": results, "verify_output": output, "verify_fingerprint": inp.fingerprint}
-                ),
-            }
-        )
-        if g.refused_claims >= g.rules.max_refused_claims:
-            return pause(StopReason.UNVERIFIED)
-
-    # 5. Blocked.
-    if is_round:
-        streak = g.blocked_streak + 1 if iv.blocked else 0
-        g = g.model_copy(update={"blocked_streak": streak})
-        if streak >= g.rules.blocked_rounds:
-            return pause(f"{StopReason.BLOCKED}: {iv.blocked[-1]}")
-
-    # 6. Budgets.
     spent = budget_spent(g, now)
     if spent is None and iv.last_end_reason == "budget":
         # The guard folds the wall-time limit into its deadline, so its refusal text alone cannot
         # tell a spent wall time from a passed deadline: the goal's own budgets say which it is.
         spent = refusal_reason(iv.last_error)
+        if spent is StopReason.DEADLINE and _wall_ends_first(g, now):
+            # Refused (or cut) before the end because too little time was left for a call.
+            spent = StopReason.WALL_TIME
     if spent is not None:
         return Decision(DecisionKind.EXHAUST, _with_status(g, GoalStatus.EXHAUSTED, spent, now))
 
-    # 7. Model errors.
-    if iv.last_end_reason == "error":
-        text = iv.last_error or "model error"
+    if error:
         if iv.last_error_kind == ModelErrorKind.AUTH:
-            return pause(StopReason.AUTH_ERROR, last_error=text)
-        if iv.breaker_open:
+            return pause(StopReason.AUTH_ERROR)
+        if not counted_error:
             # The provider is down for every goal alike; counting would pause them all overnight.
-            g = g.model_copy(update={"memory": g.memory.model_copy(update={"last_error": text})})
             wait_until = now + timedelta(seconds=backoff(g, 1))
             return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
-        errors = g.error_streak + 1
-        g = g.model_copy(update={"error_streak": errors, "memory": g.memory.model_copy(update={"last_error": text})})
-        if errors >= g.rules.max_model_errors:
-            return pause(f"{StopReason.MODEL_ERROR}: {text}")
-        wait = g.model_copy(update={"not_before": now + timedelta(seconds=backoff(g, errors))})
-        return Decision(DecisionKind.WAIT, wait)
-    if iv.turns:
-        g = g.model_copy(update={"error_streak": 0})
+        if g.error_streak >= g.rules.max_model_errors:
+            return pause(f"{StopReason.MODEL_ERROR}: {error_text}")
+        wait_until = now + timedelta(seconds=backoff(g, g.error_streak))
+        return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
 
-    # 8. Stalls (rounds only).
-    warn = g.memory.warned_stall
-    if is_round:
-        seen = list(g.memory.seen_calls)
-        novel = [c for c in iv.tool_calls if c not in seen]
-        changed = inp.fingerprint is not None and inp.fingerprint != g.memory.fingerprint
-        # Tool calls are recorded (what the agent tried) but never count as progress by themselves:
-        # a call repeated with the same arguments and result would otherwise defeat the rule.
-        progress = changed or bool(new_notes)
-        streak = 0 if progress else g.stall_streak + 1
-        for c in novel:
-            if c not in seen:
-                seen.append(c)
-        memory = g.memory.model_copy(update={"seen_calls": seen[-MAX_SEEN_CALLS:], "fingerprint": inp.fingerprint})
-        g = g.model_copy(update={"stall_streak": streak, "memory": memory})
-        if streak >= g.rules.stall_rounds + 1:
-            return pause(StopReason.STALLED)
-        warn = streak >= g.rules.stall_rounds
-        g = g.model_copy(update={"memory": g.memory.model_copy(update={"warned_stall": warn})})
+    if stalled:
+        return pause(StopReason.STALLED)
 
     # A pending backoff holds the next round back.
     if g.not_before is not None and now < g.not_before:
         return Decision(DecisionKind.WAIT, g)
 
-    # 9. The next round.
-    round_no = g.rounds + 1
     g = g.model_copy(update={"not_before": None})
+    warn = g.memory.warned_stall
+    if superseded:
+        round_no = g.continuation_round or (g.rounds + 1)
+        return Decision(DecisionKind.REISSUE, g, render(g, round_no, now, stall_warning=warn), round_no)
+    round_no = g.rounds + 1
     return Decision(DecisionKind.CONTINUE, g, render(g, round_no, now, stall_warning=warn), round_no)
+
+
+def _stall(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, bool]:
+    """Fold one round's observed progress into the stall streak: ``(goal, paused as stalled)``."""
+    iv = inp.interval
+    seen = list(g.memory.seen_calls)
+    for c in iv.tool_calls:
+        if c not in seen:
+            seen.append(c)
+    fp_changed = inp.fingerprint is not None and inp.fingerprint != g.memory.fingerprint
+    progress_changed = inp.progress is not None and inp.progress != g.memory.progress
+    # Tool calls are recorded (what the agent tried) but never count as progress by themselves: a
+    # call repeated with the same arguments and result would otherwise defeat the rule. Notes
+    # neither: they only put the pause off, by at most N rounds.
+    streak = 0 if fp_changed or progress_changed else g.stall_streak + 1
+    n = g.rules.stall_rounds
+    stalled = streak >= 2 * n + 1 or (streak >= n + 1 and not new_note)
+    memory = g.memory.model_copy(
+        update={
+            "seen_calls": seen[-MAX_SEEN_CALLS:],
+            "fingerprint": inp.fingerprint,
+            "progress": inp.progress if inp.progress is not None else g.memory.progress,
+            "warned_stall": streak >= n,
+        }
+    )
+    return g.model_copy(update={"stall_streak": streak, "memory": memory}), stalled

@@ -26,7 +26,17 @@ from agent import (
     enqueue,
     parse_content,
 )
-from goals.model import Budgets, Goal, GoalId, GoalMemory, GoalStatus, StopRules, VerifyCommand, transition
+from goals.model import (
+    Budgets,
+    Goal,
+    GoalId,
+    GoalMemory,
+    GoalStatus,
+    SandboxSpec,
+    StopRules,
+    VerifyCommand,
+    transition,
+)
 
 GOAL_CHANGED = "goal/changed"
 GOAL_PROGRESS = "goal/progress"
@@ -106,6 +116,14 @@ BEGIN
 END;
 """,
     ),
+    Migration(
+        version=3,
+        summary="a goal's progress command and its own sandbox settings",
+        sql="""
+ALTER TABLE goals ADD COLUMN progress TEXT;
+ALTER TABLE goals ADD COLUMN sandbox TEXT NOT NULL DEFAULT '{}';
+""",
+    ),
 ]
 
 _COLUMNS = (
@@ -113,7 +131,7 @@ _COLUMNS = (
     "workdir", "model", "tools", "budgets", "verify", "rules", "rounds", "tokens", "cost", "refused_claims",
     "stall_streak", "error_streak", "blocked_streak", "wall_used", "active_since", "continuation_id",
     "continuation_round", "evaluated_seq", "not_before", "memory", "result_summary", "evidence", "created_at",
-    "updated_at", "revision",
+    "updated_at", "revision", "progress", "sandbox",
 )  # fmt: skip
 
 
@@ -129,6 +147,8 @@ def goal_from_row(row: sqlite3.Row | dict[str, Any]) -> Goal:
     d["rules"] = StopRules.model_validate_json(d["rules"])
     d["memory"] = GoalMemory.model_validate_json(d["memory"])
     d["tools"] = json.loads(d["tools"]) if d["tools"] else None
+    d["progress"] = VerifyCommand.model_validate_json(d["progress"]) if d.get("progress") else None
+    d["sandbox"] = SandboxSpec.model_validate_json(d.get("sandbox") or "{}")
     return Goal.model_validate(d)
 
 
@@ -168,6 +188,8 @@ def _row_values(goal: Goal) -> dict[str, Any]:
         "created_at": goal.created_at.isoformat(),
         "updated_at": goal.updated_at.isoformat(),
         "revision": goal.revision,
+        "progress": goal.progress.model_dump_json() if goal.progress is not None else None,
+        "sandbox": goal.sandbox.model_dump_json(exclude_defaults=True),
     }
 
 

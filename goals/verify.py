@@ -1,10 +1,31 @@
-"""Proof of completion: verification commands and the work-directory fingerprint.
+"""Proof of completion and of progress: verification commands and the work-directory fingerprint.
 
-Verification commands run in the goal's work directory through a command runner: the daemon's
-runs them in the sandbox (:func:`sandboxed_runner`, secrets redacted from the output); the default
-:func:`run_command` is a plain subprocess in its own process group. A timeout kills the whole command.
-The fingerprint tells whether the work directory changed: git HEAD and status where it is a
-repository, else a hash of every file's name, size and modification time.
+Verification commands (and a goal's ``progress`` command) run in the goal's work directory through
+a command runner: the daemon's runs them in the goal's own sandbox (:func:`sandboxed_runner`: its
+network setting, secrets and extra read-only paths; secrets redacted from the output); the default
+:func:`run_command` is a plain subprocess in its own process group, for an engine embedded without
+a daemon. A timeout kills the whole command.
+
+The fingerprint tells whether the work directory changed. **The daemon reads a work directory as
+data, never as configuration**: the work directory belongs to the model, so nothing in it may
+decide what the daemon runs. The fingerprint therefore runs no program at all (an earlier version
+ran ``git rev-parse``/``git status`` there, as the daemon, and a ``.git/config`` the model wrote --
+``core.fsmonitor``, ``core.hooksPath``, a filter driver, a pager -- ran any command outside the
+sandbox). It is computed in process, from an ``lstat`` of every entry: its name, its type, the
+size and modification time of a file, the target of a symbolic link (read, never followed), the
+modification time of a directory. No file is opened (a FIFO planted under a familiar name cannot
+block it), no link is followed (a link to ``/`` is one entry). ``.git`` is walked as plain data
+like any other directory, so a commit (HEAD, a ref, the index, the logs change) counts as
+progress; its ``objects`` (and ``lfs``) directories are skipped, since the refs and the index
+already name what they hold and a repository's object store can be most of a tree's entries.
+
+Cost is bounded: at most :data:`MAX_FINGERPRINT_ENTRIES` (100,000) entries are read per
+fingerprint, in a fixed order (depth first, names sorted), so a tree larger than that is
+fingerprinted by its first 100,000 entries plus a marker; a change past the bound is not seen
+(a goal's ``progress`` command is the way to observe such a goal). Measured on a loaded 2-core
+machine: about 0.9 ms for 200 files, about 0.65 s at the bound (in a worker thread, off the loop).
+Unlike git's view, touching a file without changing it counts as a change: progress is judged
+by what the daemon can observe cheaply and safely, not by content.
 """
 
 from __future__ import annotations
@@ -14,6 +35,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -94,6 +116,12 @@ def sandboxed_runner(sandbox_for: Callable[[Path], Sandbox], redactor: Redactor 
     return run
 
 
+def progress_digest(result: VerifyResult) -> str:
+    """What a ``progress`` command observed, as a digest: its exit code (or its timeout) and output."""
+    state = "timeout" if result.timed_out else f"exit {result.exit_code}"
+    return hashlib.sha256(f"{state}\0{result.output_tail}".encode()).hexdigest()[:32]
+
+
 async def run_all(
     commands: list[VerifyCommand], workdir: Path, runner: CommandRunner = run_command
 ) -> list[VerifyResult]:
@@ -107,37 +135,64 @@ async def run_all(
     return results
 
 
-def fingerprint(workdir: Path) -> str | None:
-    """A digest that changes when the work directory's content changes (``None`` if it is missing)."""
-    if not workdir.is_dir():
+#: The most directory entries one fingerprint reads (files, directories and links alike).
+MAX_FINGERPRINT_ENTRIES = 100_000
+#: Directories under ``.git`` whose content the refs and the index already name: not walked.
+_GIT_SKIP = frozenset({b"objects", b"lfs"})
+
+
+def fingerprint(workdir: Path, *, max_entries: int = MAX_FINGERPRINT_ENTRIES) -> str | None:
+    """A digest that changes when the work directory's content changes (``None`` if it is missing).
+
+    Computed in process from names, types, sizes and modification times, read with ``lstat``; see
+    the module docstring for why nothing is executed, opened or followed, and for the bound.
+    """
+    root = os.fsencode(workdir)
+    try:
+        top = os.lstat(root)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(top.st_mode):
         return None
     h = hashlib.sha256()
-    if (workdir / ".git").exists():
+    seen = 0
+    # Depth first, each directory's entries sorted by name: the order (and so a cut at the bound)
+    # does not depend on the file system's listing order.
+    stack: list[tuple[bytes, bytes]] = [(root, b"")]
+    while stack:
+        path, rel = stack.pop()
         try:
-            head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, timeout=30)
-            status = subprocess.run(
-                ["git", "status", "--porcelain=v1", "-uall"], cwd=workdir, capture_output=True, timeout=60
-            )
-        except (OSError, subprocess.SubprocessError):
-            status = None
-        # A git that fails (a broken ``.git``, a repository it refuses for dubious ownership) prints
-        # nothing: hashing that would make every round look the same, so the files are hashed instead.
-        if status is not None and status.returncode == 0:
-            # A repository without a commit yet has no HEAD; its status still says what changed.
-            h.update(b"git\0" + (head.stdout if head.returncode == 0 else b"") + b"\0" + status.stdout)
-            # Status lists changed paths but not further edits to an already-changed file.
-            for line in status.stdout.decode(errors="replace").splitlines():
-                path = workdir / line[3:].strip().strip('"')
-                with contextlib.suppress(OSError):
-                    st = path.stat()
-                    h.update(f"{line}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-            return h.hexdigest()[:32]
-    for root, dirs, files in os.walk(workdir):
-        dirs[:] = sorted(d for d in dirs if d != ".git")
-        for name in sorted(files):
-            path = Path(root) / name
-            with contextlib.suppress(OSError):
-                st = path.lstat()
-                rel = path.relative_to(workdir)
-                h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            h.update(b"?" + rel + b"\0")  # unreadable (or gone since): recorded as such
+            continue
+        subdirs: list[tuple[bytes, bytes]] = []
+        for entry in entries:
+            if seen >= max_entries:
+                h.update(b"...truncated\0")
+                return h.hexdigest()[:32]
+            seen += 1
+            name = entry.name
+            child = rel + b"/" + name if rel else name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            mode = st.st_mode
+            if stat.S_ISDIR(mode):
+                h.update(b"d\0%s\0%d\0" % (child, st.st_mtime_ns))
+                if not (name in _GIT_SKIP and (rel == b".git" or rel.endswith(b"/.git"))):
+                    subdirs.append((entry.path, child))
+            elif stat.S_ISLNK(mode):
+                try:
+                    target = os.readlink(entry.path)
+                except OSError:
+                    target = b"?"
+                h.update(b"l\0%s\0%s\0%d\0" % (child, target, st.st_mtime_ns))
+            else:
+                # Regular files and anything else (a FIFO, a socket, a device node): never opened.
+                kind = b"f" if stat.S_ISREG(mode) else b"o"
+                h.update(b"%s\0%s\0%d\0%d\0" % (kind, child, st.st_size, st.st_mtime_ns))
+        stack.extend(reversed(subdirs))
     return h.hexdigest()[:32]

@@ -21,7 +21,9 @@ import contextlib
 import json
 import sqlite3
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +42,8 @@ class Recorded:
     headers: dict[str, str]
     body: Any
     raw: bytes
+    #: When the request had arrived whole (wall clock, UTC).
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 @dataclass
@@ -81,6 +85,8 @@ class ProviderServer:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._closing = asyncio.Event()
         self.port = 0
+        #: Called with each request as it arrives whole, before it is answered (the client is waiting).
+        self.on_request: Callable[[Recorded], None] | None = None
 
     @property
     def url(self) -> str:
@@ -126,6 +132,8 @@ class ProviderServer:
             if request is None:
                 return
             self.requests.append(request)
+            if self.on_request is not None:
+                self.on_request(request)
             if self._script:
                 respond = self._script.popleft()
             else:

@@ -220,8 +220,9 @@ async def test_an_outage_makes_goals_wait_and_every_goal_continues_when_it_ends(
         agent_config = AgentConfig(retry=RetryPolicy(max_attempts=2, base_delay=0.005, jitter=0))
 
         def resolve(row: SessionRow) -> SessionSetup:
-            return SessionSetup(model=model, tools=ToolRegistry(tools_for_goal_sessions(row.config)),
-                                config=agent_config)
+            return SessionSetup(
+                model=model, tools=ToolRegistry(tools_for_goal_sessions(row.config)), config=agent_config
+            )
 
         outage_waits: Counter[str] = Counter()
         counted: list[tuple[str, DecisionKind, int, GoalStatus]] = []
@@ -266,8 +267,12 @@ async def test_an_outage_makes_goals_wait_and_every_goal_continues_when_it_ends(
                         workdir.mkdir()
                         goals.append(
                             await engine.create(
-                                GoalSpec(objective=f"task {n}", workdir=str(workdir), rules=rules,
-                                         verify=[VerifyCommand(cmd="true")])
+                                GoalSpec(
+                                    objective=f"task {n}",
+                                    workdir=str(workdir),
+                                    rules=rules,
+                                    verify=[VerifyCommand(cmd="true")],
+                                )
                             )
                         )
                     async with asyncio.timeout(60):

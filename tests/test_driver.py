@@ -387,7 +387,7 @@ async def test_retries_stop_after_max_attempts_and_the_turn_ends_error(open_runt
     assert "took too long" in ends[0].data["error"]
 
 
-@pytest.mark.parametrize("kind", [ModelErrorKind.AUTH, ModelErrorKind.BAD_REQUEST, ModelErrorKind.MALFORMED])
+@pytest.mark.parametrize("kind", [ModelErrorKind.AUTH, ModelErrorKind.BAD_REQUEST])
 async def test_non_retryable_error_ends_the_turn_error_after_one_attempt(open_runtime, kind) -> None:
     model = ScriptedModel([Reply.fail(kind, "no good")])
     async with open_runtime(model) as rt:

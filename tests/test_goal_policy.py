@@ -143,6 +143,7 @@ class Row:
     verification: list[VerifyResult] | None = None
     reused: bool = False
     fault: str | None = None
+    progress: str | None = None
     now: datetime = NOW
     #: Expected values of the new goal (dotted names reach into ``memory``); KEY_FIELDS not named
     #: here must equal the input goal's.
@@ -198,13 +199,13 @@ TABLE = [
     ),
     # -- 2. the continuation's fate -------------------------------------------------------------------
     row(
-        "2 own continuation still queued: bookkeeping",
-        K.BOOKKEEP,
+        "2 own continuation still queued (not a real idle): nothing, the interval is read again later",
+        K.NOTHING,
         interval={"continuation_fate": ContinuationFate.QUEUED, "turns": 0},
     ),
     row(
-        "2 queued beats a vanished workdir and a claim",
-        K.BOOKKEEP,
+        "2 queued with a claim and a vanished workdir: nothing yet (no fact is consumed)",
+        K.NOTHING,
         interval={"continuation_fate": ContinuationFate.QUEUED, "claims": [CLAIM]},
         workdir_exists=False,
     ),
@@ -223,12 +224,18 @@ TABLE = [
         round=5,
     ),
     row(
-        "2 superseded beats a vanished workdir and a spent budget",
-        K.REISSUE,
-        goal={"budgets": Budgets(max_rounds=2)},
+        "2 a vanished workdir beats superseded",
+        K.FAIL,
         interval={"continuation_fate": ContinuationFate.CANCELLED, "cancel_reason": "superseded"},
         workdir_exists=False,
-        round=3,
+        expect={"status": S.FAILED, "status_reason": StopReason.WORKDIR_MISSING},
+    ),
+    row(
+        "2 a spent budget beats superseded",
+        K.EXHAUST,
+        goal={"budgets": Budgets(max_rounds=2)},
+        interval={"continuation_fate": ContinuationFate.CANCELLED, "cancel_reason": "superseded"},
+        expect={"status": S.EXHAUSTED, "status_reason": StopReason.ROUND_LIMIT},
     ),
     row(
         "2 superseded while warned: the re-issue keeps the warning",
@@ -257,17 +264,35 @@ TABLE = [
         expect={"status": S.PAUSED, "status_reason": "continuation cancelled: no reason given"},
     ),
     row(
-        "2 queued beats a fault",
-        K.BOOKKEEP,
+        "2 queued with a fault: nothing yet",
+        K.NOTHING,
         interval={"continuation_fate": ContinuationFate.QUEUED},
         fault=FAULT,
     ),
     row(
-        "2 superseded beats a fault",
-        K.REISSUE,
+        "2 a fault beats superseded",
+        K.FAIL,
         interval={"continuation_fate": ContinuationFate.CANCELLED, "cancel_reason": "superseded"},
         fault=FAULT,
+        expect={"status": S.FAILED, "status_reason": FAULT},
+    ),
+    row(
+        "2 superseded, and the follow-up's turn claimed with a passing check: completed, not re-issued",
+        K.COMPLETE,
+        goal={"verify": CHECKS},
+        interval={"continuation_fate": ContinuationFate.CANCELLED, "cancel_reason": "superseded", "claims": [CLAIM]},
+        verification=PASSING,
+        expect={"status": S.COMPLETED, "status_reason": StopReason.VERIFIED},
+    ),
+    row(
+        "2 superseded, and the follow-up's turn claimed with a failing check: refused, output in the re-issue",
+        K.REISSUE,
+        goal={"verify": CHECKS},
+        interval={"continuation_fate": ContinuationFate.CANCELLED, "cancel_reason": "superseded", "claims": [CLAIM]},
+        verification=FAILING,
+        expect={"refused_claims": 1, "memory.verify_results": FAILING},
         round=3,
+        text_has=("Your last completion claim was refused", "1 failed: test_totals"),
     ),
     # -- 3. unrecoverable faults: an unknown model, the work directory ------------------------------------
     row(
@@ -283,7 +308,7 @@ TABLE = [
         },
     ),
     row(
-        "3 a fault beats a vanished workdir, a passing claim, blocked, a spent budget and an error",
+        "3 a fault beats a vanished workdir, an unverifiable claim (counted), blocked, a spent budget and an error",
         K.FAIL,
         goal={"blocked_streak": 2, "budgets": Budgets(max_rounds=3)},
         interval={"claims": [CLAIM], "blocked": ["stuck"], "last_end_reason": "error", "last_error": "boom"},
@@ -291,7 +316,22 @@ TABLE = [
         fingerprint=None,
         verification=PASSING,
         fault=FAULT,
-        expect={"status": S.FAILED, "status_reason": FAULT, "rounds": 3},
+        expect={
+            "status": S.FAILED,
+            "status_reason": FAULT,
+            "rounds": 3,
+            "refused_claims": 1,
+            "blocked_streak": 3,
+            "error_streak": 1,
+        },
+    ),
+    row(
+        "3 a passing claim beats a fault (the model is gone, but the work is done)",
+        K.COMPLETE,
+        interval={"claims": [CLAIM]},
+        verification=PASSING,
+        fault=FAULT,
+        expect={"status": S.COMPLETED, "status_reason": StopReason.VERIFIED, "rounds": 3},
     ),
     row(
         "3 a fault outside a round (a timer): failed",
@@ -309,18 +349,26 @@ TABLE = [
             "status": S.FAILED,
             "status_reason": StopReason.WORKDIR_MISSING,
             "rounds": 3,
+            "stall_streak": 1,
             "active_since": None,
             "wall_used": 60.0,
         },
     ),
     row(
-        "3 workdir missing beats a passing claim",
+        "3 workdir missing: a claim cannot be verified (refused, counted), failed",
         K.FAIL,
         workdir_exists=False,
         fingerprint=None,
         interval={"claims": [CLAIM]},
         verification=PASSING,
-        expect={"status": S.FAILED, "status_reason": StopReason.WORKDIR_MISSING, "rounds": 3},
+        expect={
+            "status": S.FAILED,
+            "status_reason": StopReason.WORKDIR_MISSING,
+            "rounds": 3,
+            "refused_claims": 1,
+            "stall_streak": 1,
+            "memory.verify_output": "the claim could not be verified: the work directory is gone",
+        },
     ),
     # -- 4. completion claims -------------------------------------------------------------------------
     row(
@@ -367,7 +415,13 @@ TABLE = [
         goal={"blocked_streak": 2, "budgets": Budgets(max_rounds=3, max_tokens_total=10)},
         interval={"claims": [CLAIM], "blocked": ["stuck"], "last_end_reason": "error", "last_error": "boom"},
         verification=PASSING,
-        expect={"status": S.COMPLETED, "status_reason": StopReason.VERIFIED, "rounds": 3},
+        expect={
+            "status": S.COMPLETED,
+            "status_reason": StopReason.VERIFIED,
+            "rounds": 3,
+            "blocked_streak": 3,
+            "error_streak": 1,
+        },
     ),
     row(
         "4 failing verification: refused, its output in the next continuation",
@@ -499,10 +553,17 @@ TABLE = [
         round=4,
     ),
     row(
-        "5 blocked outside a round neither counts nor resets",
-        K.CONTINUE,
+        "5 blocked outside a round (a person's follow-up) counts too",
+        K.PAUSE,
         goal={"blocked_streak": 2},
         interval={**NONE_FATE, "blocked": ["need the API key"]},
+        expect={"status": S.PAUSED, "status_reason": "blocked: need the API key", "blocked_streak": 3},
+    ),
+    row(
+        "5 no blocked call outside a round leaves the streak alone",
+        K.CONTINUE,
+        goal={"blocked_streak": 2},
+        interval=NONE_FATE,
         round=3,
     ),
     row(
@@ -607,7 +668,7 @@ TABLE = [
         K.EXHAUST,
         goal={"budgets": Budgets(max_rounds=3)},
         interval={"last_end_reason": "error", "last_error_kind": "server", "last_error": "boom"},
-        expect={"status": S.EXHAUSTED, "status_reason": StopReason.ROUND_LIMIT, "rounds": 3},
+        expect={"status": S.EXHAUSTED, "status_reason": StopReason.ROUND_LIMIT, "rounds": 3, "error_streak": 1},
     ),
     # -- 7. model errors ------------------------------------------------------------------------------
     row(
@@ -701,14 +762,55 @@ TABLE = [
         round=4,
     ),
     row(
-        "8 progress: a new distinct note (in the next continuation)",
+        "8 a new distinct note is not progress, but puts the pause at N+1 off (in the next continuation)",
         K.CONTINUE,
         fingerprint="fp-old",
         goal={"stall_streak": 2},
         interval={"notes": ["totals computed"]},
-        expect={"rounds": 3, "stall_streak": 0, "memory.notes": ["read the spec", "totals computed"]},
+        expect={
+            "rounds": 3,
+            "stall_streak": 3,
+            "memory.notes": ["read the spec", "totals computed"],
+            "memory.warned_stall": True,
+        },
         round=4,
+        warning=True,
         text_has=("Latest progress notes:\n- read the spec\n- totals computed",),
+    ),
+    row(
+        "8 new notes put the pause off by N rounds at most: at 2N+1 paused stalled",
+        K.PAUSE,
+        fingerprint="fp-old",
+        goal={"stall_streak": 4},
+        interval={"notes": ["yet another plan"]},
+        expect={"status": S.PAUSED, "status_reason": StopReason.STALLED, "rounds": 3, "stall_streak": 5},
+    ),
+    row(
+        "8 progress: the progress command's output changed",
+        K.CONTINUE,
+        fingerprint="fp-old",
+        progress="out-new",
+        goal={"stall_streak": 2, "memory": {"progress": "out-old", "warned_stall": True}},
+        expect={"rounds": 3, "stall_streak": 0, "memory.progress": "out-new", "memory.warned_stall": False},
+        round=4,
+    ),
+    row(
+        "8 the progress command's output unchanged is no progress",
+        K.CONTINUE,
+        fingerprint="fp-old",
+        progress="out-old",
+        goal={"memory": {"progress": "out-old"}},
+        expect={"rounds": 3, "stall_streak": 1, "memory.progress": "out-old"},
+        round=4,
+    ),
+    row(
+        "8 a first progress output (nothing recorded yet) is a change",
+        K.CONTINUE,
+        fingerprint="fp-old",
+        progress="out-1",
+        goal={"stall_streak": 1},
+        expect={"rounds": 3, "stall_streak": 0, "memory.progress": "out-1"},
+        round=4,
     ),
     row(
         "8 a note already recorded is no progress",
@@ -732,8 +834,13 @@ TABLE = [
         fingerprint="fp-old",
         goal={"stall_streak": 3},
         interval={"tool_calls": ["bbb", "bbb"]},
-        expect={"rounds": 3, "stall_streak": 4, "status": GoalStatus.PAUSED, "status_reason": "stalled",
-                "memory.seen_calls": ["aaa", "bbb"]},
+        expect={
+            "rounds": 3,
+            "stall_streak": 4,
+            "status": GoalStatus.PAUSED,
+            "status_reason": "stalled",
+            "memory.seen_calls": ["aaa", "bbb"],
+        },
         round=None,
     ),
     row(
@@ -824,6 +931,7 @@ def test_decision_table(case: Row) -> None:
         verification=case.verification,
         verification_reused=case.reused,
         fault=case.fault,
+        progress=case.progress,
     )
     decision = decide(inp)
 
@@ -920,7 +1028,7 @@ def test_notes_and_seen_calls_are_bounded() -> None:
     decision = decide(PolicyInput(goal, make_interval(notes=["newest"], tool_calls=["fresh"]), NOW, "fp-old"))
     assert decision.goal.memory.notes == [*notes[1:], "newest"]
     assert decision.goal.memory.seen_calls == [*calls[1:], "fresh"]
-    assert decision.goal.stall_streak == 0
+    assert decision.goal.stall_streak == 1
 
 
 # -- the goal status lifecycle ------------------------------------------------------------------------

@@ -91,8 +91,11 @@ async def test_a_round_that_ran_while_paused_counts_once_when_resumed_before_the
     assert rounds_seen == [1, 2, 3]
     assert (final.status, final.rounds) == (GoalStatus.COMPLETED, 3)
     with contextlib.closing(sqlite3.connect(db_path)) as conn:
-        refs = [r[0] for r in conn.execute(
-            "SELECT source_ref FROM inbox WHERE session_id=? AND source_kind='goal' ORDER BY queued_seq",
-            (goal.session_id,),
-        )]
+        refs = [
+            r[0]
+            for r in conn.execute(
+                "SELECT source_ref FROM inbox WHERE session_id=? AND source_kind='goal' ORDER BY queued_seq",
+                (goal.session_id,),
+            )
+        ]
     assert refs == [f"{goal.id}#{i}" for i in (1, 2, 3)]

@@ -310,7 +310,7 @@ async def test_a_model_that_changes_files_every_round_is_never_stalled(db_path: 
     assert not any(WARNING in r["text"] for r in rows)
 
 
-# -- the work directory's fingerprint in a git repository -------------------------------------------
+# -- the work directory's fingerprint: data, never configuration ----------------------------------
 
 
 def git(repo: Path, *args: str) -> None:
@@ -324,7 +324,7 @@ def git(repo: Path, *args: str) -> None:
 
 @pytest.fixture
 def plain_git(monkeypatch: pytest.MonkeyPatch) -> None:
-    """git without the user's or the system's configuration (for this test and the fingerprint's git)."""
+    """git without the user's or the system's configuration (the test's own git, to make commits)."""
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
@@ -332,64 +332,91 @@ def plain_git(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("plain_git")
-def test_a_git_fingerprint_follows_head_and_status(tmp_path: Path) -> None:
+def test_the_fingerprint_sees_every_git_step_as_plain_data(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q")
     (repo / "a.txt").write_text("one\n")
     seen: dict[str, str | None] = {"no commit yet, one untracked file": fingerprint(repo)}
     git(repo, "add", "a.txt")
+    seen["staged (the index changed)"] = fingerprint(repo)
     git(repo, "commit", "-q", "-m", "first")
     committed = fingerprint(repo)
     seen["first commit"] = committed
 
     # Nothing changes: the same fingerprint, however often it is taken.
     assert fingerprint(repo) == fingerprint(repo) == committed
-    # A tracked file touched but not changed: git says nothing changed (a names/sizes/times hash
-    # would see a change), so this is the git fingerprint at work.
+    # Touched but not changed: a modification time is what the daemon can observe, so it counts.
     st = (repo / "a.txt").stat()
     os.utime(repo / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
-    assert fingerprint(repo) == committed
+    seen["a tracked file touched"] = fingerprint(repo)
 
-    (repo / "a.txt").write_text("two\n")
+    (repo / "a.txt").write_text("two, longer\n")
     seen["a tracked file modified"] = fingerprint(repo)
     assert fingerprint(repo) == seen["a tracked file modified"]
-    (repo / "a.txt").write_text("three, longer\n")
-    seen["the modified file edited again"] = fingerprint(repo)
-    (repo / "b.txt").write_text("new\n")
-    seen["a new untracked file"] = fingerprint(repo)
     (repo / "sub").mkdir()
     (repo / "sub" / "c.txt").write_text("deeper\n")
-    seen["a new untracked file in a new directory"] = fingerprint(repo)
+    seen["a new file in a new directory"] = fingerprint(repo)
     git(repo, "add", "-A")
-    seen["the changes staged"] = fingerprint(repo)
     git(repo, "commit", "-q", "-m", "second")
-    seen["committed: HEAD moved, status clean"] = fingerprint(repo)
-    assert fingerprint(repo) == seen["committed: HEAD moved, status clean"]
+    seen["committed"] = fingerprint(repo)
+    assert fingerprint(repo) == seen["committed"]
     git(repo, "commit", "-q", "--allow-empty", "-m", "third")
-    seen["an empty commit: only HEAD moved"] = fingerprint(repo)
+    seen["an empty commit: only the ref and the logs moved"] = fingerprint(repo)
 
     assert all(fp is not None for fp in seen.values())
     assert len(set(seen.values())) == len(seen), seen
 
 
-@pytest.mark.usefixtures("plain_git")
-def test_a_fingerprint_where_git_fails_falls_back_to_the_files(tmp_path: Path) -> None:
-    """A ``.git`` that git cannot read (here: a link to a repository that is gone; in the field also a
-    repository it refuses for dubious ownership) must not make every state look the same."""
-    work = tmp_path / "work"
+def test_the_fingerprint_runs_nothing_opens_nothing_and_follows_no_link(tmp_path: Path) -> None:
+    """A planted ``.git`` with every config-driven execution path of git set, a FIFO where HEAD
+    belongs, and links out of the directory: the fingerprint is taken (quickly: the FIFO is never
+    opened), no planted command runs, and nothing behind a link is read."""
+    work, outside = tmp_path / "work", tmp_path / "outside"
     work.mkdir()
-    (work / ".git").write_text(f"gitdir: {tmp_path / 'gone'}\n")
-    failed = subprocess.run(["git", "status", "--porcelain"], cwd=work, capture_output=True)
-    assert failed.returncode != 0
+    outside.mkdir()
+    marker = tmp_path / "pwned"
+    hook = f"touch {marker}"
+    dotgit = work / ".git"
+    (dotgit / "hooks").mkdir(parents=True)
+    (dotgit / "config").write_text(
+        f"[core]\n\tfsmonitor = {hook}\n\thooksPath = hooks\n\tpager = {hook}\n\tsshCommand = {hook}\n"
+        f'[filter "x"]\n\tclean = {hook}\n\tsmudge = {hook}\n\tprocess = {hook}\n'
+        f'[diff "x"]\n\ttextconv = {hook}\n'
+    )
+    (dotgit / "hooks" / "post-index-change").write_text(f"#!/bin/sh\n{hook}\n")
+    (dotgit / "hooks" / "post-index-change").chmod(0o755)
+    os.mkfifo(dotgit / "HEAD")
+    (work / ".gitattributes").write_text("* filter=x diff=x\n")
+    (work / "root").symlink_to("/")
+    (work / "out").symlink_to(outside)
     first = fingerprint(work)
+    (outside / "big.txt").write_text("changes behind a link are not the work directory's\n")
     assert fingerprint(work) == first
     (work / "a.txt").write_text("one\n")
     second = fingerprint(work)
-    (work / "a.txt").write_text("two, longer\n")
-    third = fingerprint(work)
-    assert None not in (first, second, third)
-    assert len({first, second, third}) == 3
+    assert None not in (first, second) and first != second
+    assert not marker.exists()
+
+
+def test_the_fingerprint_reads_at_most_its_bound(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "a").mkdir(parents=True)
+    (work / "b").mkdir()
+    for i in range(30):
+        (work / "a" / f"{i:02}").write_text("x")
+        (work / "b" / f"{i:02}").write_text("x")
+    small = fingerprint(work, max_entries=20)
+    # Past the bound (in the fixed order, ``b`` comes after ``a``'s entries): not seen.
+    (work / "b" / "00").write_text("longer")
+    assert fingerprint(work, max_entries=20) == small
+    # Within it: seen.
+    (work / "a" / "00").write_text("longer")
+    assert fingerprint(work, max_entries=20) != small
+    assert fingerprint(work) != fingerprint(work, max_entries=20)
+    assert fingerprint(tmp_path / "missing") is None
+    (tmp_path / "file").write_text("not a directory")
+    assert fingerprint(tmp_path / "file") is None
 
 
 # -- 6. model errors ----------------------------------------------------------------------------------

@@ -92,7 +92,11 @@ async def test_a_call_passes_arguments_and_env_and_returns_text(server: McpServe
     out = await reg.call("fixture__add", {"a": 20, "b": 22}, ctx())
     assert (out.content, out.is_error) == ("20 + 22 = 42", False)
     out = await reg.call("fixture__env", {"name": "FIXTURE_GREETING"}, ctx())
-    assert out.content == "hello from config"
+    # The value reached the server (only its exact value is replaced), and, as every value of a
+    # server's environment may be a token, it is redacted from what the server returns.
+    assert out.content == "[redacted]"
+    out = await reg.call("fixture__env", {"name": "NOT_SET_HERE"}, ctx())
+    assert out.content == "(unset)"
 
 
 async def test_tool_errors_come_back_as_error_results(server: McpServer) -> None:
@@ -109,9 +113,7 @@ async def test_tool_errors_come_back_as_error_results(server: McpServer) -> None
     assert server.starts == 1 and server.running
 
 
-async def test_server_killed_during_a_call_is_restarted_and_the_call_says_so(
-    server: McpServer, tmp_path: Path
-) -> None:
+async def test_server_killed_during_a_call_is_restarted_and_the_call_says_so(server: McpServer, tmp_path: Path) -> None:
     reg = await registry_of(server)
     assert (await reg.call("fixture__count", {}, ctx())).content == "call 1"
     inside: asyncio.Queue[int] = asyncio.Queue()
@@ -284,8 +286,15 @@ async def test_a_server_in_the_bwrap_sandbox_is_confined_and_restarted(tmp_path:
     state.mkdir()
     (state / "goald.db").write_text("not for the server")
     (home / "server.py").write_text(PLAIN_SERVER)
-    box = Sandbox(home, hidden=(state,), env={"FIXTURE_GREETING": "inside"}, bwrap=found.path,
-                  disable_userns=found.disable_userns)
+    # The interpreter's installation is shown read-only: the sandbox shows only system directories.
+    box = Sandbox(
+        home,
+        hidden=(state,),
+        env={"FIXTURE_GREETING": "inside"},
+        bwrap=found.path,
+        disable_userns=found.disable_userns,
+        read_only=(Path(sys.base_prefix),),
+    )
     async with McpServer("boxed", [python, str(home / "server.py")], wrap=box.argv) as srv:
         reg = await registry_of(srv)
         assert reg.names == ["boxed__look", "boxed__die"]
@@ -312,15 +321,25 @@ async def test_the_daemon_puts_each_server_in_a_sandbox_of_its_own(tmp_path: Pat
     home.mkdir(parents=True)
     (home / "server.py").write_text(PLAIN_SERVER)
     (state / "goald.db").write_text("not for the server")
-    settings = load_settings(None, state_dir=state, sandbox="bwrap", mcp_servers={
-        "plain": {"command": [BASE_PYTHON, str(home / "server.py")], "env": {"FIXTURE_GREETING": "configured"}}
-    })
+    settings = load_settings(
+        None,
+        state_dir=state,
+        sandbox="bwrap",
+        mcp_servers={
+            "plain": {
+                "command": [BASE_PYTHON, str(home / "server.py")],
+                "env": {"FIXTURE_GREETING": "configured"},
+                "read_only_paths": [sys.base_prefix],
+            }
+        },
+    )
     async with await build_mcp_servers(settings) as servers:
         reg = ToolRegistry(list(servers.tools()))
         seen = json.loads((await reg.call("plain__look", {"path": str(state / "goald.db")}, ctx())).content)
     # Its home is its own directory; the rest of the state directory is hidden from it.
     assert (seen["home"], seen["homeWritable"], seen["exists"]) == (str(home), True, False)
-    assert seen["greeting"] == "configured" and seen["pid"] <= 3
+    # The configured value reached the server, and came back redacted.
+    assert seen["greeting"] == "[redacted]" and seen["pid"] <= 3
 
 
 def test_settings_name_mcp_servers_and_mask_their_env() -> None:
@@ -329,7 +348,10 @@ def test_settings_name_mcp_servers_and_mask_their_env() -> None:
     )
     files = settings.mcp_servers["files"]
     assert (files.command, files.env, files.network, files.timeout_seconds) == (
-        ["mcp-files", "/srv"], {"TOKEN": "s3cret"}, False, 60.0
+        ["mcp-files", "/srv"],
+        {"TOKEN": "s3cret"},
+        False,
+        60.0,
     )
     assert settings.masked()["mcp_servers"]["files"]["env"] == {"TOKEN": "********"}
     with pytest.raises(ConfigError, match="MCP server name 'a__b'"):
@@ -367,3 +389,57 @@ async def test_the_daemon_offers_configured_servers_to_sessions(tmp_path: Path) 
         assert gone(pid)  # the daemon stopped its server on the way out
     finally:
         daemon.close()
+
+
+async def test_a_servers_secret_is_on_no_command_line_and_never_stored(tmp_path: Path) -> None:
+    try:
+        await asyncio.to_thread(detect_bwrap)
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no usable bubblewrap here: {exc}")
+    token = "mcp-token-7e51c0-do-not-store"
+    config = {
+        "sandbox": "bwrap",
+        "providers": {"sbx": {"kind": "scripted", "script": "sandbox_testmodels:models"}},
+        "mcp_servers": {
+            "fixture": {
+                "command": [sys.executable, str(FIXTURE)],
+                "env": {"FIXTURE_TOKEN": token},
+                # The interpreter, the virtualenv with the SDK, and the server's script.
+                "read_only_paths": sorted({sys.base_prefix, sys.prefix, str(FIXTURE.parent)}),
+            }
+        },
+    }
+    daemon = Daemon(tmp_path / "state", config=config)
+    try:
+        await asyncio.to_thread(daemon.start)
+        async with await Client.connect(daemon.socket_path) as client:
+            session = await client.call("session/new", {"model": "sbx:leaker"})
+            sid = session["sessionId"]
+            await client.call("session/subscribe", {"sessionId": sid, "afterSeq": 0})
+            # The server runs (the daemon starts servers before READY): no command line holds the token.
+            holders = [pid for pid in os.listdir("/proc") if pid.isdigit() and token.encode() in cmdline(pid)]
+            assert holders == []
+            assert any(b"mcp_fixture_server.py" in cmdline(pid) for pid in os.listdir("/proc") if pid.isdigit())
+            await client.call("session/prompt", {"sessionId": sid, "text": "what is the token?"})
+            async with asyncio.timeout(60):
+                while True:
+                    note = await client.next_notification()
+                    if note.get("method") == "session.event" and note["params"]["event"]["type"] == "turn/end":
+                        break
+        events = await all_events(daemon.socket_path, sid)
+        assert await asyncio.to_thread(daemon.terminate) == 0
+    finally:
+        daemon.close()
+    results = [(e["data"]["name"], e["data"]["content"]) for e in events if e["type"] == "tool/result"]
+    # The server printed the token; what was stored (and what the model read) is its redaction.
+    assert results == [("fixture__env", "[redacted]")]
+    assert token not in json.dumps(events)
+    assert token not in (tmp_path / "state" / "stderr.log").read_text()
+
+
+def cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""

@@ -113,7 +113,14 @@ def test_plain_output_of_a_limit_is_the_partial_response(config: Path) -> None:
 
 async def _signalled(config: Path, calls: ModelCalls, sig: signal.Signals) -> tuple[int, RunResult]:
     proc = await asyncio.create_subprocess_exec(
-        *goald_argv(), "--config", str(config), "run", "--model", "t:chat", "--json", "[delay=30] wait for me",
+        *goald_argv(),
+        "--config",
+        str(config),
+        "run",
+        "--model",
+        "t:chat",
+        "--json",
+        "[delay=30] wait for me",
         env=child_env(calls.env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -165,7 +172,15 @@ async def test_a_turn_cancelled_by_another_client_exits_130_without_sigint(
 ) -> None:
     state = tmp_path / "state"
     proc = await asyncio.create_subprocess_exec(
-        *goald_argv(), "--config", str(config), "run", "--state-dir", str(state), "--model", "t:chat", "--json",
+        *goald_argv(),
+        "--config",
+        str(config),
+        "run",
+        "--state-dir",
+        str(state),
+        "--model",
+        "t:chat",
+        "--json",
         "[delay=30] wait for me",
         env=child_env(calls.env),
         stdin=subprocess.DEVNULL,
@@ -250,8 +265,17 @@ def test_tool_progress_goes_to_a_terminal_stderr_and_stdout_carries_only_the_res
     master, slave = pty.openpty()
     try:
         proc = subprocess.run(
-            [*goald_argv(), "--config", str(config), "run", "--model", "t:chat", "--workdir", str(work),
-             "[tool=1] write the note"],
+            [
+                *goald_argv(),
+                "--config",
+                str(config),
+                "run",
+                "--model",
+                "t:chat",
+                "--workdir",
+                str(work),
+                "[tool=1] write the note",
+            ],
             env=child_env(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

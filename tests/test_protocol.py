@@ -214,6 +214,7 @@ def test_error_codes_are_the_documented_numbers() -> None:
         "CONFLICT": -32003,
         "SHUTTING_DOWN": -32004,
         "EVENTS_PRUNED": -32005,
+        "STORAGE_UNAVAILABLE": -32006,
     }
 
 

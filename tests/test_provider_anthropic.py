@@ -46,6 +46,7 @@ from agent import (
     ModelErrorKind,
     ModelRequest,
     Price,
+    RetryPolicy,
     TextBlock,
     ToolContext,
     ToolResultBlock,
@@ -446,15 +447,43 @@ async def test_a_malformed_event_is_malformed(server: ProviderServer, model: Ant
     assert not wrong_shape.retryable
 
 
-async def test_a_malformed_event_ends_the_turn_with_error(
+async def test_a_malformed_event_is_retried_within_the_turn(
     server: ProviderServer, model: AnthropicModel, db_path: Path
 ) -> None:
-    server.add(Respond.stream([an_message_start(5), b"event: message_delta\ndata: {oops\n\n"]))
+    # A proxy's glitch: one event whose data is not JSON, then a good answer on the retry.
+    server.add(
+        Respond.stream(
+            [an_message_start(7), *an_text(0, ["Half"])[:2], b"event: content_block_delta\ndata: {oops\n\n"]
+        ),
+        Respond.stream(anthropic_text(["Whole answer."], input_tokens=7, output_tokens=3)),
+    )
+    record = await run_turn(db_path, model)
+    assert record.turn_end["reason"] == "end_turn"
+    # Both attempts are recorded: the malformed one settled to the usage it reported, then the answer.
+    assert [(c["attempt"], c["state"], c["error_class"]) for c in record.calls] == [
+        (1, "settled", "malformed"),
+        (2, "settled", None),
+    ]
+    assert record.calls[0]["input_tokens"] == 7
+    [error] = record.of(EventType.MODEL_ERROR)
+    assert error.data["kind"] == "malformed" and error.data["retrying"] is True
+    assert error.data["discardedChars"] == len("Half")
+    [answer] = record.of(EventType.ASSISTANT_MESSAGE)
+    assert answer.data["content"] == [{"type": "text", "text": "Whole answer."}]
+    server.assert_done()
+
+
+async def test_an_event_malformed_on_every_attempt_ends_the_turn_with_error(
+    server: ProviderServer, model: AnthropicModel, db_path: Path
+) -> None:
+    attempts = RetryPolicy().max_attempts
+    server.add(*[Respond.stream([an_message_start(5), b"event: message_delta\ndata: {oops\n\n"])] * attempts)
     record = await run_turn(db_path, model)
     end = record.turn_end
     assert (end["reason"], end["errorKind"]) == ("error", "malformed")
     assert "malformed stream event" in end["error"] and "not valid JSON" in end["error"]
-    assert [c["error_class"] for c in record.calls] == ["malformed"]
+    assert [c["error_class"] for c in record.calls] == ["malformed"] * attempts
+    server.assert_done()
 
 
 async def test_tool_input_that_is_not_json_is_malformed(server: ProviderServer, model: AnthropicModel) -> None:

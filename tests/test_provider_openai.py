@@ -48,6 +48,7 @@ from agent import (
     ModelRegistry,
     ModelRequest,
     Price,
+    RetryPolicy,
     Runtime,
     TextBlock,
     ToolContext,
@@ -501,16 +502,43 @@ async def test_a_malformed_chunk_is_malformed(server: ProviderServer, model: Ope
     assert not wrong_shape.retryable
 
 
-async def test_a_malformed_chunk_ends_the_turn_with_error(
+async def test_a_malformed_chunk_is_retried_within_the_turn(
     server: ProviderServer, model: OpenAIModel, db_path: Path
 ) -> None:
-    server.add(Respond.stream([sse(oa_chunk(content="ok")), b"data: not json at all\n\n"]))
+    # A proxy's glitch: one chunk that is not JSON, then a good answer on the retry.
+    server.add(
+        Respond.stream([sse(oa_chunk(role="assistant", content="Half")), b"data: {not json\n\n"]),
+        Respond.stream(openai_text(["Whole answer."])),
+    )
+    record = await run_turn(db_path, model)
+    assert record.turn_end["reason"] == "end_turn"
+    # Both attempts are recorded: the malformed one settled with its error, then the answer.
+    assert [(c["attempt"], c["state"], c["error_class"]) for c in record.calls] == [
+        (1, "settled", "malformed"),
+        (2, "settled", None),
+    ]
+    [error] = record.of(EventType.MODEL_ERROR)
+    assert error.data["kind"] == "malformed" and error.data["retrying"] is True
+    assert error.data["discardedChars"] == len("Half")
+    [answer] = record.of(EventType.ASSISTANT_MESSAGE)
+    assert answer.data["content"] == [{"type": "text", "text": "Whole answer."}]
+    assert len(server.requests) == 2
+    server.assert_done()
+
+
+async def test_a_chunk_malformed_on_every_attempt_ends_the_turn_with_error(
+    server: ProviderServer, model: OpenAIModel, db_path: Path
+) -> None:
+    attempts = RetryPolicy().max_attempts
+    server.add(*[Respond.stream([sse(oa_chunk(content="ok")), b"data: not json at all\n\n"])] * attempts)
     record = await run_turn(db_path, model)
     end = record.turn_end
     assert end["reason"] == "error"
     assert end["errorKind"] == "malformed"
     assert "malformed stream chunk #2" in end["error"] and "not valid JSON" in end["error"]
-    assert [c["error_class"] for c in record.calls] == ["malformed"]
+    assert [c["error_class"] for c in record.calls] == ["malformed"] * attempts
+    assert [e.data["retrying"] for e in record.of(EventType.MODEL_ERROR)] == [True] * (attempts - 1) + [False]
+    server.assert_done()
 
 
 async def test_tool_arguments_that_are_not_json_are_malformed(server: ProviderServer, model: OpenAIModel) -> None:

@@ -101,9 +101,13 @@ def test_argv_lists_namespaces_and_keeps_secrets_off_the_command_line(layout: di
     assert not any(SECRET in a for a in argv)
     i = argv.index("--setenv")
     assert argv[i : i + 3] == ["--setenv", "PATH", box.environment()["PATH"]]
-    # Parents first: the hidden root's tmpfs comes before the work directory bound inside it, and
-    # it is made read-only only after that.
-    assert argv.index(str(layout["state"])) < argv.index("--bind") < argv.index("--remount-ro")
+    # An allowlist, not the root: the state directory is not mounted at all (it is not shown), the
+    # work directory is bound inside it, and the sandbox's root is made read-only last.
+    assert not any(argv[i : i + 3] == ["--ro-bind", "/", "/"] for i in range(len(argv)))
+    assert argv[argv.index("/usr") - 1 : argv.index("/usr") + 2] == ["--ro-bind", "/usr", "/usr"]
+    assert str(layout["state"]) not in argv
+    assert argv[argv.index("--bind") + 1] == str(layout["mine"])
+    assert argv[argv.index("--chdir") - 2 : argv.index("--chdir")] == ["--remount-ro", "/"]
     on = sandbox(layout, network=True).argv(["true"])
     assert "--unshare-net" not in on and "--unshare-pid" in on
     assert Sandbox.none(layout["mine"]).argv(["bash", "-c", "x"]) == ["bash", "-c", "x"]
@@ -164,7 +168,7 @@ async def test_hidden_paths_are_empty_read_only_and_other_workdirs_invisible(lay
     )
     # Only the path down to the work directory exists; nothing of the real state directory does.
     assert out.split() == ["work", "mine", "ok"]
-    assert err.count("No such file or directory") == 3
+    assert err.count("No such file or directory") == 4
     assert err.count("Read-only file system") == 3
     assert SECRET not in out + err and "database bytes" not in out + err
     assert sorted(p.name for p in layout["root"].iterdir()) == ["mine", "other"]

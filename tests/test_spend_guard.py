@@ -408,6 +408,103 @@ def test_spend_guard_check(guard: SpendGuard, tokens: int, cost: float | None, r
         assert refused in got.reason
 
 
+@pytest.mark.parametrize(
+    ("limits", "started", "min_left", "refused"),
+    [
+        # The deadline: a call needs ``min_left`` seconds before it.
+        (Limits(deadline=NOW + timedelta(seconds=10)), None, 5.0, None),
+        (Limits(deadline=NOW + timedelta(seconds=5)), None, 5.0, None),
+        (Limits(deadline=NOW + timedelta(seconds=4.9)), None, 5.0, "4.9s away, less than the 5s"),
+        (Limits(deadline=NOW + timedelta(seconds=0.1)), None, 0.0, None),
+        (Limits(deadline=NOW), None, 0.0, "has passed"),
+        # The guard's own wall-time limit: the same, counted from its start.
+        (Limits(max_wall_seconds=60), NOW - timedelta(seconds=50), 5.0, None),
+        (Limits(max_wall_seconds=60), NOW - timedelta(seconds=56), 5.0, "less than the 5s"),
+        (Limits(max_wall_seconds=60), NOW - timedelta(seconds=56), 0.0, None),
+        # No time limit at all: nothing to keep.
+        (Limits(), None, 3600.0, None),
+    ],
+)
+def test_no_call_starts_with_less_than_the_minimum_left(
+    limits: Limits, started: datetime | None, min_left: float, refused: str | None
+) -> None:
+    guard = SpendGuard(id=None, limits=limits, wall_started_at=started)
+    got = guard.check(1, None, now=NOW, min_left=min_left)
+    if refused is None:
+        assert got is None
+    else:
+        assert isinstance(got, Refusal) and refused in got.reason, got
+
+
+def test_time_left_is_the_earlier_of_the_deadline_and_the_wall_time() -> None:
+    guard = SpendGuard(
+        id=None,
+        limits=Limits(deadline=NOW + timedelta(seconds=30), max_wall_seconds=60),
+        wall_started_at=NOW - timedelta(seconds=40),
+    )
+    assert guard.ends_at() == NOW + timedelta(seconds=20)
+    assert guard.time_left(NOW) == 20.0
+    assert SpendGuard(id=None).time_left(NOW) is None
+
+
+async def test_a_call_in_flight_is_cancelled_when_the_deadline_passes(open_runtime) -> None:
+    # A 30 s call with 0.3 s left: cancelled at the deadline, charged in full, the turn ends budget.
+    model = ScriptedModel([Reply.say("never seen", delay=30.0)], name="spend-cut-in-flight")
+    async with open_runtime(model, tools=[]) as rt:
+        deadline = datetime.now(UTC) + timedelta(seconds=0.3)
+        gid = await rt.create_guard(Limits(deadline=deadline, max_tokens=10_000_000))
+        sid = await rt.create_session(guard_id=gid, config={"agent": {"min_call_seconds": 0.0}})
+        await _followup_to_idle(rt, sid, "hello")
+        idle_at = datetime.now(UTC)
+        ends = await _turn_ends(rt, sid)
+        rows = await _calls(rt)
+        charged = await rt.store.events_after(sid, 0, types=[EventType.MODEL_CHARGED])
+        guard = await rt.guard(gid)
+    assert model.call_count == 1
+    [end] = ends
+    assert end.data["reason"] == "budget" and end.data["error"].startswith("deadline")
+    assert "passed during the model call" in end.data["error"]
+    [row] = rows
+    assert (row["state"], row["error_class"]) == ("charged_in_full", "deadline")
+    [event] = charged
+    assert event.data["callIds"] == [row["id"]] and event.data["tokens"] == row["reserved_tokens"]
+    assert guard.spent_tokens == row["reserved_tokens"] and guard.reserved_tokens == 0
+    # The overshoot is the cancellation latency (plus committing the turn's end).
+    overshoot = (idle_at - deadline).total_seconds()
+    print(f"deadline overshoot to idle: {overshoot * 1000:.1f} ms")
+    assert 0 <= overshoot < 0.5
+
+
+async def test_a_call_is_not_started_with_less_than_the_minimum_left(open_runtime) -> None:
+    model = ScriptedModel([], name="spend-min-left")
+    async with open_runtime(model, tools=[]) as rt:
+        gid = await rt.create_guard(Limits(deadline=datetime.now(UTC) + timedelta(seconds=2)))
+        sid = await rt.create_session(guard_id=gid)  # the default minimum: 5 s
+        await _followup_to_idle(rt, sid, "hello")
+        ends = await _turn_ends(rt, sid)
+        rows = await _calls(rt)
+    assert model.call_count == 0 and rows == []
+    [end] = ends
+    assert end.data["reason"] == "budget"
+    assert "less than the 5s a model call needs to start" in end.data["error"]
+
+
+async def test_a_retry_backoff_never_sleeps_past_the_deadline(open_runtime) -> None:
+    # A server error asks for a 60 s wait; the deadline is 0.4 s away: the turn ends budget then.
+    model = ScriptedModel([Reply.fail(ModelErrorKind.SERVER, "busy", retry_after=60.0)], name="spend-cut-backoff")
+    async with open_runtime(model, tools=[]) as rt:
+        deadline = datetime.now(UTC) + timedelta(seconds=0.4)
+        gid = await rt.create_guard(Limits(deadline=deadline))
+        sid = await rt.create_session(guard_id=gid, config={"agent": {"min_call_seconds": 0.0}})
+        await _followup_to_idle(rt, sid, "hello")
+        idle_at = datetime.now(UTC)
+        ends = await _turn_ends(rt, sid)
+    model.assert_done()
+    [end] = ends
+    assert end.data["reason"] == "budget" and "has passed" in end.data["error"]
+    assert (idle_at - deadline).total_seconds() < 0.5
+
+
 def test_spend_guard_reservations_hold_until_settled() -> None:
     guard = SpendGuard(id=None, limits=Limits(max_tokens=100))
     held = guard.reserve("a", 60, None)

@@ -471,8 +471,9 @@ async def test_four_parents_delegating_at_once_under_a_limit_of_four_do_not_dead
     def resolve(row: SessionRow) -> SessionSetup:
         # As the daemon's host does: every session loaded by the resolver runs its turns under a
         # slot of one shared limit.
-        return SessionSetup(model=registry.get(row.model), tools=ToolRegistry([Delegate()]),
-                            config=AgentConfig(), slot=lambda: slots)
+        return SessionSetup(
+            model=registry.get(row.model), tools=ToolRegistry([Delegate()]), config=AgentConfig(), slot=lambda: slots
+        )
 
     async with Runtime.open(db_path, resolver=resolve) as rt:
         roots = [await rt.create_session() for _ in range(4)]
@@ -554,6 +555,7 @@ async def test_an_orphans_queued_task_is_cancelled_not_run(db_path: Path) -> Non
     # The durable state a crash leaves between the delegate call's enqueue and the child's first turn.
     store = await Store.open(db_path)
     try:
+
         def plant(tx: Any) -> tuple[str, str]:
             root = create_session(tx)
             child = create_session(tx, parent_session_id=root, config={"subagent": {"tools": []}})

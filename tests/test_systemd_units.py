@@ -261,3 +261,39 @@ def test_system_unit_matches_the_example_config() -> None:
     # The example's (commented) provider block names a credential the unit loads.
     named = set(re.findall(r'api_key_credential = "([^"]+)"', example))
     assert named and named <= credentials
+
+
+# -- limits and what the sandbox may see -------------------------------------------------------
+
+
+@pytest.mark.parametrize("unit", [SYSTEM_UNIT, USER_UNIT], ids=["system", "user"])
+def test_unit_bounds_the_service_and_delegates_the_controllers_of_command_limits(unit: Path) -> None:
+    entries = read_unit(unit)
+    # The whole service (daemon and every command) has a ceiling the operator tunes.
+    assert int(one(entries, "TasksMax")) >= 512
+    assert re.fullmatch(r"\d+[KMGT]?", one(entries, "MemoryMax"))
+    assert int(one(entries, "LimitNOFILE")) >= 4096
+    # Each command's cgroup lives in the service's delegated subtree: pids and memory are delegated,
+    # and the cgroup file system is not made read-only.
+    assert {"pids", "memory"} <= set(one(entries, "Delegate").split())
+    assert values(entries, "ProtectControlGroups") in ([], ["no"])
+    # Commands need no cgroup namespace of their own; prlimit (the rlimit fallback) is not @resources.
+    assert one(entries, "RestrictNamespaces") == "~cgroup"
+
+
+@pytest.mark.parametrize("unit", [SYSTEM_UNIT, USER_UNIT], ids=["system", "user"])
+def test_the_units_config_and_environment_files_are_not_shown_to_sandboxed_commands(unit: Path) -> None:
+    from agent.allowlist import ETC_SECRETS, SYSTEM_PATHS
+
+    entries = read_unit(unit)
+    argv = shlex.split(one(entries, "ExecStart"))
+    files = [Path(argv[argv.index("--config") + 1])] if "--config" in argv else []
+    files += [Path(v.lstrip("-").replace("%h", "/home/someone")) for v in values(entries, "EnvironmentFile")]
+    files += [Path("/etc") / d for d in values(entries, "ConfigurationDirectory")]
+    for v in values(entries, "LoadCredential"):
+        files.append(Path(v.split(":", 1)[1].replace("%h", "/home/someone")))
+    assert files
+    for path in files:
+        shown = any(path.is_relative_to(p) for p in SYSTEM_PATHS)
+        covered = any(path.is_relative_to(s) for s in ETC_SECRETS if "*" not in s)
+        assert not shown or covered, f"{unit.name}: {path} would be visible in the sandbox"

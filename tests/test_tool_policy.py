@@ -316,8 +316,9 @@ async def test_a_goal_on_a_live_session_takes_its_policy_at_once(db_path: Path, 
     registry = ModelRegistry({model.spec: model}, default=model.spec)
 
     def tools(row: SessionRow) -> ToolRegistry:
-        return ToolRegistry(recording_tools(ran) + tools_for_goal_sessions(row.config),
-                            policy=policy_for_session(row.config))
+        return ToolRegistry(
+            recording_tools(ran) + tools_for_goal_sessions(row.config), policy=policy_for_session(row.config)
+        )
 
     async with Runtime.open(db_path, models=registry, tools=tools) as rt:
         sid = await rt.create_session()

@@ -6,6 +6,14 @@ the same :class:`ModelError`; a stream item that does not have the expected shap
 no message ever carries the API key. What differs (the SDK and its types, the request, how the
 stream's items build the answer, how the answer ends) stays in each provider's module.
 
+Both send a request body they assembled themselves, through the SDK's generic ``post`` with the
+body as ``content``: the SDK's typed ``create`` would transform (walk) every message and every
+content part of the whole history on every request, a cost that grows with the conversation. Each
+message is instead serialized once, in the SDK's own JSON form (:func:`dump_json`), into the
+conversation's :class:`JSONLog` (kept in the request's :class:`~agent.models.base.WireCache`);
+a request body is that log's bytes between a head and a tail. The SDK still sends the request
+(its headers, authentication, timeouts, retries off), parses the stream and raises its error types.
+
 No SDK is imported here: each provider imports its own, lazily.
 """
 
@@ -13,17 +21,60 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from types import TracebackType
 from typing import Generic, Protocol, TypeVar
 
-from agent.models.base import DeltaCallback, Model, ModelError, ModelErrorKind
+from agent.models.base import DeltaCallback, MessageLog, Model, ModelError, ModelErrorKind, ToolSpec
 from agent.models.health import parse_retry_after, redact, status_kind
 from agent.spend import Price, Usage
 
 _ItemT = TypeVar("_ItemT")
 _ItemT_co = TypeVar("_ItemT_co", covariant=True)
 _ItemT_contra = TypeVar("_ItemT_contra", contravariant=True)
+
+
+def dump_json(value: object) -> bytes:
+    """``value`` as the SDKs serialize a request body: compact, UTF-8, no ASCII escaping, no NaN."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class JSONLog(MessageLog):
+    """A conversation's messages serialized once each, as the comma-separated items of a JSON array.
+
+    ``body`` holds the closed items; a provider that merges consecutive messages into one wire
+    message (Anthropic) keeps the last one open (``open_role``/``open_items``) until a message of
+    another role closes it. The tool specs and the system prompt are kept serialized too, keyed by
+    the objects they came from.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = bytearray()
+        self.open_role: str | None = None
+        self.open_items: list[bytes] = []
+        self.tools: Sequence[ToolSpec] | None = None
+        self.tools_json = b""
+        self.system: str | None = None
+        self.system_json = b""
+
+    def reset(self) -> None:
+        super().reset()
+        self.body = bytearray()
+        self.open_role, self.open_items = None, []
+
+    def add_item(self, item: bytes) -> None:
+        """Append one closed item to the array."""
+        if self.body:
+            self.body += b","
+        self.body += item
+
+    def items_pieces(self) -> list[bytes | bytearray]:
+        """The array's items (without brackets) as pieces to join, the open wire message last."""
+        if self.open_role is None:
+            return [self.body]
+        tail = b'{"role":"%s","content":[%s]}' % (self.open_role.encode(), b",".join(self.open_items))
+        return [self.body, b",", tail] if self.body else [tail]
 
 
 class HTTPClient(Protocol):

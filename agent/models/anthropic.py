@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from loguru import logger
 
 from agent.messages import Block, TextBlock, ToolUseBlock
-from agent.models._http import StreamingHTTPModel
+from agent.models._http import JSONLog, StreamingHTTPModel, dump_json
 from agent.models.base import (
     ConvMessage,
     DeltaCallback,
@@ -94,24 +94,7 @@ def to_messages(messages: list[ConvMessage] | tuple[ConvMessage, ...]) -> list[M
     role_of_last: str | None = None
     blocks_of_last: list[ContentParam] = []
     for msg in messages:
-        role = "assistant" if msg.role == "assistant" else "user"
-        blocks: list[ContentParam] = []
-        for b in msg.content:
-            if isinstance(b, TextBlock):
-                if b.text:
-                    blocks.append({"type": "text", "text": b.text})
-            elif isinstance(b, ToolUseBlock):
-                if role == "assistant":
-                    blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": dict(b.input)})
-            else:
-                result: ToolResultBlockParam = {
-                    "type": "tool_result",
-                    "tool_use_id": b.tool_use_id,
-                    "content": b.content,
-                }
-                if b.is_error:
-                    result["is_error"] = True
-                blocks.append(result)
+        role, blocks = blocks_of(msg)
         if not blocks:
             continue  # an empty message (an assistant answer of no text) adds nothing the API accepts
         if role == role_of_last:
@@ -124,6 +107,69 @@ def to_messages(messages: list[ConvMessage] | tuple[ConvMessage, ...]) -> list[M
         else:
             out.append({"role": "user", "content": blocks})
     return out
+
+
+def blocks_of(msg: ConvMessage) -> tuple[str, list[ContentParam]]:
+    """The wire role of one of goald's messages and its content blocks (empty text left out)."""
+    role = "assistant" if msg.role == "assistant" else "user"
+    blocks: list[ContentParam] = []
+    for b in msg.content:
+        if isinstance(b, TextBlock):
+            if b.text:
+                blocks.append({"type": "text", "text": b.text})
+        elif isinstance(b, ToolUseBlock):
+            if role == "assistant":
+                blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": dict(b.input)})
+        else:
+            result: ToolResultBlockParam = {
+                "type": "tool_result",
+                "tool_use_id": b.tool_use_id,
+                "content": b.content,
+            }
+            if b.is_error:
+                result["is_error"] = True
+            blocks.append(result)
+    return role, blocks
+
+
+#: Where a conversation's Messages API form is kept in its :class:`~agent.models.base.WireCache`.
+WIRE_KEY = "anthropic.messages"
+
+
+def _take(request: ModelRequest) -> JSONLog:
+    """The request's conversation serialized: what the cache holds, plus each new message, once.
+
+    The last wire message stays open (see :class:`JSONLog`): the next message may be merged into it.
+    """
+    cache = request.cache
+    log = cache.log(WIRE_KEY, JSONLog) if cache is not None else JSONLog()
+    new = log.new_messages(request.messages)
+    if new is None:
+        log.reset()
+        new = request.messages
+    for msg in new:
+        role, blocks = blocks_of(msg)
+        log.messages.append(msg)
+        if cache is not None:
+            cache.converted += 1
+        if not blocks:
+            continue
+        items = [dump_json(b) for b in blocks]
+        if cache is not None:
+            cache.serialized_bytes += sum(len(i) for i in items)
+        if role == log.open_role:
+            log.open_items.extend(items)
+            continue
+        if log.open_role is not None:
+            log.add_item(b'{"role":"%s","content":[%s]}' % (log.open_role.encode(), b",".join(log.open_items)))
+        log.open_role, log.open_items = role, items
+    if log.tools is not request.tools:
+        log.tools = request.tools
+        log.tools_json = dump_json(to_tools(tuple(request.tools))) if request.tools else b""
+    if log.system is not request.system:
+        log.system = request.system
+        log.system_json = dump_json(request.system) if request.system else b""
+    return log
 
 
 def to_tools(tools: list[ToolSpec] | tuple[ToolSpec, ...]) -> list[ToolParam]:
@@ -310,22 +356,40 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
             api_key=self._api_key or "no-key", base_url=self.base_url, max_retries=0, timeout=self.timeout
         )
 
+    def measure(self, request: ModelRequest) -> int:
+        """Bytes of the request body; converts each message the conversation added, once."""
+        return sum(len(p) for p in self._body_pieces(request, _take(request)))
+
+    def _body_pieces(self, request: ModelRequest, log: JSONLog) -> list[bytes | bytearray]:
+        # The keys in the order the SDK's ``create`` sends them.
+        pieces: list[bytes | bytearray] = [b'{"max_tokens":%d,"messages":[' % request.max_tokens, *log.items_pieces()]
+        pieces.append(b'],"model":%s,"stream":true' % dump_json(self.name))
+        if log.system_json:
+            pieces.append(b',"system":')
+            pieces.append(log.system_json)
+        if log.tools_json:
+            pieces.append(b',"tools":')
+            pieces.append(log.tools_json)
+        pieces.append(b"}")
+        return pieces
+
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Stream one message. Raises :class:`ModelError` classified as the module docstring says."""
         import anthropic
         import httpx2
+        from anthropic.types import Message, RawMessageStreamEvent
 
         client = self._sdk()
-        messages = to_messages(tuple(request.messages))
-        tools = to_tools(tuple(request.tools))
+        body = b"".join(self._body_pieces(request, _take(request)))
         got = _Assembly()
-        opening = client.messages.create(
-            model=self.name,
-            max_tokens=request.max_tokens,
-            messages=messages,
-            system=request.system if request.system else anthropic.omit,
-            tools=tools if tools else anthropic.omit,
+        # The body is sent as prepared (see agent.models._http); no tracing span is opened for it.
+        opening = client.post(
+            "/v1/messages",
+            cast_to=Message,
+            content=body,
+            options={"headers": {"Content-Type": "application/json"}},
             stream=True,
+            stream_cls=anthropic.AsyncStream[RawMessageStreamEvent],
         )
         # The SDK passes errors of a stream that is being read through as they are: httpx2's.
         failures = (anthropic.APIError, httpx2.RequestError)

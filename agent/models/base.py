@@ -10,15 +10,16 @@ ephemeral notifications; only the returned message is durable.
 from __future__ import annotations
 
 import enum
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from agent.errors import AgentError
-from agent.messages import Content
+from agent.messages import Content, TextBlock, ToolResultBlock
 from agent.spend import Price, Usage
 
 
@@ -75,8 +76,16 @@ class ModelError(AgentError):
 
     @property
     def retryable(self) -> bool:
-        """Whether another attempt may succeed."""
+        """Whether another attempt may succeed (the kinds that count against a provider's breaker)."""
         return self.kind.retryable
+
+    @property
+    def retried_in_turn(self) -> bool:
+        """Whether the driver tries again within the turn: every retryable kind, and a malformed
+        answer (a proxy's glitch mid-stream is as transient as a dropped stream, but it proves the
+        provider answers, so it never counts against the breaker; one malformed the same way on
+        every attempt still ends the turn ``error``)."""
+        return self.kind.retryable or self.kind is ModelErrorKind.MALFORMED
 
     def __str__(self) -> str:
         return f"{self.kind.value}: {self.message}"
@@ -101,6 +110,60 @@ class ToolSpec(BaseModel):
     input_schema: dict[str, Any]
 
 
+class MessageLog:
+    """The messages of one conversation already taken into some form, in order.
+
+    A conversation only grows at its end (the driver appends; a reload or a compaction starts a new
+    one), so what a request adds is what lies past the log: :meth:`new_messages` finds it in
+    constant time (the first and the last message taken must be the very objects the request
+    carries there) and gives ``None`` when the request is not an extension, for a start over.
+    Subclasses keep the form (a running size, serialized JSON fragments).
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[ConvMessage] = []
+
+    def reset(self) -> None:
+        """Forget everything taken (the conversation was replaced)."""
+        self.messages = []
+
+    def new_messages(self, messages: Sequence[ConvMessage]) -> Sequence[ConvMessage] | None:
+        """The messages past the log, or ``None`` if ``messages`` does not extend it."""
+        taken = self.messages
+        k = len(taken)
+        if k > len(messages) or (k and (messages[k - 1] is not taken[k - 1] or messages[0] is not taken[0])):
+            return None
+        return messages[k:]
+
+
+_LogT = TypeVar("_LogT", bound=MessageLog)
+
+
+class WireCache:
+    """What a caller keeps for one conversation so a provider converts each message only once.
+
+    The driver holds one per session and passes it with every request; a provider keeps its
+    :class:`MessageLog` in it under its own key (one per wire format). Without one (a direct call)
+    a request is converted in full. The counters are the work done, so a test can pin that a step
+    converts only what it added, whatever the length of the history.
+    """
+
+    __slots__ = ("_logs", "converted", "serialized_bytes")
+
+    def __init__(self) -> None:
+        self._logs: dict[str, MessageLog] = {}
+        #: Messages converted to some form, and bytes of JSON serialized for them, so far.
+        self.converted = 0
+        self.serialized_bytes = 0
+
+    def log(self, key: str, kind: type[_LogT]) -> _LogT:
+        """The log kept under ``key``, made on first use."""
+        log = self._logs.get(key)
+        if not isinstance(log, kind):
+            log = self._logs[key] = kind()
+        return log
+
+
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One model call (a runtime object: never serialized, never validated per call)."""
@@ -109,8 +172,42 @@ class ModelRequest:
     messages: Sequence[ConvMessage]
     tools: Sequence[ToolSpec]
     max_tokens: int
-    #: Size of the prompt in bytes, as the driver counted it (for estimates; no re-serializing).
+    #: Size of the prompt in bytes, as the model measured it (:meth:`Model.measure`).
     prompt_bytes: int = 0
+    #: The conversation's cache of converted messages (``None``: convert the request in full).
+    cache: WireCache | None = field(default=None, compare=False)
+
+
+def message_bytes(msg: ConvMessage) -> int:
+    """A model-neutral size of one message: its text, tool inputs and results, and a little framing."""
+    total = 16
+    for b in msg.content:
+        if isinstance(b, TextBlock):
+            total += len(b.text)
+        elif isinstance(b, ToolResultBlock):
+            total += len(b.content)
+        else:
+            total += len(json.dumps(b.input)) + len(b.name) + len(b.id)
+    return total
+
+
+class _SizeLog(MessageLog):
+    """The running neutral size of a conversation (the default :meth:`Model.measure`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+        self.tools: Sequence[ToolSpec] | None = None
+        self.tools_size = 0
+
+    def reset(self) -> None:
+        super().reset()
+        self.size = 0
+
+
+def specs_size(tools: Sequence[ToolSpec]) -> int:
+    """Size of tool specs in a model-neutral JSON form."""
+    return len(json.dumps([s.model_dump() for s in tools])) if tools else 2
 
 
 class ModelResponse(BaseModel):
@@ -143,3 +240,23 @@ class Model(ABC):
     @abstractmethod
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Make one attempt. Raises :class:`ModelError` on failure."""
+
+    def measure(self, request: ModelRequest) -> int:
+        """Bytes of the prompt ``request`` makes, for the spend guard's bound, in constant work per
+        new message (``request.cache`` remembers the rest). This default counts a model-neutral
+        size; a provider that sends JSON counts its wire form, converting each message once, the
+        conversion its :meth:`complete` then reuses."""
+        cache = request.cache
+        log = cache.log("size", _SizeLog) if cache is not None else _SizeLog()
+        new = log.new_messages(request.messages)
+        if new is None:
+            log.reset()
+            new = request.messages
+        for msg in new:
+            log.size += message_bytes(msg)
+            log.messages.append(msg)
+            if cache is not None:
+                cache.converted += 1
+        if log.tools is not request.tools:
+            log.tools, log.tools_size = request.tools, specs_size(request.tools)
+        return log.size + len(request.system or "") + log.tools_size

@@ -546,6 +546,10 @@ class GuardedModel(Model):
         ``max_tokens`` (providers count the output limit when they admit a request)."""
         return math.ceil(request.prompt_bytes / 4) + request.max_tokens
 
+    def measure(self, request: ModelRequest) -> int:
+        """The inner model's measure (it converts the messages it will send)."""
+        return self.inner.measure(request)
+
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Wait for the breaker and the limiter, call the inner model, and report the outcome."""
         health = self.health

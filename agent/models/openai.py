@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from loguru import logger
 
 from agent.messages import Block, TextBlock, ToolResultBlock, ToolUseBlock
-from agent.models._http import StreamingHTTPModel
+from agent.models._http import JSONLog, StreamingHTTPModel, dump_json
 from agent.models.base import (
     ConvMessage,
     DeltaCallback,
@@ -75,31 +75,67 @@ def to_chat_messages(
     if system:
         out.append({"role": "system", "content": system})
     for msg in messages:
-        texts = [b.text for b in msg.content if isinstance(b, TextBlock)]
+        out.extend(chat_messages_of(msg))
+    return out
+
+
+def chat_messages_of(msg: ConvMessage) -> list[ChatCompletionMessageParam]:
+    """The chat-completions messages one of goald's messages becomes (none, one, or one per tool result)."""
+    texts = [b.text for b in msg.content if isinstance(b, TextBlock)]
+    if msg.role == "assistant":
         uses = [b for b in msg.content if isinstance(b, ToolUseBlock)]
-        results = [b for b in msg.content if isinstance(b, ToolResultBlock)]
-        if msg.role == "assistant":
-            assistant: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": "".join(texts)}
-            if uses:
-                calls: list[ChatCompletionMessageFunctionToolCallParam] = [
-                    {
-                        "id": u.id,
-                        "type": "function",
-                        "function": {"name": u.name, "arguments": json.dumps(u.input, ensure_ascii=False)},
-                    }
-                    for u in uses
-                ]
-                assistant["tool_calls"] = calls
-                if not assistant["content"]:
-                    assistant["content"] = None
-            out.append(assistant)
-            continue
-        for result in results:
+        assistant: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": "".join(texts)}
+        if uses:
+            calls: list[ChatCompletionMessageFunctionToolCallParam] = [
+                {
+                    "id": u.id,
+                    "type": "function",
+                    "function": {"name": u.name, "arguments": json.dumps(u.input, ensure_ascii=False)},
+                }
+                for u in uses
+            ]
+            assistant["tool_calls"] = calls
+            if not assistant["content"]:
+                assistant["content"] = None
+        return [assistant]
+    out: list[ChatCompletionMessageParam] = []
+    for result in msg.content:
+        if isinstance(result, ToolResultBlock):
             text = TOOL_ERROR_PREFIX + result.content if result.is_error else result.content
             out.append({"role": "tool", "tool_call_id": result.tool_use_id, "content": text})
-        if texts:
-            out.append({"role": "user", "content": "\n\n".join(texts)})
+    if texts:
+        out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
+
+
+#: Where a conversation's chat-completions form is kept in its :class:`~agent.models.base.WireCache`.
+WIRE_KEY = "openai.chat"
+
+
+def _take(request: ModelRequest) -> JSONLog:
+    """The request's conversation serialized: what the cache holds, plus each new message, once."""
+    cache = request.cache
+    log = cache.log(WIRE_KEY, JSONLog) if cache is not None else JSONLog()
+    new = log.new_messages(request.messages)
+    if new is None:
+        log.reset()
+        new = request.messages
+    for msg in new:
+        for item in chat_messages_of(msg):
+            data = dump_json(item)
+            log.add_item(data)
+            if cache is not None:
+                cache.serialized_bytes += len(data)
+        log.messages.append(msg)
+        if cache is not None:
+            cache.converted += 1
+    if log.tools is not request.tools:
+        log.tools = request.tools
+        log.tools_json = dump_json(to_chat_tools(tuple(request.tools))) if request.tools else b""
+    if log.system is not request.system:
+        log.system = request.system
+        log.system_json = dump_json({"role": "system", "content": request.system}) if request.system else b""
+    return log
 
 
 def to_chat_tools(tools: list[ToolSpec] | tuple[ToolSpec, ...]) -> list[ChatCompletionFunctionToolParam]:
@@ -296,23 +332,42 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
             api_key=self._api_key or "no-key", base_url=self.base_url, max_retries=0, timeout=self.timeout
         )
 
+    def measure(self, request: ModelRequest) -> int:
+        """Bytes of the request body; converts each message the conversation added, once."""
+        return sum(len(p) for p in self._body_pieces(request, _take(request)))
+
+    def _body_pieces(self, request: ModelRequest, log: JSONLog) -> list[bytes | bytearray]:
+        # The keys in the order the SDK's ``create`` sends them.
+        tokens_key = b"max_completion_tokens" if self.max_tokens_param == "max_completion_tokens" else b"max_tokens"
+        pieces: list[bytes | bytearray] = [b'{"model":%s,"stream":true,"messages":[' % dump_json(self.name)]
+        if log.system_json:
+            pieces.append(log.system_json)
+            if log.body:
+                pieces.append(b",")
+        pieces.append(log.body)
+        pieces.append(b'],"%s":%d,"stream_options":{"include_usage":true}' % (tokens_key, request.max_tokens))
+        if log.tools_json:
+            pieces.append(b',"tools":')
+            pieces.append(log.tools_json)
+        pieces.append(b"}")
+        return pieces
+
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Stream one chat completion. Raises :class:`ModelError` classified as the module docstring says."""
         import openai
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
         client = self._sdk()
-        messages = to_chat_messages(request.system, tuple(request.messages))
-        tools = to_chat_tools(tuple(request.tools))
-        use_completion_tokens = self.max_tokens_param == "max_completion_tokens"
+        body = b"".join(self._body_pieces(request, _take(request)))
         got = _Assembly()
-        opening = client.chat.completions.create(
-            model=self.name,
-            messages=messages,
-            tools=tools if tools else openai.omit,
+        # The body is sent as prepared (see agent.models._http); the options are those of ``create``.
+        opening = client.post(
+            "/chat/completions",
+            cast_to=ChatCompletion,
+            content=body,
+            options={"headers": {"Content-Type": "application/json"}, "security": {"bearer_auth": True}},
             stream=True,
-            stream_options={"include_usage": True},
-            max_completion_tokens=request.max_tokens if use_completion_tokens else openai.omit,
-            max_tokens=openai.omit if use_completion_tokens else request.max_tokens,
+            stream_cls=openai.AsyncStream[ChatCompletionChunk],
         )
         chunks = await self._read_stream(opening, got, on_delta, unit="chunk", failures=(openai.APIError,))
         if got.finish is None:
@@ -326,15 +381,14 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         finish = got.finish_reason(any(isinstance(b, ToolUseBlock) for b in content))
         usage = got.usage
         if usage is None:
-            usage = self._estimate_usage(messages, got)
+            usage = self._estimate_usage(len(body), got)
         return ModelResponse(content=content, finish_reason=finish, usage=usage)
 
-    def _estimate_usage(self, messages: list[ChatCompletionMessageParam], got: _Assembly) -> Usage:
+    def _estimate_usage(self, prompt_bytes: int, got: _Assembly) -> Usage:
         # A server that ignores include_usage: charge a cautious estimate (3 bytes a token) so budgets still bind.
         if not self._warned_no_usage:
             self._warned_no_usage = True
             logger.warning("{} sent no usage for model {}; charging estimates", self.provider, self.name)
-        prompt_bytes = len(json.dumps(messages, ensure_ascii=False).encode())
         out_bytes = sum(len(t.encode()) for t in got.text) + sum(
             len(a.encode()) for c in got.calls.values() for a in c.arguments
         )

@@ -1,10 +1,11 @@
 """MCP servers as tools: stdio servers named in configuration, spoken to with the official ``mcp`` SDK.
 
-An :class:`McpServer` is one configured server: a command (wrapped, when a sandbox is given, by its
-``wrap`` function) started on first use, whose tools appear to the model as ``{server}__{tool}``
-(:class:`McpTool`; OpenAI tool names allow only ``[a-zA-Z0-9_-]``, so a double underscore is the
-separator and other characters become ``_``). The server validates its own arguments against the
-schema it published, so the tool's argument model accepts any object and passes it through.
+An :class:`McpServer` is one configured server: a command (run in its :class:`~agent.sandbox.Sandbox`
+when one is given, or wrapped by a ``wrap`` function) started on first use, whose tools appear to
+the model as ``{server}__{tool}`` (:class:`McpTool`; OpenAI tool names allow only
+``[a-zA-Z0-9_-]``, so a double underscore is the separator and other characters become ``_``). The
+server validates its own arguments against the schema it published, so the tool's argument model
+accepts any object and passes it through.
 
 Lifetime. The SDK runs its own anyio tasks and its context managers (the transport and the client
 session) must be entered and left by one task. So each connection is owned by a dedicated runner
@@ -19,6 +20,11 @@ server crashed and was restarted, and asks for a retry only if the call is safe 
 server is restarted before that answer. A server found dead between calls is restarted before the
 call is sent, since that call never reached it. What the server writes to stderr is logged (debug)
 and its last lines explain a failed start.
+
+Secrets. A server's environment values commonly are tokens. In a sandbox they are the sandbox's
+secrets, handed to bwrap through a pipe (:meth:`~agent.sandbox.Sandbox.launcher`), so that no
+command line (``/proc/<pid>/cmdline``, readable by every local user) carries them; and every value is
+redacted from what the server's tools return, as tool secrets are.
 
 ``mcp`` is imported lazily: it takes half a second to import and most commands never need it.
 """
@@ -41,6 +47,8 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
 from agent.models.base import ToolSpec
+from agent.redact import Redactor
+from agent.sandbox import Sandbox
 from agent.tools.base import Tool, ToolContext, ToolOutput
 
 if TYPE_CHECKING:
@@ -120,8 +128,11 @@ class McpServer:
     Args:
         name: The server's name; its tools are called ``{name}__{tool}``.
         command: The command line that starts the server.
-        env: Extra environment variables (over a minimal inherited set: ``PATH``, ``HOME``, ...).
-        wrap: Wraps the command line, e.g. a sandbox's ``argv``.
+        env: Extra environment variables (over a minimal inherited set: ``PATH``, ``HOME``, ...);
+            their values are redacted from the tools' output.
+        wrap: Wraps the command line, e.g. a sandbox's ``argv`` (no secrets: they would be on it).
+        sandbox: The sandbox to run the server in; its secrets (give it ``env`` as ``secrets``)
+            reach the server on no command line. Takes the place of ``wrap`` and of passing ``env``.
         cwd: The server's working directory.
         start_timeout: Seconds to wait for the server's handshake and tool listing.
         call_timeout: Each tool call's timeout.
@@ -134,6 +145,7 @@ class McpServer:
         env: dict[str, str] | None = None,
         *,
         wrap: Wrap | None = None,
+        sandbox: Sandbox | None = None,
         cwd: str | os.PathLike[str] | None = None,
         start_timeout: float = 30.0,
         call_timeout: float = 60.0,
@@ -145,6 +157,9 @@ class McpServer:
         self.command = list(command)
         self.env = dict(env or {})
         self.wrap = wrap
+        self.sandbox = sandbox
+        #: Redacts the server's environment values (and its sandbox's secrets) from every result.
+        self.redactor = Redactor([*self.env.values(), *(sandbox.secrets.values() if sandbox is not None else ())])
         self.cwd = cwd
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
@@ -219,11 +234,12 @@ class McpServer:
             # The SDK's own "connection closed" (a server's error may reuse the code, not the message).
             closed = exc.code == CONNECTION_CLOSED and exc.message == "Connection closed"
             if not closed and not conn.lost.is_set():
-                return ToolOutput(f"MCP server {self.name}: {exc.message}", is_error=True)
+                return ToolOutput(self.redactor.redact(f"MCP server {self.name}: {exc.message}"), is_error=True)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         else:
-            return render(result)
+            out = render(result)
+            return ToolOutput(self.redactor.redact(out.content), out.is_error)
         return await self._after_crash(conn)
 
     async def aclose(self) -> None:
@@ -274,8 +290,9 @@ class McpServer:
         for item in remote:
             tool = McpTool(self, item)
             if tool.name in tools:
-                logger.warning("MCP server {}: tool {!r} hidden: its name clashes as {!r}", self.name, item.name,
-                               tool.name)
+                logger.warning(
+                    "MCP server {}: tool {!r} hidden: its name clashes as {!r}", self.name, item.name, tool.name
+                )
                 continue
             tools[tool.name] = tool
         return list(tools.values())
@@ -309,8 +326,14 @@ class McpServer:
         from mcp.client.stdio import stdio_client
         from mcp.types import Implementation, PaginatedRequestParams
 
-        argv = self.wrap(list(self.command)) if self.wrap is not None else list(self.command)
-        params = StdioServerParameters(command=argv[0], args=argv[1:], env=self.env or None, cwd=self.cwd)
+        env: dict[str, str] | None = self.env or None
+        if self.sandbox is not None:
+            argv, env = self.sandbox.launcher(self.command)
+        elif self.wrap is not None:
+            argv = self.wrap(list(self.command))
+        else:
+            argv = list(self.command)
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env or None, cwd=self.cwd)
         failure: BaseException | None = None
         try:
             with conn.scope:

@@ -4,7 +4,8 @@ The command runs with ``bash -c`` in the work directory, inside the sandbox the 
 (:class:`~agent.sandbox.Sandbox`, or a function that builds one per call: the daemon's picks the
 goal's network policy and secrets). The result says the exit code and carries both streams, each
 cut in the middle past half the output cap with a marker. A timeout kills every process the
-command started, grandchildren that ignore SIGTERM included, and says so.
+command started, grandchildren that ignore SIGTERM included, and says so. A command that hits its
+sandbox's process or memory cap (:mod:`agent.limits`) is an error whose first line names the limit.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class Shell(Tool[ShellArgs]):
             result = await sandbox.run(["bash", "-c", args.command], timeout=timeout, output_cap=self.stream_cap)
         except SandboxUnavailable as exc:
             return ToolOutput(f"shell is not available: {exc}", True)
-        return ToolOutput(render(result, timeout), is_error=not result.ok)
+        return ToolOutput(render(result, timeout), is_error=not result.ok or result.limit is not None)
 
 
 def render(result: SandboxResult, timeout: float) -> str:
@@ -82,6 +83,8 @@ def render(result: SandboxResult, timeout: float) -> str:
         head = f"timed out after {timeout:g}s: the command and every process it started were killed"
     else:
         head = f"exit code: {result.exit_code}"
+    if result.limit is not None:
+        head = f"{result.limit}; {head}"
     parts = [head]
     if result.stdout:
         parts.append("--- stdout ---\n" + result.stdout.rstrip("\n"))

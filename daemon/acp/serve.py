@@ -56,9 +56,7 @@ async def _streams(proto_in: int, proto_out: int) -> tuple[asyncio.StreamReader,
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1024 * 1024)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(proto_in, "rb", 0))
-    transport, protocol = await loop.connect_write_pipe(
-        asyncio.streams.FlowControlMixin, os.fdopen(proto_out, "wb", 0)
-    )
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(proto_out, "wb", 0))
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     return reader, writer
 

@@ -289,4 +289,3 @@ class Projector:
             return []
         assert self.plan is not None
         return [self.plan.update()]
-

@@ -481,7 +481,6 @@ class Client:
                 return item
 
 
-
 def _child_command(
     config: str | Path | None,
     state_dir: str | Path | None,
@@ -521,7 +520,10 @@ def _parse(note: dict[str, Any]) -> Notification | None:
         case "session.event":
             ev = params.get("event") or {}
             return SessionEvent(
-                session_id=params["sessionId"], seq=params["seq"], type=ev["type"], data=ev.get("data") or {},
+                session_id=params["sessionId"],
+                seq=params["seq"],
+                type=ev["type"],
+                data=ev.get("data") or {},
                 at=ev.get("at", ""),
             )
         case "session.status":

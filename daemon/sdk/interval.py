@@ -91,7 +91,10 @@ class RunUsage(BaseModel):
     def total_tokens(self) -> int:
         """Every token counted, charged reservations included."""
         return (
-            self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
             + self.charged_tokens
         )
 

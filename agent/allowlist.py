@@ -1,0 +1,168 @@
+"""What a sandboxed command sees of the file system: an allowlist, never the whole root.
+
+The sandbox's root is an empty tmpfs, made read-only once the mounts are in place. Into it go:
+
+* the system directories a shell needs, read-only: :data:`SYSTEM_PATHS` (``/usr``, ``/bin``,
+  ``/sbin``, ``/lib*``, ``/etc``). One that is a symlink on the host (Debian's merged ``/usr``:
+  ``/bin -> usr/bin``) is the same symlink in the sandbox;
+* ``/etc`` without its secrets: :data:`ETC_SECRETS` (``shadow``, ``gshadow``, ``sudoers``, ssh host
+  keys, TLS private keys, goald's own configuration directory ...) and, found once per process, every
+  entry of ``/etc`` that other users may not read (a secret by its owner's own account). A file is
+  covered by ``/dev/null``, a directory by an empty read-only tmpfs. ``/etc/resolv.conf`` and
+  ``/etc/hosts`` keep working when they are symlinks into ``/run`` (systemd-resolved): their
+  targets, and only those, are bound too;
+* the extra read-only paths of the goal (a toolchain under ``/opt``, say);
+* the work directory, read-write, and a private ``/tmp``; ``/proc`` of the sandbox's own PID
+  namespace and a minimal ``/dev``.
+
+Nothing else exists: not ``/root``, ``/home``, ``/run`` (``/run/user``, ``/run/credentials``),
+``/var`` (``/var/lib`` with the state directory), ``/srv``, ``/mnt``, other work directories. Only
+the parent directories of the work directory and of the extra paths appear, empty and read-only.
+Paths to hide that lie inside something shown (the configuration directory ``/etc/goald``, a state
+directory inside an extra path, a secret inside the work directory) are covered the same way.
+
+Mounts are ordered parents first, so a work directory inside a covered directory (the default
+``<state_dir>/work/<goal>`` when the state directory is under an extra path) stays visible while its
+siblings do not.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+#: Read-only in every sandbox (those that exist on the host).
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+#: Hidden inside ``/etc`` whatever their mode (globs).
+ETC_SECRETS = (
+    "/etc/shadow*",
+    "/etc/gshadow*",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh/*_key",
+    "/etc/ssl/private",
+    "/etc/security/opasswd",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+    "/etc/krb5.keytab",
+    "/etc/ppp/*-secrets",
+    "/etc/NetworkManager/system-connections",
+    "/etc/wpa_supplicant",
+    "/etc/letsencrypt",
+    "/etc/goald",
+    "/etc/default/goald",
+)
+#: ``/etc`` files that may be symlinks into a directory not shown (``/run``): their targets are bound.
+_FOLLOWED = ("/etc/resolv.conf", "/etc/hosts")
+_TMP = Path("/tmp")
+
+
+class MountError(ValueError):
+    """A mount plan that cannot work (an extra path that does not exist, the work directory hidden)."""
+
+
+@functools.cache
+def _unreadable_in_etc() -> tuple[Path, ...]:
+    """Entries of ``/etc`` that others may not read (directories: not search and read), not descended into."""
+    found: list[Path] = []
+    stack = ["/etc"]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode):
+                if mode & 0o005 != 0o005:
+                    found.append(Path(entry.path))
+                else:
+                    stack.append(entry.path)
+            elif stat.S_ISREG(mode) and not mode & stat.S_IROTH:
+                found.append(Path(entry.path))
+    return tuple(found)
+
+
+def etc_secrets() -> list[Path]:
+    """What is hidden of ``/etc``: :data:`ETC_SECRETS` as found now, and what others may not read."""
+    named = [Path(p) for pattern in ETC_SECRETS for p in glob.glob(pattern)]
+    return list(dict.fromkeys([*named, *_unreadable_in_etc()]))
+
+
+def _under(path: Path, tops: Iterable[Path]) -> bool:
+    return any(path == top or path.is_relative_to(top) for top in tops)
+
+
+def mounts(workdir: Path, read_only: Iterable[Path] = (), hidden: Iterable[Path] = ()) -> list[str]:
+    """bwrap's arguments for the file system: allowlist, extra read-only paths, hidden paths, work
+    directory, private ``/tmp``, ``/proc`` and ``/dev``; the root made read-only last.
+
+    Raises:
+        MountError: an extra path does not exist, or the work directory is one of the hidden paths.
+    """
+    workdir = Path(os.path.normpath(workdir))
+    # (depth, order, path, op, source): parents first; at one depth, what shows before what covers,
+    # and the work directory last.
+    ops: list[tuple[int, int, Path, str, str]] = []
+    shown: list[Path] = []
+    for name in SYSTEM_PATHS:
+        path = Path(name)
+        if path.is_symlink():
+            ops.append((1, 0, path, "symlink", os.readlink(path)))
+        elif path.is_dir():
+            ops.append((1, 0, path, "ro", name))
+            shown.append(path)
+    for raw in read_only:
+        path = Path(os.path.normpath(raw))
+        if not path.is_absolute():
+            raise MountError(f"the read-only path {str(raw)!r} is not absolute")
+        if not path.exists():
+            raise MountError(f"the read-only path {str(raw)!r} does not exist")
+        if _under(path, shown):
+            continue
+        ops.append((len(path.parts), 0, path, "ro", str(path)))
+        shown.append(path)
+    for name in _FOLLOWED:
+        real = Path(os.path.realpath(name))
+        if Path(name).is_symlink() and real.is_file() and not _under(real, shown):
+            ops.append((len(real.parts), 0, real, "ro", str(real)))
+    ops.append((len(_TMP.parts), 0, _TMP, "tmp", ""))
+    covered: list[Path] = []
+    for raw in [*hidden, *etc_secrets()]:
+        path = Path(os.path.realpath(raw))
+        if path == workdir:
+            raise MountError(f"the work directory {str(workdir)!r} is one of the hidden paths")
+        if path in covered or not os.path.lexists(path):
+            continue
+        inside_workdir = path.is_relative_to(workdir) and workdir != Path("/")
+        if (_under(path, shown) and not path.is_relative_to(_TMP)) or inside_workdir:
+            covered.append(path)
+    for path in covered:
+        ops.append((len(path.parts), 1, path, "dir" if path.is_dir() else "file", ""))
+    if workdir != Path("/"):
+        ops.append((len(workdir.parts), 2, workdir, "bind", str(workdir)))
+    args = ["--proc", "/proc", "--dev", "/dev"]
+    for _, _, where, op, source in sorted(ops):
+        target = str(where)
+        if op == "symlink":
+            args += ["--symlink", source, target]
+        elif op == "ro":
+            args += ["--ro-bind", source, target]
+        elif op in ("tmp", "dir"):
+            args += ["--tmpfs", target]
+        elif op == "file":
+            args += ["--ro-bind", "/dev/null", target]
+        else:
+            args += ["--bind", source, target]
+    # Made read-only last: mount points for what lies inside them were created first.
+    for path in covered:
+        if path.is_dir():
+            args += ["--remount-ro", str(path)]
+    return [*args, "--remount-ro", "/"]

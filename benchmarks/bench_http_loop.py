@@ -1,0 +1,326 @@
+"""Client time per step through a real provider: flat from step 2 to step 2,000?
+
+A local OpenAI-compatible server (a child process, so its work does not share the client's event
+loop) answers every ``POST /chat/completions`` at once with a short SSE stream: a ``noop`` tool
+call while a loop lasts, then a text answer. It stamps, on the system-wide monotonic clock, when
+each request had arrived whole and when its response's last byte was written. goald's
+OpenAI-compatible provider (the official SDK underneath) and the real driver run:
+
+1. one turn of N tool-calling steps (default 2,000): the client time of a step is from the end of
+   one response to the arrival of the next request (committing the assistant message, running
+   the tool, committing its result, reserving the next call, building and sending the request);
+   printed for the first, middle and last 100 steps;
+2. one goal of R rounds (default 200) through the real goal engine, each round a text answer:
+   the time from the committed ``status: idle`` to the arrival of the next round's request, per
+   round, split into stages (idle → the engine's continuation committed → admitted by the next
+   turn → request on the wire); printed for the first, middle and last 100 rounds;
+3. a bare aiosqlite ``INSERT`` + ``COMMIT`` at the same ``synchronous`` level, for scale.
+
+It also counts the messages the provider converted per request (constant: only what the step
+added) against the messages the request carried (growing).
+
+Run: ``python benchmarks/bench_http_loop.py [--steps N] [--rounds R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+from loguru import logger
+from pydantic import BaseModel
+
+from agent import Event, EventType, FunctionTool, ModelRegistry, Runtime, ToolContext, ToolRegistry
+from agent.models.openai import OpenAIModel
+
+
+def now() -> float:
+    """The system-wide monotonic clock (comparable between the two processes)."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+# -- the server (child process) ------------------------------------------------------------------
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None) -> bytes:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "bench",
+        "choices": [] if usage is not None else [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _stream(frames: list[bytes]) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
+
+
+USAGE = {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105}
+
+
+def tool_answer(n: int) -> bytes:
+    call = {"index": 0, "id": f"call_{n}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+    return _stream(
+        [
+            _chunk({"role": "assistant", "content": None, "tool_calls": [call]}),
+            _chunk({}, finish="tool_calls"),
+            _chunk({}, usage=USAGE),
+            b"data: [DONE]\n\n",
+        ]
+    )
+
+
+def text_answer() -> bytes:
+    return _stream(
+        [
+            _chunk({"role": "assistant", "content": "working on it"}),
+            _chunk({}, finish="stop"),
+            _chunk({}, usage=USAGE),
+            b"data: [DONE]\n\n",
+        ]
+    )
+
+
+class Server:
+    """Model ``loop-N``: a tool call for the first N requests, then text. Any other model: text."""
+
+    def __init__(self) -> None:
+        self.stamps: list[tuple[float, float, float, int]] = []  # (head, arrived, ended, body bytes)
+        self.counts: dict[str, int] = {}
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                t_head = now()
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                arrived = now()
+                if head.startswith(b"GET /stats"):
+                    data = json.dumps(self.stamps).encode()
+                    self.stamps = []
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data))
+                    await writer.drain()
+                    continue
+                model = body[: body.index(b",")].split(b'"')[-2].decode()
+                n = self.counts[model] = self.counts.get(model, 0) + 1
+                loop = int(model[5:]) if model.startswith("loop-") else 0
+                writer.write(tool_answer(n) if n <= loop else text_answer())
+                await writer.drain()
+                self.stamps.append((t_head, arrived, now(), length))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def serve() -> None:
+    server = Server()
+    srv = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    print(srv.sockets[0].getsockname()[1], flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+
+
+async def fetch_stamps(port: int) -> list[tuple[float, float, float, int]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /stats HTTP/1.1\r\ncontent-length: 0\r\n\r\n")
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+    data = await reader.readexactly(length)
+    writer.close()
+    return [tuple(x) for x in json.loads(data)]  # type: ignore[misc]
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+
+class _NoArgs(BaseModel):
+    pass
+
+
+async def _noop(args: _NoArgs, ctx: ToolContext) -> str:
+    return "ok"
+
+
+def ms(values: list[float]) -> str:
+    return f"mean {statistics.fmean(values) * 1e3:.3f} / median {statistics.median(values) * 1e3:.3f} ms"
+
+
+def thirds(values: list[float], label: str, unit: str) -> list[float]:
+    n = len(values)
+    first, middle, last = values[:100], values[max(0, n // 2 - 50) : n // 2 + 50], values[-100:]
+    print(f"  {label}, first 100 {unit}: {ms(first)}")
+    print(f"  {label}, middle 100 {unit}: {ms(middle)}")
+    ratio = statistics.fmean(last) / statistics.fmean(first)
+    print(f"  {label}, last 100 {unit}: {ms(last)}  (last/first means {ratio:.2f})")
+    return [statistics.fmean(first), statistics.fmean(last)]
+
+
+async def tool_loop(db: Path, port: int, steps: int) -> None:
+    model = OpenAIModel(f"loop-{steps}", base_url=f"http://127.0.0.1:{port}/v1", api_key="bench-key")
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+    tools = ToolRegistry([FunctionTool("noop", "does nothing", _NoArgs, _noop)])
+    carried: list[int] = []
+    converted: list[int] = []
+    async with Runtime.open(db, models=registry, tools=lambda row: tools) as rt:
+        sid = await rt.create_session(config={"agent": {"max_steps": steps + 10}})
+        agent = await rt.agent(sid)
+        measure = model.measure
+
+        def counting(request: Any) -> int:
+            before = request.cache.converted if request.cache is not None else 0
+            size = measure(request)
+            carried.append(len(request.messages))
+            converted.append((request.cache.converted if request.cache is not None else 0) - before)
+            return size
+
+        model.measure = counting  # type: ignore[method-assign]
+        t0 = time.perf_counter()
+        await agent.followup("go")
+        await agent.when_idle()
+        wall = time.perf_counter() - t0
+    await model.aclose()
+    stamps = await fetch_stamps(port)
+    client = [b[1] - a[2] for a, b in itertools.pairwise(stamps)][:steps]
+    to_head = [b[0] - a[2] for a, b in itertools.pairwise(stamps)][:steps]
+    print(f"{steps}-step tool loop in one turn, OpenAI-compatible provider, local server: {wall:.2f} s wall")
+    thirds(client, "client time per step (response end -> next request whole)", "steps")
+    print(f"  the same to the next request's headers, last 100: {ms(to_head[-100:])}")
+    print(f"  request body: first {stamps[0][3]} B, last {stamps[-1][3]} B")
+    print(
+        f"  messages per request: carried {carried[0]} -> {carried[-1]}; converted per request: "
+        f"first {converted[1]}, max after the first {max(converted[1:])}"
+    )
+
+
+async def goal_rounds(db: Path, port: int, rounds: int) -> None:
+    from goals import Budgets, Decision, GoalEngine, GoalSpec, PolicyInput, StopRules, tools_for_goal_sessions
+
+    model = OpenAIModel("goal", base_url=f"http://127.0.0.1:{port}/v1", api_key="bench-key")
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+    stages: list[dict[str, float]] = []
+    current: dict[str, float] = {}
+    done = asyncio.Event()
+    session: list[str] = []
+
+    def on_event(event: Event) -> None:
+        nonlocal current
+        if not session or event.session_id != session[0]:
+            return
+        if event.type == EventType.STATUS and event.data["status"] == "idle":
+            current = {"idle": now()}
+            stages.append(current)
+        elif event.type == EventType.MESSAGE_QUEUED and event.data["source"].get("kind") == "goal":
+            current.setdefault("queued", now())
+        elif event.type == EventType.MESSAGE_ADMITTED and event.data["source"].get("kind") == "goal":
+            current.setdefault("admitted", now())
+
+    def on_decision(inp: PolicyInput, decision: Decision) -> None:
+        current.setdefault("decided", now())
+        if decision.kind != "continue":
+            done.set()
+
+    async with Runtime.open(
+        db, models=registry, tools=lambda row: ToolRegistry(tools_for_goal_sessions(row.config))
+    ) as rt:
+        async with GoalEngine.running(rt) as engine:
+            rt.store.hub.add_listener(on_event)
+            engine.add_decision_listener(on_decision)
+            t0 = time.perf_counter()
+            goal = await engine.create(
+                GoalSpec(
+                    objective="Benchmark: keep going.",
+                    budgets=Budgets(max_rounds=rounds + 1),
+                    rules=StopRules(stall_rounds=10**6),
+                )
+            )
+            session.append(goal.session_id)
+            await asyncio.wait_for(done.wait(), timeout=1200)
+            wall = time.perf_counter() - t0
+    await model.aclose()
+    stamps = await fetch_stamps(port)
+    arrivals = [s[1] for s in stamps]
+    rows: list[dict[str, float]] = []
+    for st in stages:
+        nxt = next((a for a in arrivals if a > st.get("admitted", float("inf"))), None)
+        if nxt is not None and {"decided", "queued", "admitted"} <= st.keys():
+            rows.append({**st, "request": nxt})
+    total = [r["request"] - r["idle"] for r in rows]
+    print(f"{len(rows)}-round goal, one text answer a round, through the goal engine: {wall:.2f} s wall")
+    thirds(total, "idle -> next round's request", "rounds")
+    tail = total[-20:]
+    print(f"  rounds {len(total) - 19}-{len(total)}: median {statistics.median(tail) * 1e3:.3f} ms")
+    for a, b, label in (
+        ("idle", "queued", "idle -> continuation committed (the engine reads, decides, commits)"),
+        ("queued", "admitted", "queued -> admitted by the next turn"),
+        ("admitted", "request", "admitted -> request whole at the server"),
+    ):
+        part = [r[b] - r[a] for r in rows]
+        print(f"    {label}: first 100 {ms(part[:100])}; last 100 {ms(part[-100:])}")
+
+
+async def bare_commit(path: Path, n: int = 2000) -> float:
+    """Mean seconds of one aiosqlite INSERT + COMMIT at synchronous=NORMAL."""
+    async with aiosqlite.connect(str(path)) as conn:
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=NORMAL")
+        await conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        await conn.commit()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await conn.execute("INSERT INTO t(v) VALUES (?)", ("x" * 100,))
+            await conn.commit()
+        return (time.perf_counter() - t0) / n
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        await serve()
+        return
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    # The server is a child process, so its work does not run on the client's event loop or CPU.
+    child = subprocess.Popen(  # noqa: ASYNC220  (started once, before anything is measured)
+        [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.steps:
+                await tool_loop(Path(tmp) / "loop.db", port, args.steps)
+            if args.rounds:
+                await goal_rounds(Path(tmp) / "goal.db", port, args.rounds)
+            bare = await bare_commit(Path(tmp) / "bare.db")
+            print(f"bare aiosqlite INSERT+COMMIT (synchronous=NORMAL), same run: {bare * 1e3:.3f} ms")
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        child.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

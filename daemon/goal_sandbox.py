@@ -1,0 +1,100 @@
+"""One goal's sandbox: the config file's ``[goal_sandbox.<key>]`` merged with the goal's own ``sandbox``.
+
+Everything that executes on a goal's behalf -- its shell calls, its verification commands, its
+``progress`` command -- runs under the one policy :func:`goal_policy` makes, so a verification
+gets exactly the network, secrets, extra read-only paths and limits the goal's shell gets.
+
+How the two sources merge (both are the operator's: the config file, and a client of the control
+socket, which is as privileged as the daemon's user). Each field is merged on its own, and a field
+neither side sets keeps the daemon-wide default (``sandbox_network``, ``sandbox_max_processes`` ...):
+
+* ``network``: an explicit ``false`` on either side wins; else an explicit ``true``; else the default.
+* ``max_processes``, ``max_memory_mb``: the smaller of the two caps that are set.
+* ``read_only_paths``: the union.
+* ``secrets``: the union by name; a name on both sides takes the config file's value. The spec names
+  where the daemon reads each value (a credential file, an environment variable), never the value;
+  it may not name a provider's API key (a goal's commands never get one), and a value that cannot
+  be found is left unset, with an error in the log, as for the config file's secrets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loguru import logger
+
+from agent import Redactor
+from agent.limits import MIB
+from agent.sandbox import SandboxPolicy, SandboxProfile
+from daemon.settings import SecretRef, Settings, read_tool_secret
+from goals import Goal, SandboxSpec, SecretSource
+
+
+def _lower(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def spec_secrets(spec: SandboxSpec) -> dict[str, str]:
+    """The values of the secrets ``spec`` names (those that have one here)."""
+    values: dict[str, str] = {}
+    for name, source in spec.secrets.items():
+        ref = SecretRef(credential=source.credential, env=source.env)
+        value = read_tool_secret(ref)
+        if value is None:
+            logger.error("tool secret {} of a goal's sandbox has no value ({}); left unset", name, ref.describe())
+            continue
+        values[name] = value
+    return values
+
+
+def goal_policy(profile: SandboxProfile, goal: Goal) -> SandboxPolicy:
+    """The sandbox policy of ``goal``'s commands (see the module docstring for the merge)."""
+    configured = profile.policies.get(goal.key) if goal.key is not None else None
+    spec = goal.sandbox
+    if spec.empty:
+        return configured or SandboxPolicy()
+    base = configured or SandboxPolicy()
+    said = [n for n in (base.network, spec.network) if n is not None]
+    network = None if not said else all(said)
+    memory = spec.max_memory_mb * MIB if spec.max_memory_mb is not None else None
+    return SandboxPolicy(
+        network=network,
+        secrets={**spec_secrets(spec), **base.secrets},
+        read_only=tuple(dict.fromkeys((*base.read_only, *(Path(p) for p in spec.read_only_paths)))),
+        max_processes=_lower(base.max_processes, spec.max_processes),
+        max_memory_bytes=_lower(base.max_memory_bytes, memory),
+    )
+
+
+def goal_redactor(profile: SandboxProfile, spec: SandboxSpec) -> Redactor:
+    """Every secret the daemon knows, and those of ``spec``."""
+    own = spec_secrets(spec) if spec.secrets else {}
+    return profile.redactor.union(Redactor(own.values())) if own else profile.redactor
+
+
+def check_spec(settings: Settings, spec: SandboxSpec) -> None:
+    """Refuse a spec whose secrets would hand a provider's API key to a goal's commands.
+
+    Raises:
+        ValueError: naming the secret.
+    """
+    keys: set[tuple[str, str]] = set()
+    for provider in settings.providers.values():
+        if provider.api_key_env:
+            keys.add(("env", provider.api_key_env))
+        if provider.api_key_credential:
+            keys.add(("credential", provider.api_key_credential))
+    for name, source in spec.secrets.items():
+        if _where(source) in keys:
+            raise ValueError(f"sandbox.secrets.{name}: names a model provider's API key, which no goal's commands get")
+
+
+def _where(source: SecretSource) -> tuple[str, str]:
+    if source.credential is not None:
+        return ("credential", source.credential)
+    assert source.env is not None
+    return ("env", source.env)

@@ -1,0 +1,45 @@
+"""Scripted models for the sandbox's end-to-end tests, loaded inside a daemon they start
+(``script = "sandbox_testmodels:models"``; the harness puts ``tests/`` on the daemon's path).
+
+``bomber`` runs a bounded fork bomb, then a bounded memory hog, through ``shell``, then says what
+came back. ``leaker`` asks the ``fixture`` MCP server for the value of ``FIXTURE_TOKEN`` and repeats it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: At most 400 processes, each gone after 30 s; the shell call's timeout ends it first.
+FORK_BOMB = "for i in $(seq 400); do (exec -a goald-bomb sleep 30) & done; wait"
+#: At most 400 MB in one bash variable.
+MEMORY_HOG = "x=$(head -c 400000000 /dev/zero | tr '\\0' x); echo ${#x}"
+
+
+def models(name: str) -> Any:
+    from agent import Reply, ScriptedModel, ToolCall, ToolResultBlock
+
+    def results(request: Any) -> list[str]:
+        return [b.content for m in request.messages for b in m.content if isinstance(b, ToolResultBlock)]
+
+    if name == "bomber":
+
+        def bomber(request: Any) -> Reply:
+            seen = results(request)
+            if not seen:
+                return Reply.call("shell", command=FORK_BOMB, timeout_seconds=4)
+            if len(seen) == 1:
+                return Reply.call("shell", command=MEMORY_HOG, timeout_seconds=60)
+            return Reply.say("done")
+
+        return ScriptedModel(bomber, name="bomber", record=False)
+    if name == "leaker":
+
+        def leaker(request: Any) -> Reply:
+            seen = results(request)
+            if not seen:
+                # Not Reply.call: the tool's argument is called ``name``.
+                return Reply(tool_calls=[ToolCall("fixture__env", {"name": "FIXTURE_TOKEN"})])
+            return Reply.say(f"the token is {seen[0]}")
+
+        return ScriptedModel(leaker, name="leaker", record=False)
+    return None
