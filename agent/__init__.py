@@ -2,10 +2,17 @@
 
 ``agent`` knows nothing of goals or sockets. Its public names are re-exported here; other
 packages import only these.
+
+It owns the tables ``sessions``, ``inbox``, ``turns``, ``events``, ``guards``, ``model_calls`` and
+``schema_versions``; other packages read and change them only through its functions (e.g.
+:func:`cancel_pending`, :func:`is_pending`, :func:`update_session`, :func:`list_sessions`,
+:func:`session_chain`, :func:`first_kept_seq`), never with SQL of their own. Errors derive from
+:class:`AgentError`.
 """
 
+from agent.background import TaskSet
 from agent.calls import usage_of_guard
-from agent.driver import Agent, AgentConfig, AgentStatus, CallId, RetryPolicy, StatusSnapshot, history_message
+from agent.driver import Agent, AgentConfig, CallId, RetryPolicy, StatusSnapshot, history_message
 from agent.errors import (
     AgentError,
     Conflict,
@@ -18,7 +25,19 @@ from agent.errors import (
 )
 from agent.events import HISTORY_TYPES, Event, EventHub, EventType, Subscription
 from agent.ids import GuardId, MessageId, SessionId, TurnId, TypedId
-from agent.inbox import Admitted, Enqueued, cancel, cancel_all, enqueue, get_message, has_waking, settle_idle
+from agent.inbox import (
+    Admitted,
+    Enqueued,
+    cancel,
+    cancel_all,
+    cancel_pending,
+    enqueue,
+    get_message,
+    has_waking,
+    is_pending,
+    settle_idle,
+)
+from agent.interval import IntervalWatcher, RunFacts, WatchedRun, is_idle, watch_interval
 from agent.limits import CommandLimits, LimitsUnavailable
 from agent.messages import (
     MAX_MESSAGE_BYTES,
@@ -51,15 +70,33 @@ from agent.models import (
     ToolCall,
     ToolSpec,
 )
+from agent.payloads import (
+    AgentStatus,
+    AssistantMessage,
+    EndReason,
+    MessageAdmitted,
+    MessageCancelled,
+    MessageQueued,
+    ModelCharged,
+    ModelFailed,
+    OtherPayload,
+    Payload,
+    SessionCreated,
+    StatusChanged,
+    ToolDenied,
+    ToolResult,
+    TurnEnded,
+    TurnStarted,
+    parse_payload,
+    register_payloads,
+)
 from agent.redact import Redactor
 from agent.runtime import (
     ModelRegistry,
     Resolver,
     Runtime,
-    SessionRow,
     SessionSetup,
     create_guard,
-    create_session,
     echo_model,
     update_guard,
 )
@@ -72,8 +109,10 @@ from agent.sandbox import (
     SandboxUnavailable,
     detect_bwrap,
 )
+from agent.schema import Migration
+from agent.sessions import SessionRow, create_session, list_sessions, load_session, session_chain, update_session
 from agent.spend import Limits, Price, PromptEstimator, Refusal, Reservation, SpendGuard, Usage, estimator_for
-from agent.store import Durability, Migration, SessionState, Store, Tx, read_events, utcnow
+from agent.store import Durability, SessionState, Store, Tx, first_kept_seq, read_events, utcnow
 from agent.subagents import DEFAULT_MAX_DEPTH, Delegate, DelegateArgs
 from agent.tools import (
     FunctionTool,
@@ -91,7 +130,7 @@ from agent.tools import (
     file_tools,
     truncate,
 )
-from agent.turns import OUTCOME_UNKNOWN, EndReason, OpenedTurn, TurnEnd, end_turn, repair, take_or_idle
+from agent.turns import OUTCOME_UNKNOWN, OpenedTurn, TurnEnd, end_turn, repair, take_or_idle
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -103,6 +142,7 @@ __all__ = [
     "AgentConfig",
     "AgentError",
     "AgentStatus",
+    "AssistantMessage",
     "Block",
     "Bwrap",
     "CallId",
@@ -125,6 +165,7 @@ __all__ = [
     "FunctionTool",
     "GuardId",
     "InboxMessage",
+    "IntervalWatcher",
     "InvalidInput",
     "InvalidTransition",
     "Limits",
@@ -133,16 +174,23 @@ __all__ = [
     "McpServers",
     "McpTool",
     "McpUnavailable",
+    "MessageAdmitted",
+    "MessageCancelled",
     "MessageId",
+    "MessageQueued",
     "Migration",
     "Model",
+    "ModelCharged",
     "ModelError",
     "ModelErrorKind",
+    "ModelFailed",
     "ModelRegistry",
     "ModelRequest",
     "ModelResponse",
     "NotFound",
     "OpenedTurn",
+    "OtherPayload",
+    "Payload",
     "Price",
     "PromptEstimator",
     "Redactor",
@@ -151,6 +199,7 @@ __all__ = [
     "Reservation",
     "Resolver",
     "RetryPolicy",
+    "RunFacts",
     "Runtime",
     "Sandbox",
     "SandboxPolicy",
@@ -159,6 +208,7 @@ __all__ = [
     "SandboxUnavailable",
     "SchemaTooNew",
     "ScriptedModel",
+    "SessionCreated",
     "SessionId",
     "SessionRow",
     "SessionSetup",
@@ -167,28 +217,36 @@ __all__ = [
     "Source",
     "SourceKind",
     "SpendGuard",
+    "StatusChanged",
     "StatusSnapshot",
     "StorageUnavailable",
     "Store",
     "StoreClosed",
     "Subscription",
+    "TaskSet",
     "TextBlock",
     "Tool",
     "ToolCall",
     "ToolContext",
+    "ToolDenied",
     "ToolOutput",
     "ToolPolicy",
     "ToolRegistry",
+    "ToolResult",
     "ToolResultBlock",
     "ToolSpec",
     "ToolUseBlock",
     "TurnEnd",
+    "TurnEnded",
     "TurnId",
+    "TurnStarted",
     "Tx",
     "TypedId",
     "Usage",
+    "WatchedRun",
     "cancel",
     "cancel_all",
+    "cancel_pending",
     "confine",
     "content_text",
     "create_guard",
@@ -199,18 +257,28 @@ __all__ = [
     "enqueue",
     "estimator_for",
     "file_tools",
+    "first_kept_seq",
     "get_message",
     "has_waking",
     "history_message",
+    "is_idle",
+    "is_pending",
+    "list_sessions",
+    "load_session",
     "parse_content",
     "parse_delivery",
+    "parse_payload",
     "read_events",
+    "register_payloads",
     "repair",
+    "session_chain",
     "settle_idle",
     "take_or_idle",
     "transition_fate",
     "truncate",
     "update_guard",
+    "update_session",
     "usage_of_guard",
     "utcnow",
+    "watch_interval",
 ]

@@ -6,7 +6,7 @@ The sandbox's root is an empty tmpfs, made read-only once the mounts are in plac
   ``/sbin``, ``/lib*``, ``/etc``). One that is a symlink on the host (Debian's merged ``/usr``:
   ``/bin -> usr/bin``) is the same symlink in the sandbox;
 * ``/etc`` without its secrets: :data:`ETC_SECRETS` (``shadow``, ``gshadow``, ``sudoers``, ssh host
-  keys, TLS private keys, goald's own configuration directory ...) and, found once per process, every
+  keys, TLS private keys, goald's own configuration directory ...) and, found again when ``/etc`` changes, every
   entry of ``/etc`` that other users may not read (a secret by its owner's own account). A file is
   covered by ``/dev/null``, a directory by an empty read-only tmpfs. ``/etc/resolv.conf`` and
   ``/etc/hosts`` keep working when they are symlinks into ``/run`` (systemd-resolved): their
@@ -35,6 +35,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from agent.errors import AgentError
+
 #: Read-only in every sandbox (those that exist on the host).
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 #: Hidden inside ``/etc`` whatever their mode (globs).
@@ -61,12 +63,23 @@ _FOLLOWED = ("/etc/resolv.conf", "/etc/hosts")
 _TMP = Path("/tmp")
 
 
-class MountError(ValueError):
+class MountError(AgentError, ValueError):
     """A mount plan that cannot work (an extra path that does not exist, the work directory hidden)."""
 
 
-@functools.cache
 def _unreadable_in_etc() -> tuple[Path, ...]:
+    """:func:`_scan_etc`, found again whenever ``/etc``'s modification time changes (an entry added,
+    removed or renamed there: how packages and editors replace a file). A chmod in place does not
+    change it; that is still seen at the daemon's next start."""
+    try:
+        stamp = os.stat("/etc").st_mtime_ns
+    except OSError:
+        stamp = 0
+    return _scan_etc(stamp)
+
+
+@functools.lru_cache(maxsize=1)
+def _scan_etc(_stamp: int) -> tuple[Path, ...]:
     """Entries of ``/etc`` that others may not read (directories: not search and read), not descended into."""
     found: list[Path] = []
     stack = ["/etc"]
@@ -100,9 +113,15 @@ def _under(path: Path, tops: Iterable[Path]) -> bool:
     return any(path == top or path.is_relative_to(top) for top in tops)
 
 
-def mounts(workdir: Path, read_only: Iterable[Path] = (), hidden: Iterable[Path] = ()) -> list[str]:
+def mounts(
+    workdir: Path, read_only: Iterable[Path] = (), hidden: Iterable[Path] = (), *, workdir_source: str | None = None
+) -> list[str]:
     """bwrap's arguments for the file system: allowlist, extra read-only paths, hidden paths, work
     directory, private ``/tmp``, ``/proc`` and ``/dev``; the root made read-only last.
+
+    ``workdir_source`` is what is bound at the work directory's place: ``/proc/self/fd/N`` of a
+    descriptor checked by :func:`agent.workdirs.open_workdir` (so a path swapped for a symlink after
+    the check is never followed); the path itself if not given.
 
     Raises:
         MountError: an extra path does not exist, or the work directory is one of the hidden paths.
@@ -147,7 +166,7 @@ def mounts(workdir: Path, read_only: Iterable[Path] = (), hidden: Iterable[Path]
     for path in covered:
         ops.append((len(path.parts), 1, path, "dir" if path.is_dir() else "file", ""))
     if workdir != Path("/"):
-        ops.append((len(workdir.parts), 2, workdir, "bind", str(workdir)))
+        ops.append((len(workdir.parts), 2, workdir, "bind", workdir_source or str(workdir)))
     args = ["--proc", "/proc", "--dev", "/dev"]
     for _, _, where, op, source in sorted(ops):
         target = str(where)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -62,11 +61,11 @@ from agent.messages import (
     parse_content,
 )
 from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, ModelResponse, WireCache
+from agent.payloads import AgentStatus, EndReason, MessageQueued, StatusChanged
 from agent.spend import Refusal, SpendGuard, Usage, estimator_for
-from agent.store import SESSION_IDLE, SessionState, Store, Tx
+from agent.store import SessionState, Store, Tx
 from agent.tools.base import ToolContext, ToolRegistry
 from agent.turns import (
-    EndReason,
     OpenedTurn,
     TurnEnd,
     charge_open_reservations,
@@ -112,15 +111,6 @@ def _with_deferred(deferred: tuple[_Deferred, ...], fn: Callable[[Tx], _T], tx: 
             item.write(tx)
             tx.on_commit(item.mark)
     return fn(tx)
-
-
-class AgentStatus(enum.StrEnum):
-    """Whole-agent status."""
-
-    #: No turn running and no waking message queued.
-    IDLE = "idle"
-    #: A turn is running, or a waking message is queued for the next one.
-    RUNNING = "running"
 
 
 @dataclass(frozen=True)
@@ -349,8 +339,8 @@ class Agent:
 
     def on_event(self, event: Event) -> None:
         """Observe one committed event of this session (called in commit order)."""
-        if event.type == EventType.STATUS:
-            self._status = AgentStatus(event.data["status"])
+        if event.type == EventType.STATUS and isinstance(changed := event.payload, StatusChanged):
+            self._status = changed.status
             self._status_seq = event.seq
             if self._status is AgentStatus.IDLE:
                 snap = StatusSnapshot(self._status, event.seq)
@@ -358,11 +348,10 @@ class Agent:
                 for fut in waiters:
                     if not fut.done():
                         fut.set_result(snap)
-        elif event.type == EventType.MESSAGE_QUEUED:
-            delivery = event.data.get("delivery")
-            if delivery != Delivery.FOLLOWUP:
+        elif event.type == EventType.MESSAGE_QUEUED and isinstance(queued := event.payload, MessageQueued):
+            if queued.delivery is not Delivery.FOLLOWUP:
                 self._steer_hint = True
-            if delivery != Delivery.CONTEXT:
+            if queued.delivery.wakes:
                 self._wake.set()
 
     # -- the driver loop -------------------------------------------------------------------
@@ -678,6 +667,19 @@ class Agent:
         budgets edited) extends the call; a time limit set where there was none applies from the
         next call. Raises :class:`_OutOfTime` after the cancellation.
         """
+        left = self.guard.time_left()
+        if left is not None and left < self.config.min_call_seconds:
+            # Checked again here: the reservation's write may have waited (a full disk) after the guard's check.
+            end = self.guard.ends_at()
+            when = end.isoformat() if end is not None else "the deadline"
+            raise _OutOfTime(
+                f"deadline {when} is {max(left, 0.0):.1f}s away, less than the "
+                f"{self.config.min_call_seconds:g}s a model call needs to start: the call was not started"
+            )
+        if left is None:
+            # No time limit binds this call (one set meanwhile applies from the next call, as
+            # below): await it in this task; a task and a wait per call would cost a loop pass.
+            return await self.model.complete(request, self._on_delta(turn_id))
         call = asyncio.ensure_future(self.model.complete(request, self._on_delta(turn_id)))
         try:
             while True:
@@ -847,8 +849,3 @@ def history_message(event: Event) -> ConvMessage | None:
         block = ToolResultBlock(tool_use_id=data["toolUseId"], content=data["content"], is_error=data["isError"])
         return ConvMessage(role="tool", content=[block])
     return None
-
-
-def is_idle(state: SessionState) -> bool:
-    """Whether a stored session state reads idle."""
-    return state.status == SESSION_IDLE

@@ -7,6 +7,10 @@ transaction as the state it describes. Live subscribers receive events only afte
 in commit order, and may resume from any sequence number: :meth:`EventHub.subscribe` first
 registers a live queue, then reads what is stored after the given sequence, and finally drains
 the queue, skipping what it has already yielded, so nothing is missed or seen twice.
+
+An event's ``data`` is the JSON object as stored and sent; :attr:`Event.payload` is its typed
+view (:mod:`agent.payloads`), parsed on first access and cached, so writing an event never pays
+for a validation of its payload.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
+
+from agent.payloads import Payload, parse_payload
 
 if TYPE_CHECKING:
     from agent.store import Store
@@ -59,6 +66,11 @@ class Event(BaseModel):
     type: str
     data: dict[str, Any]
     at: str
+
+    @cached_property
+    def payload(self) -> Payload:
+        """The typed view of ``data`` (:mod:`agent.payloads`); parsed once, on first access."""
+        return parse_payload(self.type, self.data)
 
 
 Listener = Callable[[Event], None]

@@ -31,7 +31,8 @@ from agent.messages import (
     content_json,
     transition_fate,
 )
-from agent.store import SESSION_IDLE, SESSION_RUNNING, Tx
+from agent.payloads import AgentStatus
+from agent.store import Tx
 
 _WAKING = (Delivery.FOLLOWUP.value, Delivery.STEER.value)
 
@@ -130,7 +131,7 @@ def enqueue(
                 {"messageId": row["id"], "reason": CancelReason.SUPERSEDED.value, "by": mid},
             )
     if delivery.wakes:
-        tx.set_status(session_id, SESSION_RUNNING)
+        tx.set_status(session_id, AgentStatus.RUNNING)
     return Enqueued(message_id=mid, seq=event.seq, created=True)
 
 
@@ -170,6 +171,37 @@ def cancel_all(tx: Tx, session_id: str, reason: str = CancelReason.DISCARDED) ->
     return ids
 
 
+def cancel_pending(tx: Tx, pending_key: str, reason: str) -> list[MessageId]:
+    """Cancel the queued message that holds ``pending_key``, if any, with ``reason``.
+
+    At most one queued message holds a key (a partial unique index), so the list has at most one
+    id. Each goes through the fate transition check, gets its ``message/cancelled`` event, and its
+    session commits ``idle`` if nothing else keeps it running.
+
+    Raises:
+        InvalidInput: ``reason`` is empty.
+    """
+    if not reason.strip():
+        raise InvalidInput("a cancel reason must not be empty")
+    rows = tx.all("SELECT id, session_id, fate FROM inbox WHERE pending_key=? AND fate='queued'", (pending_key,))
+    for row in rows:
+        transition_fate(Fate(row["fate"]), Fate.CANCELLED)
+        tx.execute(
+            "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE id=?", (reason, tx.now, row["id"])
+        )
+        tx.emit(row["session_id"], EventType.MESSAGE_CANCELLED, {"messageId": row["id"], "reason": reason})
+    for session_id in sorted({str(r["session_id"]) for r in rows}):
+        settle_idle(tx, session_id)
+    return [MessageId(r["id"]) for r in rows]
+
+
+def is_pending(tx_or_conn: Tx | sqlite3.Connection, pending_key: str) -> bool:
+    """Whether a message holding ``pending_key`` is queued."""
+    conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
+    row = conn.execute("SELECT 1 FROM inbox WHERE pending_key=? AND fate='queued' LIMIT 1", (pending_key,)).fetchone()
+    return row is not None
+
+
 def has_waking(tx: Tx, session_id: str) -> bool:
     """Whether a waking (follow-up or steer) message is queued for the session."""
     row = tx.one(
@@ -187,11 +219,11 @@ def settle_idle(tx: Tx, session_id: str) -> bool:
     st = tx.state(session_id)
     if st.open_turn is not None:
         return False
-    if st.status == SESSION_IDLE:
+    if st.status == AgentStatus.IDLE:
         return True
     if has_waking(tx, session_id):
         return False
-    tx.set_status(session_id, SESSION_IDLE)
+    tx.set_status(session_id, AgentStatus.IDLE)
     return True
 
 

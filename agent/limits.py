@@ -24,7 +24,11 @@ pipe whose write end the daemon still holds. bwrap reads its arguments before it
 else, so it waits there; the daemon writes bwrap's PID into the group (or sets its rlimits with
 ``prlimit``), then writes the arguments (the secrets, or nothing) and closes the pipe. Everything
 bwrap starts inherits the group. No ``preexec_fn`` (unsafe in a threaded process), and nothing
-that needs ``clone3(CLONE_INTO_CGROUP)``, which Python does not offer.
+that needs ``clone3(CLONE_INTO_CGROUP)``, which Python does not offer. A long-running command
+started by a spawner that hands us no PID before it runs (an MCP server, through the SDK) is
+started by a launching bash of the daemon's own (:meth:`Group.entry_script`): it writes its own
+PID into the group (or sets its rlimits) and only then execs bwrap, or exits 70; nothing of
+the server runs before that, so it is as early as the daemon writing the PID itself.
 
 After the command (once its PID namespace is empty, see :mod:`agent.sandbox`) the verdict is read
 — ``process limit (N) reached`` or ``memory limit (X MiB) exceeded`` — and the group is removed.
@@ -41,6 +45,7 @@ import itertools
 import os
 import re
 import resource
+import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +119,12 @@ class Group:
         Raises:
             LimitsUnavailable: it could not be done.
         """
+
+    def entry_script(self) -> str:
+        """Lines of bash that put the shell running them under the limits (``$$``, which then
+        execs bwrap) and exit 70 if they cannot: for a spawner that gives us no PID before the
+        command runs (the MCP SDK's; see :meth:`agent.sandbox.Sandbox.launcher`)."""
+        return ""
 
     def verdict(self) -> str | None:
         """Which limit the command hit, in words; ``None`` if none (or if it cannot be told)."""
@@ -212,6 +223,12 @@ class _CgroupGroup(Group):
             except OSError as exc:
                 raise LimitsUnavailable(f"cannot put the command into cgroup {path}: {exc.strerror}") from None
 
+    def entry_script(self) -> str:
+        return "".join(
+            f'printf "%d\\n" "$$" > {shlex.quote(str(path / "cgroup.procs"))} || exit 70\n'
+            for path in dict.fromkeys(self.dirs.values())
+        )
+
     def verdict(self) -> str | None:
         found: list[str] = []
         pids = self.dirs.get("pids")
@@ -309,6 +326,14 @@ class _RlimitGroup(Group):
                 resource.prlimit(pid, resource.RLIMIT_NPROC, (cap, cap))
         except OSError as exc:
             raise LimitsUnavailable(f"cannot set the command's rlimits: {exc.strerror}") from None
+
+    def entry_script(self) -> str:
+        lines = []
+        if self.limits.max_memory_bytes is not None:
+            lines.append(f"ulimit -v {self.limits.max_memory_bytes // 1024} || exit 70\n")
+        if self.limits.max_processes is not None and os.geteuid() != 0:
+            lines.append(f"ulimit -u {_own_processes() + self.limits.max_processes} || exit 70\n")
+        return "".join(lines)
 
 
 def _own_processes() -> int:

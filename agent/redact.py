@@ -5,6 +5,9 @@ can print them. Everything a tool returns is recorded as an event and sent to a 
 value of every known secret is replaced with ``[redacted]`` first. Only exact values are caught: an
 encoded or split secret is not, which is why secrets reach only the goals named in the config.
 Values shorter than :data:`MIN_LENGTH` are ignored: redacting ``"1"`` would mangle every number.
+
+The same rule keeps a provider's API key out of its error messages (:func:`redact`): there is one
+redactor, whatever the secret.
 """
 
 from __future__ import annotations
@@ -52,3 +55,8 @@ class Redactor:
         if not self:
             return other
         return Redactor((*self._values, *other._values))
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """``text`` with every occurrence of each given secret replaced (``None`` and short values ignored)."""
+    return Redactor(s for s in secrets if s).redact(text)

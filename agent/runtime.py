@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,36 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from loguru import logger
-from pydantic import BaseModel, ConfigDict
 
 from agent.calls import usage_of_guard
 from agent.driver import Agent, AgentConfig, SlotFactory
 from agent.errors import InvalidInput, NotFound, StoreClosed
 from agent.events import Event, EventType
 from agent.ids import GuardId, SessionId
-from agent.messages import Delivery
 from agent.models.base import Model
 from agent.models.scripted import Reply, ScriptedModel
+from agent.payloads import MessageQueued
+from agent.sessions import SessionRow, create_session, list_sessions, load_session
 from agent.spend import Limits, SpendGuard
 from agent.store import Durability, Store, Tx
 from agent.subagents import settle_orphans
-from agent.tools.base import ToolRegistry
+from agent.tools.base import GUARD_KEY, ToolRegistry
 from agent.turns import repair
-
-
-class SessionRow(BaseModel):
-    """A stored session."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: SessionId
-    parent_session_id: str | None = None
-    depth: int = 0
-    model: str | None = None
-    workdir: str | None = None
-    guard_id: str | None = None
-    config: dict[str, Any] = {}
-    created_at: str
 
 
 @dataclass
@@ -63,38 +47,6 @@ class SessionSetup:
 
 
 Resolver = Callable[[SessionRow], "SessionSetup | Awaitable[SessionSetup]"]
-
-
-def create_session(
-    tx: Tx,
-    *,
-    model: str | None = None,
-    workdir: str | None = None,
-    parent_session_id: str | None = None,
-    guard_id: str | None = None,
-    config: dict[str, Any] | None = None,
-    session_id: SessionId | None = None,
-) -> SessionId:
-    """Insert a session row and its ``session/created`` event."""
-    sid = session_id or SessionId.new()
-    depth = 0
-    if parent_session_id is not None:
-        parent = tx.one("SELECT depth FROM sessions WHERE id=?", (parent_session_id,))
-        if parent is None:
-            raise NotFound(f"no parent session {parent_session_id}")
-        depth = int(parent["depth"]) + 1
-    if guard_id is not None and tx.one("SELECT 1 FROM guards WHERE id=?", (guard_id,)) is None:
-        raise NotFound(f"no spend guard {guard_id}")
-    tx.execute(
-        "INSERT INTO sessions(id, parent_session_id, depth, model, workdir, guard_id, config, created_at)"
-        " VALUES (?,?,?,?,?,?,?,?)",
-        (sid, parent_session_id, depth, model, workdir, guard_id, json.dumps(config or {}), tx.now),
-    )
-    data: dict[str, Any] = {"model": model, "workdir": workdir, "depth": depth}
-    if parent_session_id is not None:
-        data["parentSessionId"] = parent_session_id
-    tx.emit(sid, EventType.SESSION_CREATED, data)
-    return sid
 
 
 def create_guard(tx: Tx, limits: Limits, guard_id: GuardId | None = None) -> GuardId:
@@ -274,16 +226,11 @@ class Runtime:
     async def session(self, session_id: str) -> SessionRow:
         """The stored session row. Raises ``NotFound``."""
         sid = SessionId.parse(session_id)
+        return await self.store.read(lambda conn: load_session(conn, sid))
 
-        def run(conn: Any) -> SessionRow:
-            row = conn.execute("SELECT * FROM sessions WHERE id=?", (sid,)).fetchone()
-            if row is None:
-                raise NotFound(f"no session {sid}")
-            data = dict(row)
-            data["config"] = json.loads(data["config"] or "{}")
-            return SessionRow.model_validate(data)
-
-        return await self.store.read(run)
+    async def sessions(self, prefix: str = SessionId.prefix, limit: int = 100) -> list[SessionRow]:
+        """Stored sessions whose id starts with ``prefix``, newest first, at most ``limit``."""
+        return await self.store.read(lambda conn: list_sessions(conn, prefix, limit))
 
     async def agent(self, session_id: str, *, setup: SessionSetup | None = None) -> Agent:
         """The live agent of a session, loading it (and starting its driver) if needed.
@@ -329,7 +276,7 @@ class Runtime:
                 state=state,
                 workdir=Path(row.workdir) if row.workdir else None,
                 slot=setup.slot,
-                tool_extra={"runtime": self},
+                tool_extra={"runtime": self, GUARD_KEY: guard},
             )
             for event in self._buffers.pop(session_id, []):
                 if event.seq > state.last_seq:
@@ -412,13 +359,6 @@ class Runtime:
         loaded = await self.store.transact(run)
         return self._guards.setdefault(guard_id, loaded)
 
-    async def set_guard_limits(self, guard_id: str, limits: Limits) -> None:
-        """Change a guard's limits durably and in memory."""
-        await self.store.transact(lambda tx: update_guard(tx, guard_id, limits))
-        live = self._guards.get(guard_id)
-        if live is not None:
-            live.limits = limits
-
     # -- internals -------------------------------------------------------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -452,7 +392,8 @@ class Runtime:
         if (
             not self._closing
             and event.type == EventType.MESSAGE_QUEUED
-            and event.data.get("delivery") != Delivery.CONTEXT
+            and isinstance(queued := event.payload, MessageQueued)
+            and queued.delivery.wakes
         ):
             self._tg.create_task(self._load_quietly(event.session_id))
 

@@ -29,11 +29,17 @@ How the bubblewrap command line is built, and why:
   (a directory) or ``/dev/null`` (a file).
 * ``--clearenv``, then ``--setenv`` for PATH, HOME (the work directory), LANG and TMPDIR. Secrets
   are never put on the command line, which every local user can read in ``/proc/<pid>/cmdline``:
-  :meth:`Sandbox.run` hands their ``--setenv`` arguments to bwrap through a pipe (``--args FD``).
+  :meth:`Sandbox.run` hands their ``--setenv`` arguments to bwrap through a pipe (``--args FD``),
+  and the mounts with them, so no hidden path's name (configuration, state directory,
+  credentials) is on the command line either. The work directory is bound from a descriptor
+  checked just before (:mod:`agent.workdirs`: no symlink followed, the same directory as at set-up).
   A spawner that cannot pass a descriptor (the MCP SDK's) uses :meth:`Sandbox.launcher`: bash
-  moves the values from its environment into that pipe, so they are on no command line either.
+  moves the secrets and the mounts from its environment into that pipe, so they are on no command
+  line either.
 * Limits: bwrap waits on that pipe before it does anything, which is when the daemon puts it into
-  the command's cgroup (:mod:`agent.limits`); everything it starts inherits the group.
+  the command's cgroup (:mod:`agent.limits`); everything it starts inherits the group. Through
+  :meth:`Sandbox.launcher` (an MCP server) the launching bash enters a group of its own
+  (:meth:`Sandbox.limit_group`) before it becomes bwrap.
 * ``--die-with-parent`` and the PID namespace make the sandbox end as one: when bwrap's process
   1 in the namespace dies, the kernel kills every other process in it before process 1 may
   finish exiting. bwrap outside exits when the command's main process does; process 1 then dies
@@ -57,6 +63,7 @@ anything is returned.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -72,7 +79,7 @@ from typing import Literal
 
 from loguru import logger
 
-from agent import allowlist
+from agent import allowlist, workdirs
 from agent.errors import AgentError
 from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
 from agent.redact import Redactor
@@ -83,14 +90,12 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_VARIABLES = frozenset({"PATH", "HOME", "LANG", "TMPDIR"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _READ = 65536
-#: Run by bash in :meth:`Sandbox.launcher`: the secrets named in GOALD_SECRET_NAMES go from bash's
-#: environment into a pipe on descriptor 3 (printf is a builtin: no process gets them as arguments),
-#: are dropped from the environment, and bash becomes bwrap, which reads them with ``--args 3``.
-_LAUNCH = (
-    "names=$GOALD_SECRET_NAMES; unset GOALD_SECRET_NAMES; "
-    'exec 3< <(for n in $names; do printf "%s\\0%s\\0%s\\0" --setenv "$n" "${!n}"; done); '
-    'unset $names; exec "$@"'
-)
+#: Run by bash in :meth:`Sandbox.launcher`, after the limits' entry lines: bwrap's ``--args`` input
+#: (the secrets and the mounts, NUL-separated, base64 in GOALD_BWRAP_ARGS) goes from bash's
+#: environment into a pipe on descriptor 3 (printf is a builtin: no process gets it as arguments),
+#: is dropped from the environment, and bash becomes bwrap, which reads it with ``--args 3``.
+_LAUNCH_VAR = "GOALD_BWRAP_ARGS"
+_LAUNCH = f'args=${_LAUNCH_VAR}; unset {_LAUNCH_VAR}; exec 3< <(printf %s "$args" | base64 -d); unset args; exec "$@"'
 
 
 class SandboxUnavailable(AgentError, RuntimeError):
@@ -212,12 +217,14 @@ class Sandbox:
         parts = [p for name, value in self.secrets.items() for p in ("--setenv", name, value)]
         return b"".join(p.encode() + b"\0" for p in parts)
 
-    def argv(self, cmd: Sequence[str], *, secrets_fd: int | None = None) -> list[str]:
+    def argv(self, cmd: Sequence[str], *, secrets_fd: int | None = None, setup_fd: int | None = None) -> list[str]:
         """The command line that runs ``cmd`` in this sandbox.
 
         The secrets are not in it: with ``secrets_fd`` bwrap reads them from that descriptor
-        (:meth:`secret_args`), which is how :meth:`run` passes them. Unconfined, the command line is
-        ``cmd`` itself, to be run with :meth:`environment`.
+        (:meth:`secret_args`). With ``setup_fd`` (how :meth:`run` starts bwrap) the secrets *and* the
+        mounts (:meth:`setup_args`) come from that descriptor, so no path to hide (the configuration,
+        the state directory, the credentials) is named on any command line either. Unconfined, the
+        command line is ``cmd`` itself, to be run with :meth:`environment`.
         """
         if not cmd:
             raise ValueError("an empty command")
@@ -231,26 +238,57 @@ class Sandbox:
         args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
         for name, value in self.environment(secrets=False).items():
             args += ["--setenv", name, value]
-        if secrets_fd is not None:
-            args += ["--args", str(secrets_fd)]
-        try:
-            args += allowlist.mounts(self.workdir, self.read_only, self.hidden)
-        except allowlist.MountError as exc:
-            raise SandboxUnavailable(str(exc)) from None
+        if setup_fd is not None:
+            args += ["--args", str(setup_fd)]
+        else:
+            if secrets_fd is not None:
+                args += ["--args", str(secrets_fd)]
+            args += self._mounts(None)
         args += ["--chdir", str(self.workdir), "--", *cmd]
         return args
 
-    def launcher(self, cmd: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    def _mounts(self, workdir_fd: int | None) -> list[str]:
+        source = None if workdir_fd is None else f"/proc/self/fd/{workdir_fd}"
+        try:
+            return allowlist.mounts(self.workdir, self.read_only, self.hidden, workdir_source=source)
+        except allowlist.MountError as exc:
+            raise SandboxUnavailable(str(exc)) from None
+
+    def setup_args(self, workdir_fd: int) -> bytes:
+        """bwrap's ``--args`` input for :meth:`run`: the secrets' ``--setenv`` and the mounts, the work
+        directory bound from ``workdir_fd`` (a descriptor checked by :func:`agent.workdirs.open_workdir`)."""
+        parts = self._mounts(workdir_fd)
+        return self.secret_args() + b"".join(p.encode() + b"\0" for p in parts)
+
+    def launcher(self, cmd: Sequence[str], *, group: Group | None = None) -> tuple[list[str], dict[str, str]]:
         """A command line and an environment that start ``cmd`` in this sandbox through a spawner that
-        passes no descriptors (the MCP SDK's): the secrets ride in the environment of a bash that
-        hands them to bwrap through a pipe, so no command line carries them. Limits do not apply."""
+        passes no descriptors (the MCP SDK's): the secrets and the mounts ride in the environment of
+        a bash that hands them to bwrap through a pipe, so no command line carries them (nor any
+        hidden path's name). With ``group`` (:meth:`limit_group`) that bash first puts itself under
+        the limits (:meth:`~agent.limits.Group.entry_script`), or exits 70, and only then becomes
+        bwrap: everything of the server inherits them. Unconfined, limits do not apply."""
         if self.kind == "none":
             return list(cmd), self.environment()
-        if not self.secrets:
-            return self.argv(cmd), {}
         bash = shutil.which("bash", path=DEFAULT_PATH) or "/bin/bash"
-        names = {"GOALD_SECRET_NAMES": " ".join(self.secrets)}
-        return [bash, "-c", _LAUNCH, "goald-sandbox", *self.argv(cmd, secrets_fd=3)], {**self.secrets, **names}
+        payload = self.secret_args() + b"".join(p.encode() + b"\0" for p in self._mounts(None))
+        script = (group.entry_script() if group is not None else "") + _LAUNCH
+        env = {"PATH": DEFAULT_PATH, _LAUNCH_VAR: base64.b64encode(payload).decode("ascii")}
+        return [bash, "-c", script, "goald-sandbox", *self.argv(cmd, setup_fd=3)], env
+
+    def limit_group(self) -> Group | None:
+        """A new group under this sandbox's limits for one long-running command started through
+        :meth:`launcher` (``None``: unconfined, or no caps). The caller removes it when the command
+        has exited (:meth:`~agent.limits.Group.remove`).
+
+        Raises:
+            SandboxUnavailable: the limits could not be set up.
+        """
+        if self.kind == "none" or not self.limits.active:
+            return None
+        try:
+            return limiter().group(self.limits)
+        except LimitsUnavailable as exc:
+            raise SandboxUnavailable(str(exc)) from None
 
     # The timeout is not the caller's deadline (asyncio.timeout): at it the command is killed, and reported.
     async def run(
@@ -269,8 +307,12 @@ class Sandbox:
         Raises:
             SandboxUnavailable: the sandbox could not be started (bwrap missing, no work directory).
         """
-        if not self.workdir.is_dir():
-            raise SandboxUnavailable(f"the work directory {str(self.workdir)!r} does not exist")
+        try:
+            # Checked now, bound by descriptor below: a work directory swapped for a symlink (or
+            # another directory) since the session was set up is refused, never followed.
+            workdir_fd = workdirs.open_workdir(self.workdir)
+        except OSError as exc:
+            raise SandboxUnavailable(str(exc)) from None
         redactor = self.redactor
         info = _Info() if self.kind == "bwrap" else None
         group: Group | None = None
@@ -285,17 +327,16 @@ class Sandbox:
                         group = limiter().group(self.limits)
                     except LimitsUnavailable as exc:
                         raise SandboxUnavailable(str(exc)) from None
-                if self.secrets or group is not None:
-                    # bwrap waits for these arguments: the time to put it into its cgroup.
-                    args.open(self.secret_args(), hold=group is not None)
-                argv = self.argv(cmd, secrets_fd=args.read_fd if args.read_fd >= 0 else None)
+                # bwrap waits for these arguments: the time to put it into its cgroup.
+                args.open(self.setup_args(workdir_fd), hold=group is not None)
+                argv = self.argv(cmd, setup_fd=args.read_fd)
                 argv[1:1] = ["--info-fd", str(info.write_fd)]
-                fds = (info.write_fd,) if args.read_fd < 0 else (info.write_fd, args.read_fd)
+                fds = (info.write_fd, args.read_fd, workdir_fd)
             started = time.monotonic()
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
-                    cwd=str(self.workdir),
+                    cwd=str(self.workdir) if info is None else "/",
                     env=self.environment() if info is None else {"PATH": DEFAULT_PATH},
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
@@ -307,6 +348,8 @@ class Sandbox:
                 raise SandboxUnavailable(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
             finally:
                 args.close_read()
+                os.close(workdir_fd)
+                workdir_fd = -1
             if group is not None:
                 try:
                     group.enter(proc.pid)
@@ -318,6 +361,8 @@ class Sandbox:
             args.release()
         except BaseException:
             args.close()
+            if workdir_fd >= 0:
+                os.close(workdir_fd)
             if info is not None:
                 info.close()
             if group is not None:
@@ -527,7 +572,7 @@ class _ArgsPipe:
 
     def open(self, data: bytes, *, hold: bool) -> None:
         if len(data) > 60_000:  # a pipe's buffer; more would block before bwrap reads it
-            raise SandboxUnavailable("the secrets of one sandbox are over 60 kB")
+            raise SandboxUnavailable("the sandbox's arguments (its secrets and mounts) are over 60 kB")
         self.read_fd, self.write_fd = os.pipe()
         self._data = data
         if not hold:

@@ -1,8 +1,23 @@
-"""The runtime's tables, as forward migrations (one summary line each)."""
+"""The runtime's tables, as forward migrations (one summary line each).
+
+:class:`Migration` lives here, not in :mod:`agent.store`, so that the store imports its schema and
+the schema imports nothing back (every package's migrations are a list of these).
+"""
 
 from __future__ import annotations
 
-from agent.store import Migration
+from pydantic import BaseModel, ConfigDict
+
+
+class Migration(BaseModel):
+    """One forward schema step of one package."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int
+    summary: str
+    sql: str
+
 
 MIGRATIONS: list[Migration] = [
     Migration(

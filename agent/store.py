@@ -29,20 +29,20 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import aiosqlite
 from loguru import logger
-from pydantic import BaseModel, ConfigDict
 
 from agent.errors import NotFound, SchemaTooNew, StorageUnavailable, StoreClosed
 from agent.events import Event, EventHub, EventType
+from agent.payloads import AgentStatus
+from agent.schema import MIGRATIONS, Migration
 
 T = TypeVar("T")
 Durability = Literal["normal", "full"]
-SESSION_IDLE = "idle"
-SESSION_RUNNING = "running"
 
 
 def utcnow() -> str:
@@ -50,22 +50,12 @@ def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-class Migration(BaseModel):
-    """One forward schema step of one package."""
-
-    model_config = ConfigDict(frozen=True)
-
-    version: int
-    summary: str
-    sql: str
-
-
 @dataclasses.dataclass
 class SessionState:
     """What the store thread knows of a session between transactions."""
 
     last_seq: int
-    status: str
+    status: AgentStatus
     status_seq: int
     open_turn: str | None
 
@@ -122,7 +112,7 @@ class Tx:
         self.events.append(event)
         return event
 
-    def set_status(self, session_id: str, status: str, **extra: Any) -> Event | None:
+    def set_status(self, session_id: str, status: AgentStatus, **extra: Any) -> Event | None:
         """Record a status transition (a no-op when the status is unchanged)."""
         st = self.state(session_id)
         if st.status == status:
@@ -198,14 +188,14 @@ class Store:
         self._failing_since: str | None = None
         self._writable = asyncio.Event()
         self._writable.set()
+        #: What the transaction just run on the store thread committed, for the loop (see _work).
+        self._delivery: tuple[list[Event], list[Callable[[], None]]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     @classmethod
     async def open(cls, path: str | Path, *, durability: Durability = "normal") -> Store:
         """Open (creating if needed) the store at ``path`` and apply the runtime's migrations."""
-        from agent.schema import MIGRATIONS
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         conn = await aiosqlite.connect(str(path), isolation_level=None)
@@ -289,9 +279,42 @@ class Store:
     async def _call(self, fn: Callable[[], T]) -> T:
         if self._closed:
             raise StoreClosed("the store is closed")
-        # One hop to the connection's thread for the whole unit of work (see the module docstring).
-        result: T = await self._conn._execute(fn)  # type: ignore[no-untyped-call]
-        return result
+        if not self._conn._running or self._conn._connection is None:
+            raise ValueError("Connection closed")
+        # One hop to the connection's thread for the whole unit of work (see the module docstring),
+        # and one back: the result and the transaction's events come in one loop callback. (The
+        # connection's own ``_execute`` would add a second wake-up of the loop per transaction;
+        # its worker runs a queued function without a future as is.)
+        done: asyncio.Future[T] = self._loop.create_future()
+        self._conn._tx.put_nowait((None, partial(self._work, fn, done)))
+        return await done
+
+    def _work(self, fn: Callable[[], T], done: asyncio.Future[T]) -> None:
+        # On the store thread: run ``fn``, then hand its outcome and what it committed to the loop.
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # handed to the awaiting caller
+            result, error = None, exc
+        delivery, self._delivery = self._delivery, None
+        self._loop.call_soon_threadsafe(self._finish, done, result, error, delivery)
+
+    def _finish(
+        self,
+        done: asyncio.Future[Any],
+        result: object,
+        error: BaseException | None,
+        delivery: tuple[list[Event], list[Callable[[], None]]] | None,
+    ) -> None:
+        # On the loop: committed events reach listeners before the caller's ``await`` returns
+        # (and even when the caller was cancelled meanwhile: the transaction did commit).
+        if delivery is not None:
+            self._deliver(*delivery)
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
 
     async def transact(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` … ``COMMIT`` on the store thread.
@@ -325,7 +348,7 @@ class Store:
         for mark in tx._committed:
             mark()
         if tx.events or tx._after:
-            self._loop.call_soon_threadsafe(self._deliver, tx.events, tx._after)
+            self._delivery = (tx.events, tx._after)  # delivered with the result (see _work)
         return result
 
     # -- storage health (on the store thread; the event lives on the loop) ---------------------
@@ -400,9 +423,9 @@ class Store:
             "SELECT seq, data FROM events WHERE session_id=? AND type=? ORDER BY seq DESC LIMIT 1",
             (session_id, EventType.STATUS.value),
         ).fetchone()
-        status, status_seq = SESSION_IDLE, 0
+        status, status_seq = AgentStatus.IDLE, 0
         if status_row is not None:
-            status, status_seq = json.loads(status_row["data"])["status"], int(status_row["seq"])
+            status, status_seq = AgentStatus(json.loads(status_row["data"])["status"]), int(status_row["seq"])
         turn = conn.execute(
             "SELECT id FROM turns WHERE session_id=? AND end_reason IS NULL LIMIT 1", (session_id,)
         ).fetchone()
@@ -436,6 +459,10 @@ class Store:
             lambda conn: read_events(conn, session_id, after_seq, limit=limit, types=types, upto=upto)
         )
 
+    async def first_kept_seq(self, session_id: str) -> int | None:
+        """The lowest sequence number still stored for the session (``None``: it has no events)."""
+        return await self.read(lambda conn: first_kept_seq(conn, session_id))
+
 
 def read_events(
     conn: sqlite3.Connection,
@@ -466,6 +493,12 @@ def read_events(
     ]
 
 
+def first_kept_seq(conn: sqlite3.Connection, session_id: str) -> int | None:
+    """The lowest sequence number still stored for the session (``None``: it has no events)."""
+    row = conn.execute("SELECT MIN(seq) FROM events WHERE session_id=?", (session_id,)).fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else None
+
+
 def _split_sql(script: str) -> list[str]:
     # Split only where a statement is complete: a trigger body or a string literal holds ';' too.
     statements, pending = [], ""
@@ -479,7 +512,3 @@ def _split_sql(script: str) -> list[str]:
         statements.append(pending.strip())
     return statements
 
-
-def row_event(session_id: str, row: sqlite3.Row) -> Event:
-    """Build an :class:`Event` from an ``events`` row."""
-    return Event(session_id=session_id, seq=row["seq"], type=row["type"], data=json.loads(row["data"]), at=row["at"])

@@ -37,20 +37,20 @@ spend to its parent, so an orphan never runs on its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 from pydantic import BaseModel, Field
 
 from agent.driver import Agent
-from agent.events import Event, EventType
+from agent.events import EventType
 from agent.inbox import cancel_all, enqueue
-from agent.messages import Content, Source, SourceKind, content_from_python, content_text, parse_content
+from agent.interval import watch_interval
+from agent.messages import Content, Source, SourceKind, parse_content
+from agent.payloads import AssistantMessage, EndReason, ModelCharged, ModelFailed, TurnEnded, parse_payload
 from agent.store import Store, Tx
 from agent.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry
 
@@ -88,13 +88,13 @@ class ChildRun:
     """What the owned interval of a child showed, with the spend charged to its parent.
 
     ``final_response`` is the text of the last committed assistant message with text (interrupted
-    partial text excluded); ``last_end`` the data of the interval's last ``turn/end`` event, a
-    run-level observation.
+    partial text excluded); ``last_end`` the interval's last ``turn/end``, a run-level observation
+    (see :class:`agent.interval.RunFacts`).
     """
 
     session_id: str
     final_response: str | None
-    last_end: dict[str, Any] | None
+    last_end: TurnEnded | None
     tokens: int
     cost: float
 
@@ -171,34 +171,13 @@ def child_tools(parent: ToolRegistry, wanted: list[str] | None, depth: int, max_
 
 
 async def run_child(store: Store, child: Agent, content: Content, *, ref: str, parent_turn_id: str | None) -> ChildRun:
-    """Queue the task in the child, observe its interval to idle, and charge its spend to the parent."""
+    """Queue the task in the child, watch its interval to idle, and charge its spend to the parent."""
     receipt = await store.transact(
         partial(enqueue, session_id=child.session_id, content=content, source=Source(kind=SourceKind.SUBAGENT, ref=ref))
     )
-    final, last_end = await observe_interval(store, child.session_id, receipt.seq)
+    run = await watch_interval(store, child.session_id, receipt.message_id, receipt.seq)
     tokens, cost = await store.transact(partial(settle_child, child_id=child.session_id, turn_id=parent_turn_id))
-    return ChildRun(child.session_id, final, last_end, tokens, cost)
-
-
-async def observe_interval(store: Store, session_id: str, queued_seq: int) -> tuple[str | None, dict[str, Any] | None]:
-    """From the event at ``queued_seq`` to the first idle status after it: the last committed
-    assistant text and the data of the last ``turn/end``."""
-    final: str | None = None
-    last_end: dict[str, Any] | None = None
-    # An async generator: closed at once on leaving, so its live queue goes with it.
-    stream = cast("AsyncGenerator[Event, None]", store.hub.subscribe(store, session_id, queued_seq - 1))
-    async with contextlib.aclosing(stream) as events:
-        async for event in events:
-            data = event.data
-            if event.type == EventType.ASSISTANT_MESSAGE and not data.get("interrupted"):
-                text = content_text(content_from_python(data["content"]))
-                if text.strip():
-                    final = text
-            elif event.type == EventType.TURN_END:
-                last_end = data
-            elif event.type == EventType.STATUS and data.get("status") == "idle" and event.seq > queued_seq:
-                break
-    return final, last_end
+    return ChildRun(child.session_id, run.facts.final_response, run.facts.last_end, tokens, cost)
 
 
 async def abandon(rt: Runtime, child: Agent, parent_turn_id: str | None) -> None:
@@ -220,18 +199,18 @@ async def abandon(rt: Runtime, child: Agent, parent_turn_id: str | None) -> None
 
 def render(run: ChildRun) -> ToolOutput:
     """The tool result for a child's interval."""
-    end = run.last_end or {}
-    reason = end.get("reason")
+    end = run.last_end
+    reason = end.reason if end is not None else None
     answer = run.final_response
-    if reason == "end_turn":
+    if reason is EndReason.END_TURN:
         return ToolOutput(answer if answer is not None else "(the subagent finished without a text answer)")
-    if reason in ("max_tokens", "max_steps"):
+    if reason in (EndReason.MAX_TOKENS, EndReason.MAX_STEPS):
         note = f"[the subagent stopped early: {reason}]"
         return ToolOutput(f"{answer}\n{note}" if answer is not None else note)
     if reason is None:
         text = "the subagent ran no turn"
     else:
-        error = end.get("error")
+        error = end.error if end is not None else None
         text = f"the subagent's run ended {reason}" + (f": {error}" if error else "")
     if answer is not None:
         text += f"\nits last answer was:\n{answer}"
@@ -245,12 +224,14 @@ def session_spend(tx: Tx, session_id: str) -> tuple[int, float]:
     for row in tx.all(
         f"SELECT type, data FROM events WHERE session_id=? AND type IN ({marks})", (session_id, *_SPEND_TYPES)
     ):
-        data = json.loads(row["data"])
-        if row["type"] == EventType.MODEL_CHARGED:
-            tokens += int(data.get("tokens") or 0)
-        else:
-            tokens += sum(int(v) for v in (data.get("usage") or {}).values())
-        cost += float(data.get("cost") or 0.0)
+        match parse_payload(row["type"], json.loads(row["data"])):
+            case ModelCharged() as charged:
+                tokens, cost = tokens + charged.tokens, cost + charged.cost
+            case AssistantMessage() | ModelFailed() as call:
+                tokens += call.usage.total if call.usage is not None else 0
+                cost += call.cost
+            case _:
+                pass
     return tokens, cost
 
 

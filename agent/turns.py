@@ -8,7 +8,6 @@ every reservation left open in full; queued messages stay queued for the next tu
 
 from __future__ import annotations
 
-import enum
 import json
 from typing import Any
 
@@ -17,28 +16,11 @@ from pydantic import BaseModel, ConfigDict
 from agent.events import EventType
 from agent.ids import TurnId
 from agent.inbox import Admitted, admit, has_waking, settle_idle
-from agent.store import SESSION_IDLE, SESSION_RUNNING, Tx
+from agent.messages import ToolUseBlock
+from agent.payloads import AgentStatus, AssistantMessage, EndReason, ToolResult, parse_payload
+from agent.store import Tx
 
 OUTCOME_UNKNOWN = "interrupted: outcome unknown — verify before retrying"
-
-
-class EndReason(enum.StrEnum):
-    """Why a turn ended."""
-
-    #: The model finished its answer (including a provider refusal, noted as ``modelFinish``).
-    END_TURN = "end_turn"
-    #: The model hit its output limit.
-    MAX_TOKENS = "max_tokens"
-    #: The turn used its allowed number of model steps.
-    MAX_STEPS = "max_steps"
-    #: The spend guard refused the next model call; it was not made.
-    BUDGET = "budget"
-    #: The model or the runtime failed (after retries).
-    ERROR = "error"
-    #: ``interrupt()`` ended the turn.
-    CANCELLED = "cancelled"
-    #: The process died or shut down mid-turn.
-    INTERRUPTED = "interrupted"
 
 
 class TurnEnd(BaseModel):
@@ -72,7 +54,7 @@ def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
         settle_idle(tx, session_id)
         return None
     turn_id = TurnId.new()
-    tx.set_status(session_id, SESSION_RUNNING)
+    tx.set_status(session_id, AgentStatus.RUNNING)
     start = tx.emit(session_id, EventType.TURN_START, {"turnId": turn_id})
     tx.execute(
         "INSERT INTO turns(id, session_id, start_seq, started_at) VALUES (?,?,?,?)",
@@ -112,13 +94,13 @@ def close_open_tool_calls(tx: Tx, session_id: str, turn_id: str, start_seq: int,
     )
     wanted: dict[str, str] = {}
     for row in rows:
-        data = json.loads(row["data"])
-        if row["type"] == EventType.ASSISTANT_MESSAGE:
-            for block in data.get("content", []):
-                if block.get("type") == "tool_use":
-                    wanted[block["id"]] = block["name"]
-        else:
-            wanted.pop(data["toolUseId"], None)
+        match parse_payload(row["type"], json.loads(row["data"])):
+            case AssistantMessage() as answer:
+                wanted.update((b.id, b.name) for b in answer.content if isinstance(b, ToolUseBlock))
+            case ToolResult() as result:
+                wanted.pop(result.tool_use_id, None)
+            case _:
+                pass
     for use_id, name in wanted.items():
         tx.emit(
             session_id,
@@ -187,6 +169,6 @@ def repair(tx: Tx) -> list[str]:
     ]
     # A session whose status says running with no turn and no waking message goes idle.
     for session_id in touched:
-        if tx.state(session_id).status != SESSION_IDLE and session_id not in with_work:
+        if tx.state(session_id).status != AgentStatus.IDLE and session_id not in with_work:
             settle_idle(tx, session_id)
     return with_work

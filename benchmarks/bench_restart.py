@@ -1,14 +1,20 @@
-"""Restart: how long the daemon takes from process start to ``READY=1`` on a big store.
+"""Restart: how long the daemon takes from process start to ``READY=1``, on a small store and a big one.
 
-Builds a store with N goals (default 1,000) whose sessions hold E events in all (default
-1,000,000): the goals run a couple of real rounds in an embedded host that is then stopped
-mid-flight (some turns cut, continuations queued, decisions pending), and each session's history
-is padded with older events so the store holds E events. Then it starts ``goald serve`` as a
-process with a real ``NOTIFY_SOCKET`` and measures the time from spawning it to ``READY=1``, which
-the daemon sends only once the socket serves and every active goal's pending decision is made.
-Run a few times; prints each and the median.
+A store holds N goals whose sessions hold E events in all: the goals run a couple of real rounds
+in an embedded host that is then stopped mid-flight (some turns cut, continuations queued,
+decisions pending), and each session's history is padded with older events so the store holds E
+events. Then ``goald serve`` starts as a process with a real ``NOTIFY_SOCKET``, and the time from
+spawning it to ``READY=1`` is measured; the daemon sends that only once the socket serves and
+every active goal's pending decision is made. Each figure is the median of its runs.
 
-Run: ``python benchmarks/bench_restart.py [--goals N] [--events E] [--runs K]``.
+Two stores are measured: a small one (default 10 goals, 10,000 events, 20 restarts) and a big
+one (default 10,000 goals, 10,000,000 events, 3 restarts). Building the big one takes minutes and
+gigabytes, so it is built once into a cache directory under ``/tmp`` (``--cache``; reused while
+it exists, delete it to rebuild) and copied for each measurement, so every run starts from the
+same store.
+
+Run: ``python benchmarks/bench_restart.py [--goals N] [--events E] [--runs K] [--small-runs K]
+[--skip-large]``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import statistics
@@ -143,29 +150,67 @@ def time_to_ready(state: Path) -> tuple[float, str]:
         notify_dir.rmdir()
 
 
+def build_store(state: Path, goals: int, events: int) -> str:
+    """Build a store of ``goals`` goals and about ``events`` events in ``state``; returns a summary."""
+    t0 = time.perf_counter()
+    asyncio.run(build(state, goals))
+    total = pad(state / "goald.db", events)
+    size = (state / "goald.db").stat().st_size / 2**20
+    return f"{goals:,} goals, {total:,} events, {size:,.0f} MiB (built in {time.perf_counter() - t0:.1f} s)"
+
+
+def measure(state: Path, runs: int) -> float:
+    """Restart ``runs`` times; prints each run and returns the median seconds to READY=1."""
+    times = []
+    for i in range(runs):
+        elapsed, status = time_to_ready(state)
+        times.append(elapsed)
+        print(f"  run {i + 1}: process start -> READY=1 in {elapsed:.3f} s ({status})")
+    median = statistics.median(times)
+    print(f"  median {median:.3f} s over {runs} restart(s)")
+    return median
+
+
+def cached_store(cache: Path, goals: int, events: int) -> str:
+    """The big store, built into ``cache`` unless it is there already; returns a summary."""
+    summary_file = cache / "summary.txt"
+    if (cache / "goald.db").exists() and summary_file.exists():
+        return summary_file.read_text().strip() + f" (cached in {cache})"
+    building = Path(tempfile.mkdtemp(prefix="building-", dir=cache.parent))
+    summary = build_store(building, goals, events)
+    (building / "summary.txt").write_text(summary)
+    shutil.rmtree(cache, ignore_errors=True)
+    building.rename(cache)
+    return summary + f" (built into {cache})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--goals", type=int, default=1000)
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--goals", type=int, default=10_000, help="goals in the big store")
+    parser.add_argument("--events", type=int, default=10_000_000, help="events in the big store")
+    parser.add_argument("--runs", type=int, default=3, help="restarts of the big store")
+    parser.add_argument("--small-goals", type=int, default=10)
+    parser.add_argument("--small-events", type=int, default=10_000)
+    parser.add_argument("--small-runs", type=int, default=20)
+    parser.add_argument("--skip-large", action="store_true", help="measure the small store only")
+    parser.add_argument("--cache", type=Path, help="where the big store is kept between runs")
     args = parser.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
     with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "small"
+        state.mkdir()
+        print(f"small store: {build_store(state, args.small_goals, args.small_events)}")
+        small = measure(state, args.small_runs)
+    if args.skip_large:
+        return
+    cache = args.cache or Path(f"/tmp/goald-bench-restart-{args.goals}g-{args.events}e")
+    print(f"big store: {cached_store(cache, args.goals, args.events)}")
+    with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
         state = Path(tmp)
-        t0 = time.perf_counter()
-        asyncio.run(build(state, args.goals))
-        total = pad(state / "goald.db", args.events)
-        size = (state / "goald.db").stat().st_size / 2**20
-        print(
-            f"store: {args.goals} goals, {total:,} events, {size:.0f} MiB (built in {time.perf_counter() - t0:.1f} s)"
-        )
-        times = []
-        for i in range(args.runs):
-            elapsed, status = time_to_ready(state)
-            times.append(elapsed)
-            print(f"  run {i + 1}: process start -> READY=1 in {elapsed:.3f} s ({status})")
-        print(f"  median {statistics.median(times):.3f} s")
+        shutil.copy2(cache / "goald.db", state / "goald.db")
+        large = measure(state, args.runs)
+    print(f"READY=1 median: small store {small:.3f} s, big store {large:.3f} s")
 
 
 if __name__ == "__main__":

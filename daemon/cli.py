@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon import __version__
+from daemon.errors import DaemonError
 from daemon.logs import setup_logging
 
 EXIT_OK = 0
@@ -32,7 +33,7 @@ EXIT_LOCKED = 75
 EXIT_CONFIG = 78
 
 
-class UsageError(Exception):
+class UsageError(DaemonError):
     """Bad command-line usage (exit 2)."""
 
 

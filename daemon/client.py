@@ -14,10 +14,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from daemon.errors import DaemonError
 from daemon.protocol import RpcError, encode
 
 
-class DaemonUnavailable(ConnectionError):
+class DaemonUnavailable(DaemonError, ConnectionError):
     """No daemon answers on the socket."""
 
 
@@ -39,7 +40,10 @@ class Client:
         try:
             reader, writer = await asyncio.open_unix_connection(str(path), limit=2**24)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DaemonUnavailable(f"no goald daemon answers on {path}: {exc.strerror or exc}") from None
+            raise DaemonUnavailable(
+                f"no goald daemon answers on {path}: {exc.strerror or exc}; start one with 'goald serve',"
+                " or name its socket with --socket"
+            ) from None
         return cls(reader, writer)
 
     async def __aenter__(self) -> Client:

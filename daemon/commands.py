@@ -8,9 +8,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent import parse_payload
 from daemon.client import Client
 from daemon.display import TERMINAL, GoalDisplay, describe_event, goal_line, goal_lines, watch_goal
 from daemon.protocol import ErrorCode, RpcError
+from goals import GOAL_CHANGED, GoalChanged
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -264,8 +266,10 @@ async def goal_logs(client: Client, args: argparse.Namespace) -> int:
 
 def _ends(ev: dict[str, Any], goal_id: str) -> bool:
     """Whether ``ev`` ends the goal (a session may hold other goals before or after it)."""
-    d = ev["data"]
-    return ev["type"] == "goal/changed" and d.get("goalId") == goal_id and d.get("status") in TERMINAL
+    if ev["type"] != GOAL_CHANGED:
+        return False
+    changed = parse_payload(ev["type"], ev["data"])
+    return isinstance(changed, GoalChanged) and changed.goal_id == goal_id and changed.status in TERMINAL
 
 
 def _event_text(sid: str, seq: int, ev: dict[str, Any], as_json: bool) -> str:

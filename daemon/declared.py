@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent import InvalidInput, NotFound
 from daemon.schedules import DateTrigger, ScheduleSpec
 from daemon.settings import ConfigError
-from goals import Budgets, GoalSpec, VerifyCommand
+from goals import Budgets, GoalSpec, VerifyCommand, goal_by_key, live_goals
 
 if TYPE_CHECKING:
     from daemon.host import Host
@@ -58,6 +58,8 @@ class DeclaredGoal(BaseModel):
     workdir: str | None = None
     budgets: Budgets = Budgets()
     verify: list[VerifyCommand] = []
+    #: A command whose changed output is the goal's observable progress (run in its sandbox).
+    progress: VerifyCommand | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,13 @@ def _check_goal(path: Path, host: Host, index: int, raw: Any) -> tuple[DeclaredG
     try:
         entry = DeclaredGoal.model_validate(raw)
         # The rules a goal spec adds (a non-empty objective, a title that is not blank).
-        GoalSpec(objective=entry.objective, title=entry.title, budgets=entry.budgets, verify=entry.verify)
+        GoalSpec(
+            objective=entry.objective,
+            title=entry.title,
+            budgets=entry.budgets,
+            verify=entry.verify,
+            progress=entry.progress,
+        )
     except ValidationError as exc:
         raise _validation(path, where, exc) from None
     try:
@@ -193,13 +201,10 @@ def _existing(conn: sqlite3.Connection, keys: list[str]) -> tuple[dict[str, str]
     """Goal ids by declared key, and every live goal's (id, resolved workdir)."""
     ids = {}
     for key in keys:
-        row = conn.execute("SELECT id FROM goals WHERE key=?", (key,)).fetchone()
-        if row is not None:
-            ids[key] = str(row["id"])
-    live = conn.execute(
-        "SELECT id, workdir FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL"
-    ).fetchall()
-    return ids, [(str(r["id"]), Path(r["workdir"]).resolve()) for r in live]
+        goal = goal_by_key(conn, key)
+        if goal is not None:
+            ids[key] = str(goal.id)
+    return ids, [(str(g.id), Path(g.workdir).resolve()) for g in live_goals(conn) if g.workdir is not None]
 
 
 def _overlap(a: Path, b: Path) -> bool:
@@ -249,14 +254,20 @@ async def apply_declared(host: Host, path: Path) -> dict[str, int]:
         if entry.key in ids:
             goal = await engine.get(ids[entry.key])
             title = entry.title if entry.title is not None else goal.title
-            if (goal.objective, goal.title, goal.budgets, goal.verify) != (
+            if (goal.objective, goal.title, goal.budgets, goal.verify, goal.progress) != (
                 entry.objective,
                 title,
                 entry.budgets,
                 entry.verify,
+                entry.progress,
             ):
                 await engine.update(
-                    goal.id, objective=entry.objective, title=title, budgets=entry.budgets, verify=entry.verify
+                    goal.id,
+                    objective=entry.objective,
+                    title=title,
+                    budgets=entry.budgets,
+                    verify=entry.verify,
+                    progress=entry.progress,
                 )
             continue
         workdir = declared.workdirs[entry.key] or host.workdir_for(None, f"declared-{entry.key}")
@@ -269,6 +280,7 @@ async def apply_declared(host: Host, path: Path) -> dict[str, int]:
                 workdir=str(workdir),
                 budgets=entry.budgets,
                 verify=entry.verify,
+                progress=entry.progress,
                 idempotency_key=f"declared:{entry.key}",
             )
         )

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from agent import Event, ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall
+from agent import Event, EventType, ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall
 from daemon.display import describe_event, goal_line
 from daemon.lock import StateDirLocked
 
@@ -114,7 +114,7 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
     """Run the demo goal in an embedded daemon; returns an exit code (0 when the goal completed)."""
     from daemon.host import Host
     from daemon.settings import load_settings
-    from goals import GoalSpec, GoalStatus, VerifyCommand
+    from goals import GOAL_CHANGED, GoalChanged, GoalSpec, GoalStatus, VerifyCommand
 
     state = (state_dir or Path(tempfile.mkdtemp(prefix="goald-demo-"))).resolve()
     settings = load_settings(None, state_dir=state, default_model="scripted:demo", sandbox="none")
@@ -151,8 +151,9 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
             if event.session_id != session[0]:
                 return
             line = f"  [{event.seq:>3}] {describe_event(event.type, event.data)}"
-            say(f"\x1b[2m{line}\x1b[0m" if live and event.type in ("status", "turn/start") else line)
-            if event.type == "goal/changed" and event.data.get("status") != "active":
+            say(f"\x1b[2m{line}\x1b[0m" if live and event.type in (EventType.STATUS, EventType.TURN_START) else line)
+            changed = event.payload if event.type == GOAL_CHANGED else None
+            if isinstance(changed, GoalChanged) and changed.status is not GoalStatus.ACTIVE:
                 done.set()
 
         remove = rt.store.hub.add_listener(show)

@@ -13,6 +13,23 @@ import sys
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from agent import (
+    AssistantMessage,
+    MessageAdmitted,
+    MessageCancelled,
+    MessageQueued,
+    ModelFailed,
+    OtherPayload,
+    StatusChanged,
+    TextBlock,
+    ToolResult,
+    ToolUseBlock,
+    TurnEnded,
+    TurnStarted,
+    parse_payload,
+)
+from goals import GoalBlockedReported, GoalChanged, GoalClaimed, GoalProgressNoted, GoalVerified
+
 if TYPE_CHECKING:
     from rich.live import Live
 
@@ -23,68 +40,74 @@ TERMINAL = {"completed", "failed", "cancelled"}
 
 
 def describe_event(kind: str, d: dict[str, Any]) -> str:
-    """One plain line for an event."""
-    match kind:
-        case "message/queued":
-            src = d.get("source", {})
-            who = src.get("kind", "user") + (f" {src['ref']}" if src.get("ref") else "")
-            return f"queued {d['messageId']} ({d['delivery']}, from {who})"
-        case "message/admitted":
-            text = "".join(b.get("text", "") for b in d.get("content", [])).replace("\n", " ")
-            return f"admitted {d['messageId']}: {text[:80]}"
-        case "message/cancelled":
-            return f"cancelled {d['messageId']}: {d.get('reason')}"
-        case "turn/start":
-            return f"turn {d['turnId']} started"
-        case "turn/end":
-            extra = f" ({d['error']})" if d.get("error") else ""
-            return f"turn ended: {d['reason']} after {d.get('steps', 0)} step(s){extra}"
-        case "assistant/message":
-            parts = []
-            for b in d.get("content", []):
-                if b.get("type") == "text" and b.get("text"):
-                    parts.append(repr(b["text"][:80]))
-                elif b.get("type") == "tool_use":
-                    parts.append(f"calls {b['name']}({json.dumps(b.get('input'))[:60]})")
-            usage = d.get("usage") or {}
-            tokens = sum(int(v) for v in usage.values())
-            return "assistant: " + ("; ".join(parts) or "(empty)") + (f"  [{tokens} tok]" if tokens else "")
-        case "tool/result":
-            content = d.get("content") or ""
-            first = content.splitlines()[0] if content else ""
-            return f"tool {d.get('name')} -> {'ERROR ' if d.get('isError') else ''}{first[:80]}"
-        case "model/error":
-            return f"model error ({d.get('kind')}, attempt {d.get('attempt')}): {d.get('message', '')[:80]}"
-        case "status":
-            return f"status: {d['status']}"
-        case "goal/changed":
-            counters = (
-                f"; rounds {d['rounds']}, tokens {d['tokens']:,}, cost {d['cost']:.4f}"
-                if d.get("rounds") is not None
-                else ""
-            )
-            return (
-                f"goal {d['goalId']}: {d.get('from') or 'new'} -> {d['status']}"
-                + (f" ({d['reason']})" if d.get("reason") else "")
-                + counters
-            )
-        case "goal/progress":
-            return f"progress: {d.get('note')}"
-        case "goal/claim":
-            return f"completion claimed: {d.get('summary')}"
-        case "goal/verified":
-            verdict = "passed" if d.get("passed") else "FAILED: the claim is refused"
+    """One plain line for an event, from its kind and stored data (read through its typed payload)."""
+    match parse_payload(kind, d):
+        case MessageQueued() as queued:
+            src = queued.source
+            who = src.kind.value + (f" {src.ref}" if src.ref else "")
+            return f"queued {queued.message_id} ({queued.delivery.value}, from {who})"
+        case MessageAdmitted() as admitted:
+            text = admitted.text.replace("\n", " ")
+            return f"admitted {admitted.message_id}: {text[:80]}"
+        case MessageCancelled() as gone:
+            return f"cancelled {gone.message_id}: {gone.reason}"
+        case TurnStarted() as started:
+            return f"turn {started.turn_id} started"
+        case TurnEnded() as ended:
+            extra = f" ({ended.error})" if ended.error else ""
+            return f"turn ended: {ended.reason.value} after {ended.steps} step(s){extra}"
+        case AssistantMessage() as answer:
+            return "assistant: " + _answer(answer)
+        case ToolResult() as result:
+            first = result.content.splitlines()[0] if result.content else ""
+            return f"tool {result.name} -> {'ERROR ' if result.is_error else ''}{first[:80]}"
+        case ModelFailed() as failed:
+            return f"model error ({failed.kind}, attempt {failed.attempt}): {failed.message[:80]}"
+        case StatusChanged() as status:
+            return f"status: {status.status.value}"
+        case GoalChanged() as changed:
+            return _goal_changed(changed)
+        case GoalProgressNoted() as progress:
+            return f"progress: {progress.note}"
+        case GoalClaimed() as claim:
+            return f"completion claimed: {claim.summary}"
+        case GoalVerified() as verified:
+            verdict = "passed" if verified.passed else "FAILED: the claim is refused"
             lines = [
-                f"$ {r['cmd']} -> {'timed out' if r.get('timed_out') else 'exit ' + str(r.get('exit_code'))}"
-                for r in d.get("results", [])
+                f"$ {r.cmd} -> {'timed out' if r.timed_out else 'exit ' + str(r.exit_code)}" for r in verified.results
             ]
             return f"verification {verdict}" + (f" ({'; '.join(lines)})" if lines else "")
-        case "goal/blocked":
-            return f"blocked: {d.get('reason')}"
-        case "schedule/run":
-            return f"schedule {d.get('scheduleId')}: {d.get('outcome')} ({d.get('reason')})"
+        case GoalBlockedReported() as report:
+            return f"blocked: {report.reason}"
+        case OtherPayload(type="schedule/run", data=run):
+            return f"schedule {run.get('scheduleId')}: {run.get('outcome')} ({run.get('reason')})"
         case _:
             return kind
+
+
+def _answer(answer: AssistantMessage) -> str:
+    parts = []
+    for b in answer.content:
+        if isinstance(b, TextBlock) and b.text:
+            parts.append(repr(b.text[:80]))
+        elif isinstance(b, ToolUseBlock):
+            parts.append(f"calls {b.name}({json.dumps(b.input)[:60]})")
+    tokens = answer.usage.total if answer.usage is not None else 0
+    return ("; ".join(parts) or "(empty)") + (f"  [{tokens} tok]" if tokens else "")
+
+
+def _goal_changed(changed: GoalChanged) -> str:
+    counters = (
+        f"; rounds {changed.rounds}, tokens {changed.tokens or 0:,}, cost {changed.cost or 0.0:.4f}"
+        if changed.rounds is not None
+        else ""
+    )
+    before = changed.from_.value if changed.from_ is not None else "new"
+    return (
+        f"goal {changed.goal_id}: {before} -> {changed.status.value}"
+        + (f" ({changed.reason})" if changed.reason else "")
+        + counters
+    )
 
 
 def _budget(used: float, limit: float | None, fmt: str = "{:,.0f}") -> str:

@@ -32,6 +32,7 @@ from loguru import logger
 from agent import (
     DEFAULT_MAX_DEPTH,
     AgentConfig,
+    AgentStatus,
     Delegate,
     McpServer,
     McpServers,
@@ -46,8 +47,11 @@ from agent import (
     ToolContext,
     ToolRegistry,
     file_tools,
+    session_chain,
+    workdirs,
 )
 from daemon import __version__
+from daemon.errors import InvalidRunState
 from daemon.goal_sandbox import goal_policy, goal_redactor
 from daemon.lock import StateLock
 from daemon.protocol import InvalidField
@@ -57,9 +61,10 @@ from goals import (
     CommandRunner,
     Goal,
     GoalEngine,
-    GoalStatus,
     SandboxSpec,
-    goal_from_row,
+    goal_counts,
+    live_goal_of_chain,
+    live_goals,
     policy_for_session,
     sandboxed_runner,
     tools_for_goal_sessions,
@@ -88,7 +93,7 @@ def transition_run_state(current: RunState, target: RunState) -> RunState:
         RunState.STOPPED: (),
     }[current]
     if target not in allowed:
-        raise RuntimeError(f"the daemon cannot go from {current.value} to {target.value}")
+        raise InvalidRunState(f"the daemon cannot go from {current.value} to {target.value}")
     return target
 
 
@@ -106,6 +111,7 @@ async def build_mcp_servers(settings: Settings) -> McpServers:
     """The configured MCP servers (not started). With ``sandbox = "bwrap"`` each runs in a sandbox
     whose only writable directory is its own ``<state_dir>/mcp/<name>``; without a usable bwrap
     none is started (logged), as no command runs unconfined unless the config says so."""
+    from agent import CommandLimits
     from agent.sandbox import Sandbox, SandboxUnavailable, detect_bwrap
 
     s = settings
@@ -139,6 +145,11 @@ async def build_mcp_servers(settings: Settings) -> McpServers:
                     bwrap=bwrap.path,
                     disable_userns=bwrap.disable_userns,
                     read_only=(*s.sandbox_read_only_paths, *cfg.read_only_paths),
+                    # Its own group for each start, under these caps (agent.tools.mcp).
+                    limits=CommandLimits.of(
+                        s.sandbox_max_processes if cfg.max_processes is None else cfg.max_processes,
+                        s.sandbox_max_memory_mb if cfg.max_memory_mb is None else cfg.max_memory_mb,
+                    ),
                 )
             except SandboxUnavailable as exc:
                 logger.error("MCP server {} not started: {}", name, exc)
@@ -198,8 +209,9 @@ class Host:
         """
         state_dir = self.settings.state_dir.expanduser()
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Before the store is opened or repaired, and before the socket is touched (daemon.lock).
-        lock = StateLock(state_dir)
+        # Before the store is opened or repaired, and before the socket is touched (daemon.lock);
+        # the database's own lock too, wherever it lies: two state directories, one database.
+        lock = StateLock(state_dir, self.settings.database_path)
         lock.acquire()
         try:
             return await self._serve(stdio=stdio)
@@ -331,10 +343,8 @@ class Host:
             raise
 
     async def _start_scheduler(self) -> None:
-        try:
-            from daemon.scheduler import Scheduler
-        except ImportError:  # pragma: no cover - the scheduler ships with the daemon
-            return
+        from daemon.scheduler import Scheduler
+
         assert self.rt is not None and self.engine is not None
         engine = self.engine
         from daemon.schedule_glue import cancel_goal, fire_goal, goal_status
@@ -389,20 +399,10 @@ class Host:
         if ctx.workdir is None:
             raise SandboxUnavailable("this session has no work directory")
         assert self.rt is not None
-        row = await self.rt.store.read(
-            lambda conn: conn.execute(
-                "WITH RECURSIVE chain(id, parent, depth) AS ("
-                " SELECT id, parent_session_id, 0 FROM sessions WHERE id=?"
-                " UNION ALL SELECT s.id, s.parent_session_id, chain.depth + 1 FROM sessions s"
-                " JOIN chain ON s.id = chain.parent WHERE chain.depth < 64)"
-                " SELECT g.* FROM chain JOIN goals g ON g.session_id = chain.id"
-                " WHERE g.status IN ('active', 'paused') ORDER BY chain.depth DESC LIMIT 1",
-                (ctx.session_id,),
-            ).fetchone()
-        )
-        if row is None:
+        goal = await self.rt.store.read(lambda conn: live_goal_of_chain(conn, session_chain(conn, ctx.session_id)))
+        if goal is None:
             return self.sandboxing.sandbox(ctx.workdir)
-        return self.sandboxing.sandbox(ctx.workdir, policy=goal_policy(self.sandboxing, goal_from_row(row)))
+        return self.sandboxing.sandbox(ctx.workdir, policy=goal_policy(self.sandboxing, goal))
 
     def _goal_runner(self, goal: Goal) -> CommandRunner:
         """Where ``goal``'s verification and progress commands run: its own sandbox, as its shell."""
@@ -420,13 +420,8 @@ class Host:
 
     async def _learn_live_goal_secrets(self, rt: Runtime) -> None:
         await rt.store.migrate("goals", GOAL_MIGRATIONS)  # what the engine's start does first (idempotent)
-        rows = await rt.store.read(
-            lambda conn: conn.execute(
-                "SELECT * FROM goals WHERE status IN ('active', 'paused') AND sandbox != '{}'"
-            ).fetchall()
-        )
-        for row in rows:
-            self.learn_secrets(goal_from_row(row).sandbox)
+        for goal in await rt.store.read(live_goals):
+            self.learn_secrets(goal.sandbox)
 
     def workdir_for(self, raw: str | None, name: str) -> Path:
         """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``."""
@@ -434,18 +429,23 @@ class Host:
         if raw is None:
             path = roots[0] / name
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            workdirs.pin(path)
             return path
         path = Path(raw).expanduser()
         if not path.is_absolute():
             raise InvalidField(f"workdir {raw!r} must be an absolute path", field="workdir")
+        # A root itself is allowed (``goald run --workdir``, an editor's project): what keeps one
+        # session from swapping another's directory is the nesting check at ``session/new`` and
+        # ``goal/create`` and the pin below, checked at every use.
         path = path.resolve()
-        if not any(path == r or path.is_relative_to(r) for r in roots):
+        if not any(path.is_relative_to(r) for r in roots):
             raise InvalidField(
                 f"workdir {raw!r} is outside the allowed work-directory roots ({', '.join(map(str, roots))})",
                 field="workdir",
             )
         if not path.is_dir():
             raise InvalidField(f"workdir {raw!r} does not exist or is not a directory", field="workdir")
+        workdirs.pin(path)  # the directory every later use must still be
         return path
 
     # -- observation -----------------------------------------------------------------------
@@ -457,23 +457,18 @@ class Host:
     async def goal_counts(self) -> dict[str, int]:
         """Goals by status."""
         assert self.rt is not None
-        rows = await self.rt.store.read(
-            lambda conn: conn.execute("SELECT status, COUNT(*) AS n FROM goals GROUP BY status").fetchall()
-        )
-        counts = {s.value: 0 for s in GoalStatus}
-        counts.update({r["status"]: int(r["n"]) for r in rows})
-        return counts
+        return await self.rt.store.read(goal_counts)
 
     def sessions_running(self) -> int:
         """Live sessions whose status is running."""
         if self.rt is None:
             return 0
-        return sum(1 for a in self.rt.live_agents.values() if a.status == "running")
+        return sum(1 for a in self.rt.live_agents.values() if a.status is AgentStatus.RUNNING)
 
     def status_line(self) -> str:
         """The one-line status for systemd's ``STATUS=``."""
         engine = self.engine
-        live = len(engine._sessions) if engine is not None else 0
+        live = engine.live_goal_count if engine is not None else 0
         return f"{self.state.value}; {live} live goal(s); {self.sessions_running()} session(s) running"
 
     async def health(self) -> dict[str, Any]:

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from agent import Event, EventType, MessageId, SessionId, Subscription, create_session
+from agent import Event, EventType, MessageId, SessionId, StatusChanged, Subscription, Tx, create_session
 from daemon import __version__
 from daemon.protocol import PROTOCOL_VERSION, Dispatcher, ErrorCode, InvalidField, Peer, RpcError
-from goals import Budgets, Goal, GoalId, GoalSpec, GoalStatus, SandboxSpec, StopRules, VerifyCommand
+from goals import Budgets, Goal, GoalId, GoalSpec, GoalStatus, SandboxSpec, StopRules, VerifyCommand, check_nesting
 
 if TYPE_CHECKING:
     from daemon.host import Host
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 class Params(BaseModel):
     """Base of every params model: camelCase on the wire, unknown fields refused."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    # Built on first use, not at import: most methods are never called before READY=1.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", defer_build=True)
 
 
 class BudgetsIn(Params):
@@ -283,7 +284,12 @@ def build_dispatcher(host: Host) -> Dispatcher:
         rt = runtime()
         sid = SessionId.new()
         workdir = host.workdir_for(p.workdir, sid)
-        await rt.store.transact(lambda tx: create_session(tx, model=p.model, workdir=str(workdir), session_id=sid))
+
+        def create(tx: Tx) -> None:
+            check_nesting(tx, str(workdir))  # no session in (or around) another's work directory
+            create_session(tx, model=p.model, workdir=str(workdir), session_id=sid)
+
+        await rt.store.transact(create)
         return {"sessionId": sid, "workdir": str(workdir)}
 
     @d.method("session/prompt", Prompt)
@@ -308,27 +314,15 @@ def build_dispatcher(host: Host) -> Dispatcher:
 
     @d.method("session/list", SessionList)
     async def session_list(p: SessionList, peer: Peer) -> dict[str, Any]:
-        rt = runtime()
-        prefix = p.prefix or "ses_"
-
-        def run(conn: Any) -> list[Any]:
-            return list(
-                conn.execute(
-                    "SELECT id, model, workdir, parent_session_id, created_at FROM sessions WHERE id >= ? AND id < ?"
-                    " ORDER BY id DESC LIMIT ?",
-                    (prefix, prefix + "\uffff", p.limit),
-                ).fetchall()
-            )
-
-        rows = await rt.store.read(run)
+        rows = await runtime().sessions(p.prefix or SessionId.prefix, p.limit)
         return {
             "sessions": [
                 {
-                    "sessionId": r["id"],
-                    "model": r["model"],
-                    "workdir": r["workdir"],
-                    "parentSessionId": r["parent_session_id"],
-                    "createdAt": r["created_at"],
+                    "sessionId": r.id,
+                    "model": r.model,
+                    "workdir": r.workdir,
+                    "parentSessionId": r.parent_session_id,
+                    "createdAt": r.created_at,
                 }
                 for r in rows
             ]
@@ -361,11 +355,9 @@ def build_dispatcher(host: Host) -> Dispatcher:
             return {"sessionId": None, "live": True}
         await rt.session(p.session_id)
         st = await rt.store.session_state(p.session_id)
-        first = await rt.store.read(
-            lambda conn: conn.execute("SELECT MIN(seq) FROM events WHERE session_id=?", (p.session_id,)).fetchone()[0]
-        )
+        first = await rt.store.first_kept_seq(p.session_id)
         after = p.after_seq if p.after_seq is not None else st.last_seq
-        if first is not None and after < int(first) - 1:
+        if first is not None and after < first - 1:
             raise RpcError(
                 ErrorCode.EVENTS_PRUNED, f"events before seq {first} are no longer kept", {"firstSeq": int(first)}
             )
@@ -474,9 +466,9 @@ def _start(peer: Peer, coro: Any) -> None:
 
 async def _send_event(peer: Peer, event: Event) -> None:
     await peer.notify("session.event", {"sessionId": event.session_id, "seq": event.seq, "event": event_view(event)})
-    if event.type == EventType.STATUS:
+    if event.type == EventType.STATUS and isinstance(changed := event.payload, StatusChanged):
         await peer.notify(
-            "session.status", {"sessionId": event.session_id, "seq": event.seq, "status": event.data["status"]}
+            "session.status", {"sessionId": event.session_id, "seq": event.seq, "status": changed.status.value}
         )
 
 

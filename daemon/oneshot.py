@@ -31,7 +31,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from agent import EndReason, InvalidInput, Limits, SessionId, create_session
+from agent import (
+    AssistantMessage,
+    EndReason,
+    EventType,
+    InvalidInput,
+    Limits,
+    SessionId,
+    TaskSet,
+    ToolResult,
+    ToolUseBlock,
+    TurnEnded,
+    create_session,
+)
 from daemon.lock import StateDirLocked
 from daemon.notify import NOTIFY_ENV
 from daemon.sdk import Client, RpcError, RunIncomplete, RunResult, SessionEvent
@@ -182,19 +194,16 @@ async def _run(
 
 def _on_sigint(host: Host, client: Client, sid: str, flag: asyncio.Event) -> None:
     """First SIGINT: interrupt the turn and discard what is queued; a second one stops the host."""
-    loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[None]] = set()
+    tasks = TaskSet()
 
     def handle() -> None:
         if flag.is_set():
             host.request_stop()
             return
         flag.set()
-        task = loop.create_task(client.interrupt(sid, discard_queued=True))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        tasks.spawn(client.interrupt(sid, discard_queued=True))
 
-    loop.add_signal_handler(signal.SIGINT, handle)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, handle)
 
 
 def _report(result: RunResult, as_json: bool, out: TextIO, err: TextIO) -> None:
@@ -203,8 +212,9 @@ def _report(result: RunResult, as_json: bool, out: TextIO, err: TextIO) -> None:
     elif result.final_response is not None:
         print(result.final_response, file=out, flush=True)
     if result.finish_reason is not EndReason.END_TURN:
-        ends = [e for e in result.events if e.session_id == result.session_id and e.type == "turn/end"]
-        why = ends[-1].data.get("error") if ends else None
+        ends = [e.payload for e in result.events if e.session_id == result.session_id and e.type == EventType.TURN_END]
+        last = next((p for p in reversed(ends) if isinstance(p, TurnEnded)), None)
+        why = last.error if last is not None else None
         finish = result.finish_reason.value if result.finish_reason is not None else "no turn"
         print(f"goald: the run finished {finish}" + (f": {why}" if why else ""), file=err, flush=True)
 
@@ -213,10 +223,11 @@ def _progress(err: TextIO) -> Callable[[SessionEvent], None]:
     from daemon.display import describe_event
 
     def show(ev: SessionEvent) -> None:
-        tool_call = ev.type == "assistant/message" and any(
-            b.get("type") == "tool_use" for b in ev.data.get("content", []) if isinstance(b, dict)
-        )
-        if tool_call or ev.type == "tool/result":
+        if ev.type not in (EventType.ASSISTANT_MESSAGE, EventType.TOOL_RESULT):
+            return
+        shown = ev.payload
+        tool_call = isinstance(shown, AssistantMessage) and any(isinstance(b, ToolUseBlock) for b in shown.content)
+        if tool_call or isinstance(shown, ToolResult):
             print(f"  {describe_event(ev.type, ev.data)}", file=err, flush=True)
 
     return show

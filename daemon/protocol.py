@@ -25,6 +25,7 @@ from loguru import logger
 from pydantic import BaseModel, ValidationError
 
 from agent import Conflict, InvalidInput, InvalidTransition, NotFound, StorageUnavailable
+from daemon.errors import DaemonError
 
 PROTOCOL_VERSION = 1
 
@@ -51,7 +52,7 @@ class ErrorCode(enum.IntEnum):
     STORAGE_UNAVAILABLE = -32006
 
 
-class RpcError(Exception):
+class RpcError(DaemonError):
     """An error to send back as a JSON-RPC error object."""
 
     def __init__(self, code: int, message: str, data: Any = None) -> None:
@@ -68,7 +69,7 @@ class RpcError(Exception):
         return err
 
 
-class InvalidField(InvalidInput):
+class InvalidField(InvalidInput, DaemonError):
     """Invalid input found by a check that knows the offending field (answered with it in ``data.field``)."""
 
     def __init__(self, message: str, *, field: str) -> None:
@@ -214,7 +215,7 @@ def _error(req_id: Any, err: RpcError) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": req_id, "error": err.to_json()}
 
 
-class FrameTimeout(TimeoutError):
+class FrameTimeout(DaemonError, TimeoutError):
     """A connection sat too long on a partial frame, or idle (see :func:`read_frames`)."""
 
 

@@ -35,7 +35,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[impo
 from apscheduler.triggers.base import BaseTrigger  # type: ignore[import-untyped]
 from loguru import logger
 
-from agent import AgentError, InvalidInput, Migration, NotFound, Store, Tx, create_session
+from agent import AgentError, InvalidInput, Migration, NotFound, Store, TaskSet, Tx, create_session
 from daemon.schedules import (
     AnyTrigger,
     DateTrigger,
@@ -234,7 +234,7 @@ class Scheduler:
         self._cancel_goal = cancel_goal
         self._aps: Any = None
         self._locks: dict[str, asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._stopping = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -265,19 +265,13 @@ class Scheduler:
             asyncio.get_running_loop().call_soon(done.set_result, None)
             await done
         self._aps = None
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=STOP_GRACE_SECONDS)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await self._tasks.drain(STOP_GRACE_SECONDS)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._stopping:
             coro.close()
             return
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     # -- the public API --------------------------------------------------------------------
 

@@ -234,7 +234,10 @@ def _cron_prev(fields: CronFields, tz: ZoneInfo, at: datetime) -> datetime | Non
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    # Built on first use, not at import: a daemon without schedules never needs them to start.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True, defer_build=True
+    )
 
 
 class CronTrigger(_Model):

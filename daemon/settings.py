@@ -42,9 +42,10 @@ from agent import (
 from agent.allowlist import etc_secrets
 from agent.limits import MIB, MIN_MEMORY_BYTES, MIN_PROCESSES, CommandLimits, limiter
 from agent.sandbox import BASE_VARIABLES
+from daemon.errors import DaemonError
 
 
-class ConfigError(ValueError):
+class ConfigError(DaemonError, ValueError):
     """The configuration is invalid; the message names the key and the reason."""
 
 
@@ -121,6 +122,10 @@ class McpServerSettings(BaseModel):
     start_timeout_seconds: float = Field(default=30.0, gt=0)
     #: Each tool call's timeout.
     timeout_seconds: float = Field(default=60.0, gt=0)
+    #: Cap on the server's processes (default: ``sandbox_max_processes``; 0: none).
+    max_processes: Processes | None = None
+    #: Cap on the server's memory, in MiB (default: ``sandbox_max_memory_mb``; 0: none).
+    max_memory_mb: MemoryMb | None = None
 
 
 class SecretRef(BaseModel):

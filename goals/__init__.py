@@ -2,6 +2,12 @@
 
 ``goals`` imports ``agent`` and never the reverse; it knows nothing of sockets. Its public names
 are re-exported here.
+
+It owns the ``goals`` table (and its work-directory lock triggers): :mod:`goals.store` holds every
+query of it, and other packages read goals only through those functions (counts by status, the
+live goals, the live goal of a session or of a subagent's chain of sessions). It reaches the
+runtime's tables only through the runtime's functions (enqueue and cancel by pending key, attach a
+guard and settings to a session). Errors derive from :class:`~goals.errors.GoalError`.
 """
 
 from goals.continuation import quote, render, stable_part
@@ -13,7 +19,8 @@ from goals.engine import (
     policy_for_session,
     tools_for_goal_sessions,
 )
-from goals.locks import claim_workdir, workdir_holder
+from goals.errors import GoalConflict, GoalError, GoalNotFound, InvalidGoal, InvalidGoalTransition, StaleDecision
+from goals.locks import check_nesting, claim_workdir, workdir_holder
 from goals.model import (
     Budgets,
     Goal,
@@ -29,6 +36,14 @@ from goals.model import (
     VerifyResult,
     transition,
 )
+from goals.payloads import (
+    GOAL_PAYLOADS,
+    GoalBlockedReported,
+    GoalChanged,
+    GoalClaimed,
+    GoalProgressNoted,
+    GoalVerified,
+)
 from goals.policy import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput, budget_spent, decide
 from goals.store import (
     GOAL_BLOCKED,
@@ -37,9 +52,14 @@ from goals.store import (
     GOAL_PROGRESS,
     GOAL_VERIFIED,
     MIGRATIONS,
-    StaleDecision,
+    goal_by_key,
+    goal_counts,
     goal_from_row,
+    latest_goal_of_session,
+    list_goals,
+    live_goal_of_chain,
     live_goal_of_session,
+    live_goals,
     load_goal,
     pending_key,
 )
@@ -50,6 +70,7 @@ __all__ = [
     "GOAL_BLOCKED",
     "GOAL_CHANGED",
     "GOAL_CLAIM",
+    "GOAL_PAYLOADS",
     "GOAL_PROGRESS",
     "GOAL_TOOL_NAMES",
     "GOAL_VERIFIED",
@@ -62,14 +83,24 @@ __all__ = [
     "DecisionKind",
     "Goal",
     "GoalBlocked",
+    "GoalBlockedReported",
+    "GoalChanged",
+    "GoalClaimed",
     "GoalComplete",
+    "GoalConflict",
     "GoalEngine",
+    "GoalError",
     "GoalId",
     "GoalMemory",
+    "GoalNotFound",
     "GoalProgress",
+    "GoalProgressNoted",
     "GoalSpec",
     "GoalStatus",
+    "GoalVerified",
     "Interval",
+    "InvalidGoal",
+    "InvalidGoalTransition",
     "PolicyInput",
     "SandboxSpec",
     "SecretSource",
@@ -79,15 +110,22 @@ __all__ = [
     "VerifyCommand",
     "VerifyResult",
     "budget_spent",
+    "check_nesting",
     "claim_workdir",
     "decide",
     "fingerprint",
+    "goal_by_key",
+    "goal_counts",
     "goal_from_row",
     "goal_policy",
     "goal_tools",
     "guard_limits",
     "interval_facts",
+    "latest_goal_of_session",
+    "list_goals",
+    "live_goal_of_chain",
     "live_goal_of_session",
+    "live_goals",
     "load_goal",
     "pending_key",
     "policy_for_session",

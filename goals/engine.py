@@ -26,30 +26,43 @@ import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loguru import logger
 
 from agent import (
-    Conflict,
+    AgentStatus,
+    AssistantMessage,
     Event,
-    EventType,
     InvalidInput,
     Limits,
+    MessageAdmitted,
+    MessageCancelled,
+    MessageQueued,
+    ModelCharged,
+    ModelFailed,
     NotFound,
     Runtime,
     SessionId,
     StorageUnavailable,
     ToolPolicy,
+    ToolResult,
+    ToolUseBlock,
+    TurnEnded,
     Tx,
     create_guard,
     create_session,
+    is_idle,
+    load_session,
     read_events,
     update_guard,
+    update_session,
 )
 from goals.continuation import render
+from goals.errors import GoalConflict, InvalidGoal, StaleDecision
 from goals.locks import claim_workdir
 from goals.model import Budgets, Goal, GoalId, GoalMemory, GoalSpec, GoalStatus, StopReason, VerifyCommand
+from goals.payloads import GoalBlockedReported, GoalClaimed, GoalProgressNoted
 from goals.policy import (
     Claim,
     ContinuationFate,
@@ -61,18 +74,18 @@ from goals.policy import (
     decide,
 )
 from goals.store import (
-    GOAL_BLOCKED,
-    GOAL_CLAIM,
-    GOAL_PROGRESS,
     GOAL_VERIFIED,
     MIGRATIONS,
-    StaleDecision,
     cancel_continuation,
+    continuation_queued,
     emit_changed,
-    goal_from_row,
+    goal_by_idempotency_key,
+    goal_by_key,
     insert_goal,
     issue_continuation,
+    list_goals,
     live_goal_of_session,
+    live_goals,
     load_goal,
     resolve_goal_id,
     save_goal,
@@ -106,42 +119,39 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
     breaker_open = False
     cid = goal.continuation_id
     for ev in events:
-        d = ev.data
-        match ev.type:
-            case EventType.MESSAGE_QUEUED if d.get("messageId") == cid:
+        match ev.payload:
+            case MessageQueued() as queued if queued.message_id == cid:
                 fate = ContinuationFate.QUEUED
-            case EventType.MESSAGE_ADMITTED if d.get("messageId") == cid:
+            case MessageAdmitted() as admitted if admitted.message_id == cid:
                 fate = ContinuationFate.ADMITTED
-            case EventType.MESSAGE_CANCELLED if d.get("messageId") == cid:
-                fate, cancel_reason = ContinuationFate.CANCELLED, d.get("reason")
-            case EventType.ASSISTANT_MESSAGE:
-                usage = d.get("usage") or {}
-                tokens += sum(int(v) for v in usage.values())
-                cost += float(d.get("cost") or 0.0)
-                for block in d.get("content", []):
-                    if block.get("type") == "tool_use" and block.get("name") not in GOAL_TOOL_NAMES:
-                        uses[block["id"]] = (block["name"], json.dumps(block.get("input"), sort_keys=True))
-            case EventType.TOOL_RESULT if d.get("toolUseId") in uses:
-                name, args = uses.pop(d["toolUseId"])
-                digest = hashlib.sha256(f"{name}\0{args}\0{d.get('content')}".encode()).hexdigest()[:12]
+            case MessageCancelled() as gone if gone.message_id == cid:
+                fate, cancel_reason = ContinuationFate.CANCELLED, gone.reason
+            case AssistantMessage() as answer:
+                tokens += answer.usage.total if answer.usage is not None else 0
+                cost += answer.cost
+                for block in answer.content:
+                    if isinstance(block, ToolUseBlock) and block.name not in GOAL_TOOL_NAMES:
+                        uses[block.id] = (block.name, json.dumps(block.input, sort_keys=True))
+            case ToolResult() as result if result.tool_use_id in uses:
+                name, args = uses.pop(result.tool_use_id)
+                digest = hashlib.sha256(f"{name}\0{args}\0{result.content}".encode()).hexdigest()[:12]
                 calls.append(digest)
-            case EventType.MODEL_ERROR:
-                breaker_open = breaker_open or bool(d.get("breakerOpen"))
-                usage = d.get("usage") or {}
-                tokens += sum(int(v) for v in usage.values())
-                cost += float(d.get("cost") or 0.0)
-            case EventType.MODEL_CHARGED:
-                tokens += int(d.get("tokens") or 0)
-                cost += float(d.get("cost") or 0.0)
-            case EventType.TURN_END:
+            case ModelFailed() as failed:
+                breaker_open = breaker_open or failed.breaker_open
+                tokens += failed.usage.total if failed.usage is not None else 0
+                cost += failed.cost
+            case ModelCharged() as charged:
+                tokens += charged.tokens
+                cost += charged.cost
+            case TurnEnded() as ended:
                 turns += 1
-                last_reason, last_kind, last_error = d.get("reason"), d.get("errorKind"), d.get("error")
-            case _ if ev.type == GOAL_CLAIM and d.get("goalId") == goal.id:
-                claims.append(Claim(summary=d["summary"], evidence=d["evidence"]))
-            case _ if ev.type == GOAL_PROGRESS and d.get("goalId") == goal.id:
-                notes.append(d["note"])
-            case _ if ev.type == GOAL_BLOCKED and d.get("goalId") == goal.id:
-                blocked.append(d["reason"])
+                last_reason, last_kind, last_error = ended.reason.value, ended.error_kind, ended.error
+            case GoalClaimed() as claim if claim.goal_id == goal.id:
+                claims.append(Claim(summary=claim.summary, evidence=claim.evidence))
+            case GoalProgressNoted() as progress if progress.goal_id == goal.id:
+                notes.append(progress.note)
+            case GoalBlockedReported() as report if report.goal_id == goal.id:
+                blocked.append(report.reason)
             case _:
                 pass
     return Interval(
@@ -225,10 +235,7 @@ class GoalEngine:
     async def start(self, resume: bool = True) -> None:
         """Load live goals, listen for idles, and (``resume``) make every pending decision now."""
         await self.store.migrate("goals", MIGRATIONS)
-        rows = await self.store.read(
-            lambda conn: conn.execute("SELECT * FROM goals WHERE status IN ('active', 'paused')").fetchall()
-        )
-        goals = [await self._fail_if_faulty(goal_from_row(r)) for r in rows]
+        goals = [await self._fail_if_faulty(g) for g in await self.store.read(live_goals)]
         for goal in goals:
             self._track(goal)
         self._remove = self.store.hub.add_listener(self._on_event)
@@ -253,6 +260,11 @@ class GoalEngine:
             self._idle.clear()
             await self._idle.wait()
 
+    @property
+    def live_goal_count(self) -> int:
+        """How many goals the engine follows (the active and paused ones)."""
+        return len(self._sessions)
+
     def add_decision_listener(self, listener: DecisionListener) -> Callable[[], None]:
         """Observe every committed decision with the inputs it was taken from."""
         self._listeners.append(listener)
@@ -276,11 +288,11 @@ class GoalEngine:
 
         def run(tx: Tx) -> tuple[Goal, bool]:
             if spec.idempotency_key is not None:
-                row = tx.one("SELECT * FROM goals WHERE idempotency_key=?", (spec.idempotency_key,))
-                if row is not None:
-                    return goal_from_row(row), False
-            if spec.key is not None and tx.one("SELECT 1 FROM goals WHERE key=?", (spec.key,)) is not None:
-                raise Conflict(f"a goal with key {spec.key!r} already exists")
+                earlier = goal_by_idempotency_key(tx, spec.idempotency_key)
+                if earlier is not None:
+                    return earlier, False
+            if spec.key is not None and goal_by_key(tx, spec.key) is not None:
+                raise GoalConflict(f"a goal with key {spec.key!r} already exists: use another key")
             draft = Goal(
                 id=goal_id,
                 key=spec.key,
@@ -306,32 +318,29 @@ class GoalEngine:
             guard_id = create_guard(tx, guard_limits(draft, now))
             if spec.session_id is not None:
                 sid = SessionId.parse(spec.session_id)
-                srow = tx.one("SELECT workdir FROM sessions WHERE id=?", (sid,))
-                if srow is None:
-                    raise NotFound(f"no session {sid}")
-                if draft.workdir is None and srow["workdir"]:
+                srow = load_session(tx, sid)
+                if draft.workdir is None and srow.workdir:
                     # The goal works where its session works (its verification runs there too).
-                    draft = draft.model_copy(update={"workdir": srow["workdir"]})
+                    draft = draft.model_copy(update={"workdir": srow.workdir})
                 if live_goal_of_session(tx, sid) is not None:
-                    raise Conflict(f"session {sid} already has an active or paused goal")
-                tx.execute(
-                    "UPDATE sessions SET guard_id=?, config=json_set(config, '$.goal', json('true')) WHERE id=?",
-                    (guard_id, sid),
-                )
-                if policy is not None:
-                    tx.execute(
-                        "UPDATE sessions SET config=json_set(config, '$.policy', json(?)) WHERE id=?",
-                        (policy.model_dump_json(), sid),
+                    raise GoalConflict(
+                        f"session {sid} already has an active or paused goal: cancel that goal first,"
+                        " or give the new goal a session of its own"
                     )
+                # The session becomes the goal's: the goal's guard, the goal tools, the goal's allowlist.
+                attach: dict[str, Any] = {"goal": True}
+                if policy is not None:
+                    attach["policy"] = policy.model_dump(mode="json")
+                update_session(tx, sid, guard_id=guard_id, config=attach)
             else:
                 config: dict[str, Any] = {"goal": True}
                 if policy is not None:
                     config["policy"] = policy.model_dump(mode="json")
                 sid = create_session(tx, model=spec.model, workdir=draft.workdir, guard_id=guard_id, config=config)
             if spec.verify and draft.workdir is None:
-                raise InvalidInput("verification commands need a work directory: give the goal a workdir")
+                raise InvalidGoal("verification commands need a work directory: give the goal a workdir")
             if spec.progress is not None and draft.workdir is None:
-                raise InvalidInput("a progress command needs a work directory: give the goal a workdir")
+                raise InvalidGoal("a progress command needs a work directory: give the goal a workdir")
             goal = draft.model_copy(update={"session_id": sid, "guard_id": guard_id})
             claim_workdir(tx, goal)
             emit_changed(tx, None, goal)
@@ -353,15 +362,7 @@ class GoalEngine:
     async def list_goals(self, status: GoalStatus | str | None = None) -> list[Goal]:
         """Goals, newest first, optionally of one status."""
         wanted = GoalStatus(status) if status is not None else None
-
-        def run(conn: Any) -> list[Goal]:
-            if wanted is None:
-                rows = conn.execute("SELECT * FROM goals ORDER BY id DESC").fetchall()
-            else:
-                rows = conn.execute("SELECT * FROM goals WHERE status=? ORDER BY id DESC", (wanted.value,)).fetchall()
-            return [goal_from_row(r) for r in rows]
-
-        return await self.store.read(run)
+        return await self.store.read(lambda conn: list_goals(conn, wanted))
 
     async def pause(self, goal_ref: str, reason: str = StopReason.BY_REQUEST) -> Goal:
         """Pause: a queued continuation is cancelled; a running turn finishes; nothing new starts."""
@@ -383,7 +384,7 @@ class GoalEngine:
             goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
             before = goal.status
             st = tx.state(goal.session_id)
-            if before is GoalStatus.PAUSED and st.status == "idle" and st.last_seq > goal.evaluated_seq:
+            if before is GoalStatus.PAUSED and st.status is AgentStatus.IDLE and st.last_seq > goal.evaluated_seq:
                 # The session went idle after the pause, and the engine has not counted that interval
                 # yet: count it here (the paused goal's bookkeeping), so a round that ran is counted
                 # once and the next continuation gets the next number.
@@ -394,7 +395,7 @@ class GoalEngine:
             if before is GoalStatus.EXHAUSTED:
                 spent = budget_spent(goal, now)
                 if spent is not None:
-                    raise InvalidInput(f"the goal is still out of budget ({spent.value}): raise that budget to resume")
+                    raise InvalidGoal(f"the goal is still out of budget ({spent.value}): raise that budget to resume")
                 # An ended goal let go of its work directory; another may have taken it since.
                 claim_workdir(tx, goal)
             goal = set_status(tx, goal, GoalStatus.ACTIVE, None, now)
@@ -408,8 +409,8 @@ class GoalEngine:
                     "memory": goal.memory.model_copy(update={"warned_stall": False}),
                 }
             )
-            queued = tx.one("SELECT 1 FROM inbox WHERE pending_key=? AND fate='queued'", (f"goal:{goal.id}",))
-            if st.status == "idle" and queued is None:
+            pending = goal.memory.pending_claim is not None
+            if st.status is AgentStatus.IDLE and not continuation_queued(tx, goal) and not pending:
                 goal = issue_continuation(tx, goal, goal.rounds + 1, render(goal, goal.rounds + 1, now))
             update_guard(tx, goal.guard_id, guard_limits(goal, now))
             saved = save_goal(tx, goal, goal.revision)
@@ -419,6 +420,8 @@ class GoalEngine:
         goal = await self.store.transact(run)
         await self._sync_guard(goal)
         self._track(goal)
+        if goal.memory.pending_claim is not None:
+            self.kick(goal.id)  # a claim made while paused is decided now (verified at this idle)
         return goal
 
     async def update(
@@ -429,13 +432,15 @@ class GoalEngine:
         title: str | None = None,
         budgets: Budgets | None = None,
         verify: list[VerifyCommand] | None = None,
+        progress: VerifyCommand | Literal["unchanged"] | None = "unchanged",
     ) -> Goal:
-        """Edit a goal's objective, title, budgets or verification (durable; used from the next round)."""
+        """Edit a goal's objective, title, budgets, verification or progress command (durable; used
+        from the next round). ``progress=None`` removes the progress command."""
         now = self.clock()
         if objective is not None and not objective.strip():
-            raise InvalidInput("objective must not be empty")
+            raise InvalidGoal("objective must not be empty: say what the goal should achieve")
         if title is not None and not title.strip():
-            raise InvalidInput("title must not be blank")
+            raise InvalidGoal("title must not be blank: give a title, or none to use the objective's first line")
 
         def run(tx: Tx) -> Goal:
             goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
@@ -448,6 +453,10 @@ class GoalEngine:
                 changes["budgets"] = budgets
             if verify is not None:
                 changes["verify"] = verify
+            if progress != "unchanged":
+                if progress is not None and not goal.workdir:
+                    raise InvalidGoal("a progress command needs a work directory: this goal has none to run it in")
+                changes["progress"] = progress
             goal = goal.model_copy(update=changes)
             update_guard(tx, goal.guard_id, guard_limits(goal, now))
             return save_goal(tx, goal, goal.revision)
@@ -527,7 +536,7 @@ class GoalEngine:
             self._forget(goal)
             return None
         st = await self.store.session_state(goal.session_id)
-        if st.status != "idle" or st.open_turn is not None:
+        if st.status is not AgentStatus.IDLE or st.open_turn is not None:
             return None
         events = await self.store.events_after(goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
         interval = interval_facts(goal, events, st.last_seq)
@@ -537,7 +546,8 @@ class GoalEngine:
         exists = workdir is None or fp is not None
         verification, reused, progress = None, False, None
         runnable = exists and goal.status is GoalStatus.ACTIVE and workdir is not None
-        if interval.claims and goal.verify and runnable and workdir is not None:
+        claimed = bool(interval.claims) or goal.memory.pending_claim is not None
+        if claimed and goal.verify and runnable and workdir is not None:
             previous = goal.memory.verify_results
             if (
                 fp is not None
@@ -573,7 +583,7 @@ class GoalEngine:
 
         def commit(tx: Tx) -> Goal:
             cur = tx.state(goal.session_id)
-            if cur.status != "idle" or cur.status_seq != st.status_seq or cur.open_turn is not None:
+            if cur.status is not AgentStatus.IDLE or cur.status_seq != st.status_seq or cur.open_turn is not None:
                 raise StaleDecision("the session is no longer at that idle")
             new = decision.goal
             if verification is not None:
@@ -596,7 +606,7 @@ class GoalEngine:
         try:
             saved = await self.store.transact(commit)
         except StaleDecision:
-            return "stale" if (await self.store.session_state(goal.session_id)).status == "idle" else None
+            return "stale" if (await self.store.session_state(goal.session_id)).status is AgentStatus.IDLE else None
         for listener in list(self._listeners):
             try:
                 listener(inp, decision)
@@ -652,15 +662,15 @@ class GoalEngine:
             return None
         path = Path(raw).expanduser()
         if not path.is_absolute():
-            raise InvalidInput(f"workdir {raw!r} must be an absolute path")
+            raise InvalidGoal(f"workdir {raw!r} must be an absolute path: give the full path")
         path = path.resolve()
         if self.allowed_roots is not None and not any(
             path == root.resolve() or path.is_relative_to(root.resolve()) for root in self.allowed_roots
         ):
             roots = ", ".join(str(r) for r in self.allowed_roots) or "none configured"
-            raise InvalidInput(f"workdir {raw!r} is outside the allowed work-directory roots ({roots})")
+            raise InvalidGoal(f"workdir {raw!r} is outside the allowed work-directory roots ({roots})")
         if not path.is_dir():
-            raise InvalidInput(f"workdir {raw!r} does not exist or is not a directory")
+            raise InvalidGoal(f"workdir {raw!r} does not exist or is not a directory: create it first")
         return path
 
     async def _attach(self, goal: Goal) -> None:
@@ -697,7 +707,7 @@ class GoalEngine:
         self._due.pop(goal.id, None)
 
     def _on_event(self, event: Event) -> None:
-        if event.type != EventType.STATUS or event.data.get("status") != "idle":
+        if not is_idle(event):
             return
         goal_id = self._sessions.get(event.session_id)
         if goal_id is not None:
@@ -726,14 +736,14 @@ def goal_policy(entries: list[str] | None) -> ToolPolicy | None:
     """The tool policy of a goal's allowlist (``None``: the default applies); goal tools are always allowed.
 
     Raises:
-        InvalidInput: a malformed entry.
+        InvalidGoal: a malformed entry.
     """
     if entries is None:
         return None
     try:
         return ToolPolicy.from_entries(entries).allowing(*GOAL_TOOL_NAMES)
     except ValueError as exc:
-        raise InvalidInput(f"tools: {exc}") from None
+        raise InvalidGoal(f"tools: {exc}") from None
 
 
 def policy_for_session(row_config: dict[str, Any], default: ToolPolicy | None = None) -> ToolPolicy | None:

@@ -8,13 +8,21 @@ exhausted); resuming an exhausted goal takes the lock again, so it may be refuse
 The check runs in the transaction that creates (or revives) the goal, so it is exactly as durable
 as the goal row, and it names the goal in the way. The ``goals`` schema (migration 2) holds the
 same rule as triggers, a backstop against any writer that skips this module.
+
+Sessions: a directory inside (or around) another's would let the outer one's model swap the inner
+directory for a symlink (``rm -rf inner; ln -s / inner``), and the inner session's next command
+would get whatever that points to. So a work directory may not contain or lie inside that of any
+stored session or live goal (:func:`check_nesting`, at ``session/new`` and when a goal claims its
+directory). Sharing one directory exactly is allowed between sessions (a goal on a session, its
+subagents, two editor sessions on one project): neither can swap the directory both stand in.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent import Conflict, Tx
+from agent import Tx, list_sessions
+from goals.errors import GoalConflict
 from goals.model import Goal
 from goals.store import goal_from_row
 
@@ -38,16 +46,46 @@ def workdir_holder(tx: Tx, workdir: str, goal_id: str) -> Goal | None:
     return None
 
 
+def _strictly_nested(a: Path, b: Path) -> bool:
+    return a != b and (a.is_relative_to(b) or b.is_relative_to(a))
+
+
+def check_nesting(tx: Tx, workdir: str) -> None:
+    """Refuse ``workdir`` if it contains or lies inside the work directory of a stored session or a
+    live goal (the same directory is allowed here; goals hold theirs exactly with :func:`claim_workdir`).
+
+    Raises:
+        GoalConflict: naming the session or goal in the way.
+    """
+    mine = _canonical(workdir)
+    for session in list_sessions(tx, limit=1 << 30):
+        if session.workdir is not None and _strictly_nested(mine, other := _canonical(session.workdir)):
+            raise GoalConflict(_nested_message(mine, other, f"session {session.id}"))
+    rows = tx.all("SELECT id, workdir FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL")
+    for row in rows:
+        if _strictly_nested(mine, other := _canonical(row["workdir"])):
+            raise GoalConflict(_nested_message(mine, other, f"goal {row['id']}"))
+
+
+def _nested_message(mine: Path, other: Path, holder: str) -> str:
+    how = "lies inside" if mine.is_relative_to(other) else "contains"
+    return (
+        f"work directory {mine} {how} {other}, the work directory of {holder}: a work directory may not "
+        "contain or lie inside another's; choose a separate directory"
+    )
+
+
 def claim_workdir(tx: Tx, goal: Goal) -> None:
     """Refuse ``goal`` its work directory if another live goal holds it (or one inside or around it).
 
     Raises:
-        Conflict: naming the goal that holds the directory.
+        GoalConflict: naming the goal that holds the directory.
     """
     if goal.workdir is None:
         return
     other = workdir_holder(tx, goal.workdir, goal.id)
     if other is None:
+        check_nesting(tx, goal.workdir)
         return
     mine, theirs = _canonical(goal.workdir), _canonical(other.workdir or "")
     if mine == theirs:
@@ -56,7 +94,7 @@ def claim_workdir(tx: Tx, goal: Goal) -> None:
         where = f"work directory {mine} lies inside {theirs}, which"
     else:
         where = f"work directory {mine} contains {theirs}, which"
-    raise Conflict(
+    raise GoalConflict(
         f"{where} is held by goal {other.id} ({other.title!r}, {other.status.value}); "
         "one goal at a time works in a directory: wait for it to end, or cancel it"
     )

@@ -15,7 +15,8 @@ from typing import Any, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agent import InvalidTransition, ToolPolicy, TypedId
+from agent import ToolPolicy, TypedId
+from goals.errors import InvalidGoalTransition
 
 
 class GoalId(TypedId):
@@ -47,7 +48,7 @@ class GoalStatus(enum.StrEnum):
 
 
 def transition(current: GoalStatus, target: GoalStatus) -> GoalStatus:
-    """Perform one goal status transition, or raise :class:`InvalidTransition`."""
+    """Perform one goal status transition, or raise :class:`~goals.errors.InvalidGoalTransition`."""
     allowed: tuple[GoalStatus, ...]
     match current:
         case GoalStatus.ACTIVE:
@@ -67,8 +68,16 @@ def transition(current: GoalStatus, target: GoalStatus) -> GoalStatus:
         case _:
             assert_never(current)
     if target not in allowed:
-        raise InvalidTransition(f"a goal that is {current.value} cannot become {target.value}")
+        raise InvalidGoalTransition(
+            f"a goal that is {current.value} cannot become {target.value}; {_what_it_can(current, allowed)}"
+        )
     return target
+
+
+def _what_it_can(current: GoalStatus, allowed: tuple[GoalStatus, ...]) -> str:
+    if not allowed:
+        return "it has ended: create a new goal to go on"
+    return f"from {current.value} it can become {', '.join(s.value for s in allowed)}"
 
 
 class StopReason(enum.StrEnum):
@@ -272,6 +281,15 @@ class VerifyResult(BaseModel):
         return self.exit_code == 0 and not self.timed_out
 
 
+class PendingClaim(BaseModel):
+    """A completion claim made while the goal was paused: kept, and decided when it is resumed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    summary: str
+    evidence: str
+
+
 class GoalMemory(BaseModel):
     """What the engine carries between rounds (one JSON column)."""
 
@@ -287,6 +305,8 @@ class GoalMemory(BaseModel):
     warned_stall: bool = False
     #: A digest of the ``progress`` command's last output (exit code included).
     progress: str | None = None
+    #: A claim of an interval the goal spent paused, to be verified at the first idle after resume.
+    pending_claim: PendingClaim | None = None
 
 
 class Goal(BaseModel):

@@ -13,7 +13,9 @@ another's fact by returning first: a refused claim is counted and its output kep
 continuation even when the interval also exhausted a budget; a verified claim completes the goal
 even when a person's follow-up superseded the continuation in the same interval. The precedence:
 
-1. A goal that is not live changes nothing; a paused goal only counts (tokens, rounds, notes).
+1. A goal that is not live changes nothing; a paused goal only counts (tokens, rounds, notes) and
+   keeps a completion claim pending (``memory.pending_claim``): it is decided, as rule 2 or 5
+   says, at the first idle after the goal is resumed (the engine runs the verification then).
    Its own continuation still queued cannot happen at a real idle (a queued waking message keeps
    the session running): nothing is decided, and the interval is read again, whole, at the next.
 2. A completion claim whose verification passed (or that has no verification commands):
@@ -52,7 +54,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent import ModelErrorKind
 from goals.continuation import render
-from goals.model import Goal, GoalStatus, StopReason, VerifyResult, transition
+from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult, transition
 
 MAX_NOTES = 10
 MAX_SEEN_CALLS = 64
@@ -214,9 +216,15 @@ def _verify_text(results: list[VerifyResult]) -> str:
 def _claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
     """Fold the interval's completion claim (if any) into the goal: ``(goal, verified)``."""
     iv = inp.interval
-    if not iv.claims:
+    pending = g.memory.pending_claim
+    if iv.claims:
+        claim = iv.claims[-1]
+    elif pending is not None:
+        claim = Claim(summary=pending.summary, evidence=pending.evidence)
+    else:
         return g, False
-    claim = iv.claims[-1]
+    if pending is not None:  # decided now, with the interval's own claim or as itself
+        g = g.model_copy(update={"memory": g.memory.model_copy(update={"pending_claim": None})})
     results = inp.verification or []
     missing = not inp.workdir_exists
     unverifiable = missing or (bool(g.verify) and inp.verification is None)
@@ -279,6 +287,10 @@ def decide(inp: PolicyInput) -> Decision:
         }
     )
     if g.status is GoalStatus.PAUSED:
+        if iv.claims:
+            # Kept, not dropped: the model was told its claim would be verified. Resume decides it.
+            pending = PendingClaim(summary=iv.claims[-1].summary, evidence=iv.claims[-1].evidence)
+            g = g.model_copy(update={"memory": g.memory.model_copy(update={"pending_claim": pending})})
         return Decision(DecisionKind.BOOKKEEP, g)
 
     # -- Every fact folded into the goal first. ----------------------------------------------------

@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from agent import (
-    Conflict,
-    EventType,
-    InvalidInput,
-    MessageId,
     Migration,
-    NotFound,
     Source,
     SourceKind,
     Tx,
+    cancel_pending,
     enqueue,
+    is_pending,
     parse_content,
 )
+from goals.errors import GoalConflict, GoalNotFound, InvalidGoal, StaleDecision
 from goals.model import (
     Budgets,
     Goal,
@@ -37,6 +36,7 @@ from goals.model import (
     VerifyCommand,
     transition,
 )
+from goals.policy import _with_status
 
 GOAL_CHANGED = "goal/changed"
 GOAL_PROGRESS = "goal/progress"
@@ -135,10 +135,6 @@ _COLUMNS = (
 )  # fmt: skip
 
 
-class StaleDecision(Exception):
-    """The goal or its session changed after the engine read them; nothing was written."""
-
-
 def goal_from_row(row: sqlite3.Row | dict[str, Any]) -> Goal:
     """Build a :class:`Goal` from a ``goals`` row."""
     d = dict(row)
@@ -204,11 +200,17 @@ def insert_goal(tx: Tx, goal: Goal) -> None:
     except sqlite3.IntegrityError as exc:
         text = str(exc)
         if "goals.session_id" in text:
-            raise Conflict(f"session {goal.session_id} already has an active or paused goal") from None
+            raise GoalConflict(
+                f"session {goal.session_id} already has an active or paused goal: cancel that goal first,"
+                " or give the new goal a session of its own"
+            ) from None
         if "goals.key" in text:
-            raise Conflict(f"a goal with key {goal.key!r} already exists") from None
+            raise GoalConflict(f"a goal with key {goal.key!r} already exists: use another key") from None
         if "goals.workdir" in text:
-            raise Conflict(f"work directory {goal.workdir} is held by another active or paused goal") from None
+            raise GoalConflict(
+                f"work directory {goal.workdir} is held by another active or paused goal:"
+                " wait for it to end, or cancel it"
+            ) from None
         raise
 
 
@@ -228,44 +230,109 @@ def save_goal(tx: Tx, goal: Goal, expected_revision: int) -> Goal:
         )
     except sqlite3.IntegrityError as exc:
         if "goals.workdir" in str(exc):
-            raise Conflict(f"work directory {goal.workdir} is held by another active or paused goal") from None
+            raise GoalConflict(
+                f"work directory {goal.workdir} is held by another active or paused goal:"
+                " wait for it to end, or cancel it"
+            ) from None
         raise
     if cur.rowcount != 1:
         raise StaleDecision(f"goal {goal.id} changed since it was read")
     return saved
 
 
+def _conn(tx_or_conn: Tx | sqlite3.Connection) -> sqlite3.Connection:
+    return tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
+
+
 def load_goal(tx_or_conn: Tx | sqlite3.Connection, goal_id: str) -> Goal:
     """The goal ``goal_id``. Raises ``NotFound``."""
-    conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
+    conn = _conn(tx_or_conn)
     row = conn.execute("SELECT * FROM goals WHERE id=?", (goal_id,)).fetchone()
     if row is None:
-        raise NotFound(f"no goal {goal_id}")
+        raise GoalNotFound(f"no goal {goal_id}: list the goals to find its id")
     return goal_from_row(row)
 
 
 def live_goal_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> Goal | None:
     """The active or paused goal that holds ``session_id``, if any."""
-    conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
+    conn = _conn(tx_or_conn)
     row = conn.execute(
         "SELECT * FROM goals WHERE session_id=? AND status IN ('active', 'paused')", (session_id,)
     ).fetchone()
     return goal_from_row(row) if row is not None else None
 
 
+def latest_goal_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> Goal | None:
+    """The goal of ``session_id`` created last, whatever its status (``None``: the session never had one)."""
+    row = (
+        _conn(tx_or_conn)
+        .execute("SELECT * FROM goals WHERE session_id=? ORDER BY created_at DESC, id DESC LIMIT 1", (session_id,))
+        .fetchone()
+    )
+    return goal_from_row(row) if row is not None else None
+
+
+def live_goal_of_chain(tx_or_conn: Tx | sqlite3.Connection, chain: Sequence[str]) -> Goal | None:
+    """The live goal of the topmost session in ``chain`` (a session and its parents, root last) that has one.
+
+    A subagent's session has no goal of its own: it works under its root's.
+    """
+    for session_id in reversed(chain):
+        goal = live_goal_of_session(tx_or_conn, session_id)
+        if goal is not None:
+            return goal
+    return None
+
+
+def live_goals(tx_or_conn: Tx | sqlite3.Connection) -> list[Goal]:
+    """Every active or paused goal, oldest first."""
+    rows = _conn(tx_or_conn).execute("SELECT * FROM goals WHERE status IN ('active', 'paused') ORDER BY id").fetchall()
+    return [goal_from_row(r) for r in rows]
+
+
+def list_goals(tx_or_conn: Tx | sqlite3.Connection, status: GoalStatus | None = None) -> list[Goal]:
+    """Goals, newest first, optionally of one status."""
+    conn = _conn(tx_or_conn)
+    if status is None:
+        rows = conn.execute("SELECT * FROM goals ORDER BY id DESC").fetchall()
+    else:
+        rows = conn.execute("SELECT * FROM goals WHERE status=? ORDER BY id DESC", (status.value,)).fetchall()
+    return [goal_from_row(r) for r in rows]
+
+
+def goal_by_key(tx_or_conn: Tx | sqlite3.Connection, key: str) -> Goal | None:
+    """The goal with the unique ``key`` (a declared goal's, say), if any."""
+    row = _conn(tx_or_conn).execute("SELECT * FROM goals WHERE key=?", (key,)).fetchone()
+    return goal_from_row(row) if row is not None else None
+
+
+def goal_by_idempotency_key(tx_or_conn: Tx | sqlite3.Connection, key: str) -> Goal | None:
+    """The goal first created with the idempotency ``key``, if any."""
+    row = _conn(tx_or_conn).execute("SELECT * FROM goals WHERE idempotency_key=?", (key,)).fetchone()
+    return goal_from_row(row) if row is not None else None
+
+
+def goal_counts(tx_or_conn: Tx | sqlite3.Connection) -> dict[str, int]:
+    """How many goals there are of each status (every status listed, zero included)."""
+    rows = _conn(tx_or_conn).execute("SELECT status, COUNT(*) AS n FROM goals GROUP BY status").fetchall()
+    counts = {s.value: 0 for s in GoalStatus}
+    counts.update({str(r["status"]): int(r["n"]) for r in rows})
+    return counts
+
+
 def resolve_goal_id(conn: sqlite3.Connection, ref: str) -> str:
     """A goal id from a full id or a unique prefix of one. Raises ``NotFound`` / ``InvalidInput``."""
     if not ref.startswith(GoalId.prefix):
-        raise InvalidInput(f"malformed goal id {ref[:40]!r}: must start with {GoalId.prefix!r}")
+        raise InvalidGoal(f"malformed goal id {ref[:40]!r}: must start with {GoalId.prefix!r}")
     body = ref[len(GoalId.prefix) :]
     if len(body) > 26 or not set(body) <= set("0123456789ABCDEFGHJKMNPQRSTVWXYZ"):
         # No stored id can match it; say it is malformed rather than not found.
-        raise InvalidInput(f"malformed goal id {ref[:40]!r}: expected {GoalId.prefix!r} and Crockford base32")
+        raise InvalidGoal(f"malformed goal id {ref[:40]!r}: expected {GoalId.prefix!r} and Crockford base32")
     rows = conn.execute("SELECT id FROM goals WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "\uffff")).fetchall()
     if not rows:
-        raise NotFound(f"no goal {ref}")
+        raise GoalNotFound(f"no goal {ref}: list the goals to find its id")
     if len(rows) > 1 and rows[0]["id"] != ref:
-        raise InvalidInput(f"goal id prefix {ref!r} is ambiguous")
+        raise InvalidGoal(f"goal id prefix {ref!r} is ambiguous: give more of the id")
     return str(rows[0]["id"])
 
 
@@ -307,28 +374,16 @@ def issue_continuation(tx: Tx, goal: Goal, round_no: int, text: str) -> Goal:
 
 
 def cancel_continuation(tx: Tx, goal: Goal, reason: str) -> None:
-    """Cancel the goal's continuation if it is still queued."""
-    rows = tx.all(
-        "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE pending_key=? AND fate='queued'"
-        " RETURNING id",
-        (reason, tx.now, pending_key(goal.id)),
-    )
-    for row in rows:
-        tx.emit(goal.session_id, EventType.MESSAGE_CANCELLED, {"messageId": row["id"], "reason": reason})
-    if rows:
-        from agent import settle_idle
+    """Cancel the goal's continuation if it is still queued (through the inbox's fate transition)."""
+    cancel_pending(tx, pending_key(goal.id), reason)
 
-        settle_idle(tx, goal.session_id)
+
+def continuation_queued(tx_or_conn: Tx | sqlite3.Connection, goal: Goal) -> bool:
+    """Whether the goal's continuation is queued."""
+    return is_pending(tx_or_conn, pending_key(goal.id))
 
 
 def set_status(tx: Tx, goal: Goal, status: GoalStatus, reason: str | None, now: datetime) -> Goal:
     """Apply a person's status change (pause/resume/cancel) through the one transition function."""
-    from goals.policy import _with_status
-
     transition(goal.status, status)
     return _with_status(goal, status, reason, now)
-
-
-def continuation_id_of(goal: Goal) -> MessageId | None:
-    """The goal's latest continuation id, typed."""
-    return MessageId(goal.continuation_id) if goal.continuation_id else None

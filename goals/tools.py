@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent import Tool, ToolContext, ToolOutput, Tx
+from goals.model import GoalStatus
 from goals.store import GOAL_BLOCKED, GOAL_CLAIM, GOAL_PROGRESS, live_goal_of_session
 
 
@@ -36,13 +37,18 @@ class _GoalTool:
     #: Bound to the goal's own session: a subagent is never given these (see agent.subagents).
     subagent_inherits = False
 
-    async def _record(self, ctx: ToolContext, event_type: str, data: dict[str, str]) -> tuple[str, int, int] | None:
-        def run(tx: Tx) -> tuple[str, int, int] | None:
+    async def _record(
+        self, ctx: ToolContext, event_type: str, data: dict[str, str]
+    ) -> tuple[str, int, int, bool] | None:
+        """Emit the call's event for the session's live goal: ``(goal id, blocked streak, blocked
+        rounds, paused)``; ``None`` when the session has no live goal."""
+
+        def run(tx: Tx) -> tuple[str, int, int, bool] | None:
             goal = live_goal_of_session(tx, ctx.session_id)
             if goal is None:
                 return None
             tx.emit(ctx.session_id, event_type, {"goalId": goal.id, "turnId": ctx.turn_id, **data})
-            return goal.id, goal.blocked_streak, goal.rules.blocked_rounds
+            return goal.id, goal.blocked_streak, goal.rules.blocked_rounds, goal.status is GoalStatus.PAUSED
 
         if ctx.store is None:
             return None
@@ -79,6 +85,11 @@ class GoalComplete(_GoalTool, Tool[CompleteArgs]):
         found = await self._record(ctx, GOAL_CLAIM, {"summary": args.summary, "evidence": args.evidence})
         if found is None:
             return ToolOutput("this session has no active goal", True)
+        if found[3]:
+            return ToolOutput(
+                "claim recorded; the goal is paused, so it will be verified when the goal is resumed. "
+                "Finish your turn now."
+            )
         return ToolOutput("claim recorded; it will be verified when this turn ends. Finish your turn now.")
 
 
@@ -94,7 +105,7 @@ class GoalBlocked(_GoalTool, Tool[BlockedArgs]):
         found = await self._record(ctx, GOAL_BLOCKED, {"reason": args.reason})
         if found is None:
             return ToolOutput("this session has no active goal", True)
-        _, streak, rounds = found
+        _, streak, rounds, _ = found
         k = min(streak + 1, rounds)
         if k >= rounds:
             return ToolOutput(f"noted ({k}/{rounds}); the goal will be paused as blocked when this turn ends")

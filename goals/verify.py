@@ -6,26 +6,41 @@ network setting, secrets and extra read-only paths; secrets redacted from the ou
 :func:`run_command` is a plain subprocess in its own process group, for an engine embedded without
 a daemon. A timeout kills the whole command.
 
-The fingerprint tells whether the work directory changed. **The daemon reads a work directory as
-data, never as configuration**: the work directory belongs to the model, so nothing in it may
-decide what the daemon runs. The fingerprint therefore runs no program at all (an earlier version
-ran ``git rev-parse``/``git status`` there, as the daemon, and a ``.git/config`` the model wrote --
-``core.fsmonitor``, ``core.hooksPath``, a filter driver, a pager -- ran any command outside the
-sandbox). It is computed in process, from an ``lstat`` of every entry: its name, its type, the
-size and modification time of a file, the target of a symbolic link (read, never followed), the
-modification time of a directory. No file is opened (a FIFO planted under a familiar name cannot
-block it), no link is followed (a link to ``/`` is one entry). ``.git`` is walked as plain data
-like any other directory, so a commit (HEAD, a ref, the index, the logs change) counts as
-progress; its ``objects`` (and ``lfs``) directories are skipped, since the refs and the index
+The fingerprint tells whether the work directory's content changed. **The daemon reads a work
+directory as data, never as configuration**: the work directory belongs to the model, so nothing
+in it may decide what the daemon runs. The fingerprint therefore runs no program at all (an
+earlier version ran ``git rev-parse``/``git status`` there, as the daemon, and a ``.git/config``
+the model wrote -- ``core.fsmonitor``, ``core.hooksPath``, a filter driver, a pager -- ran any
+command outside the sandbox). It is computed in process from every entry's name and type, a
+regular file's **content** (a digest), a symbolic link's target (read, never followed). No
+modification time counts (except for a file over the size bound, below), so a model that rewrites
+a file with the same bytes -- ``write_file`` replaces it, a new inode with a new time -- or touches
+it makes no progress by that: busy-work is stalled (``goals.policy`` rule 9). ``.git`` is walked as
+plain data like any other directory, so a commit (HEAD, a ref, the index, the logs change) counts
+as progress; its ``objects`` (and ``lfs``) directories are skipped, since the refs and the index
 already name what they hold and a repository's object store can be most of a tree's entries.
+
+Files are opened ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK`` and hashed only if ``fstat`` on the open
+descriptor says regular file (a FIFO, socket or device node is never opened: its name and type
+count; one swapped in after the ``lstat`` is closed unread). Directories are walked through
+descriptors opened relative to their parent's with ``O_NOFOLLOW``, so a directory swapped for a
+link to ``/`` mid-walk leads nowhere.
+
+An unchanged tree costs no reads: each file's digest is cached in memory, per work directory,
+keyed by its size, modification and change times, inode and device; a key that differs is read
+again. A file changed within two seconds before the walk is not cached (it could change again
+within the same clock tick with an unchanged key, git's "racy" case): it is read again next time.
+The cache holds at most :data:`MAX_CACHED_DIGESTS` digests over all work directories (about 25 MB
+at the bound; least recently fingerprinted work directory dropped first).
 
 Cost is bounded: at most :data:`MAX_FINGERPRINT_ENTRIES` (100,000) entries are read per
 fingerprint, in a fixed order (depth first, names sorted), so a tree larger than that is
-fingerprinted by its first 100,000 entries plus a marker; a change past the bound is not seen
-(a goal's ``progress`` command is the way to observe such a goal). Measured on a loaded 2-core
-machine: about 0.9 ms for 200 files, about 0.65 s at the bound (in a worker thread, off the loop).
-Unlike git's view, touching a file without changing it counts as a change: progress is judged
-by what the daemon can observe cheaply and safely, not by content.
+fingerprinted by its first 100,000 entries plus a marker, and at most
+:data:`MAX_FINGERPRINT_DEPTH` levels deep; a change past the bounds is not seen (a goal's
+``progress`` command is the way to observe such a goal). A file over
+:data:`MAX_HASHED_FILE_BYTES` (64 MiB) counts by its size and modification time, not its content,
+so rewriting such a file with the same bytes does count as a change. The first fingerprint of a
+tree reads every file under that bound once. Always in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -37,7 +52,9 @@ import os
 import signal
 import stat
 import subprocess
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -137,43 +154,156 @@ async def run_all(
 
 #: The most directory entries one fingerprint reads (files, directories and links alike).
 MAX_FINGERPRINT_ENTRIES = 100_000
+#: Files larger than this are fingerprinted by size and modification time, not by content.
+MAX_HASHED_FILE_BYTES = 64 * 1024 * 1024
+#: The deepest directory level walked (each level holds one open descriptor while it is walked).
+MAX_FINGERPRINT_DEPTH = 256
+#: The most file digests kept in memory, over all work directories (least recently used dropped).
+MAX_CACHED_DIGESTS = 100_000
+#: A file changed less than this long before the walk is not cached (see the module docstring).
+_RACY_NS = 2_000_000_000
 #: Directories under ``.git`` whose content the refs and the index already name: not walked.
 _GIT_SKIP = frozenset({b"objects", b"lfs"})
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CHUNK = 1024 * 1024
+
+# A file's digest is valid while (size, mtime_ns, ctime_ns, inode, device) are unchanged.
+_Key = tuple[int, int, int, int, int]
+_DirCache = dict[bytes, tuple[_Key, bytes]]
 
 
-def fingerprint(workdir: Path, *, max_entries: int = MAX_FINGERPRINT_ENTRIES) -> str | None:
-    """A digest that changes when the work directory's content changes (``None`` if it is missing).
+class _DigestCache:
+    """Content digests per work directory, least recently used work directory dropped first.
 
-    Computed in process from names, types, sizes and modification times, read with ``lstat``; see
-    the module docstring for why nothing is executed, opened or followed, and for the bound.
+    Thread-safe: fingerprints of several goals run in worker threads at once. A walk takes its
+    directory's map out and puts back the map of what it saw, so a deleted file's digest goes too.
     """
-    root = os.fsencode(workdir)
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._dirs: OrderedDict[bytes, _DirCache] = OrderedDict()
+        self._size = 0
+
+    def take(self, root: bytes) -> _DirCache:
+        with self._lock:
+            found = self._dirs.pop(root, None)
+            if found is None:
+                return {}
+            self._size -= len(found)
+            return found
+
+    def put(self, root: bytes, digests: _DirCache) -> None:
+        with self._lock:
+            old = self._dirs.pop(root, None)
+            if old is not None:
+                self._size -= len(old)
+            if len(digests) > self.limit:
+                return
+            self._dirs[root] = digests
+            self._size += len(digests)
+            while self._size > self.limit:
+                _, dropped = self._dirs.popitem(last=False)
+                self._size -= len(dropped)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._dirs.clear()
+            self._size = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._size
+
+
+_CACHE = _DigestCache(MAX_CACHED_DIGESTS)
+
+
+class WalkStats:
+    """What one fingerprint did: how many files it read (an unchanged tree costs none)."""
+
+    def __init__(self) -> None:
+        self.files_read = 0
+
+
+def _file_digest(dfd: int, name: bytes, max_bytes: int, stats: WalkStats) -> tuple[_Key, bytes] | None:
+    """The content digest of the regular file ``name`` in ``dfd``, with its cache key.
+
+    ``None`` if it is not a regular file once opened (a swap since the ``lstat``), is larger than
+    ``max_bytes``, or cannot be read. Opened without following a link and without blocking.
+    """
     try:
-        top = os.lstat(root)
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
     except OSError:
         return None
-    if not stat.S_ISDIR(top.st_mode):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            return None
+        h = hashlib.blake2b(digest_size=16)
+        total = 0
+        while chunk := os.read(fd, _CHUNK):
+            total += len(chunk)
+            if total > max_bytes:
+                return None
+            h.update(chunk)
+        stats.files_read += 1
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev), h.digest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def fingerprint(
+    workdir: Path,
+    *,
+    max_entries: int = MAX_FINGERPRINT_ENTRIES,
+    max_file_bytes: int = MAX_HASHED_FILE_BYTES,
+    stats: WalkStats | None = None,
+) -> str | None:
+    """A digest that changes when the work directory's content changes (``None`` if it is missing).
+
+    Computed in process from names, types, file contents (by a digest cached per file) and link
+    targets; a file over ``max_file_bytes`` counts by its size and modification time instead. See
+    the module docstring for why nothing is executed or followed, and for the bounds. Blocking:
+    run it in a worker thread.
+    """
+    stats = stats if stats is not None else WalkStats()
+    root = os.fsencode(workdir)
+    try:
+        top = os.open(root, _DIR_FLAGS)
+    except OSError:
         return None
     h = hashlib.sha256()
+    old = _CACHE.take(root)
+    new: _DirCache = {}
+    racy_after = time.time_ns() - _RACY_NS
     seen = 0
+    truncated = False
     # Depth first, each directory's entries sorted by name: the order (and so a cut at the bound)
-    # does not depend on the file system's listing order.
-    stack: list[tuple[bytes, bytes]] = [(root, b"")]
-    while stack:
-        path, rel = stack.pop()
+    # does not depend on the file system's listing order. Each level is walked through its own
+    # descriptor, opened relative to its parent's without following a link, so a directory swapped
+    # for a link during the walk leads nowhere outside the work directory.
+    frames: list[tuple[int, bytes, list[bytes]]] = []
+
+    def enter(fd: int, rel: bytes) -> None:
+        nonlocal seen, truncated
+        subdirs: list[bytes] = []
+        frames.append((fd, rel, subdirs))  # first, so the descriptor is closed whatever happens
         try:
-            with os.scandir(path) as it:
+            with os.scandir(fd) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError:
-            h.update(b"?" + rel + b"\0")  # unreadable (or gone since): recorded as such
-            continue
-        subdirs: list[tuple[bytes, bytes]] = []
+            h.update(b"?" + rel + b"\0")  # unreadable: recorded as such
+            entries = []
         for entry in entries:
             if seen >= max_entries:
-                h.update(b"...truncated\0")
-                return h.hexdigest()[:32]
+                truncated = True
+                break
             seen += 1
-            name = entry.name
+            name = os.fsencode(entry.name)
             child = rel + b"/" + name if rel else name
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -181,18 +311,61 @@ def fingerprint(workdir: Path, *, max_entries: int = MAX_FINGERPRINT_ENTRIES) ->
                 continue
             mode = st.st_mode
             if stat.S_ISDIR(mode):
-                h.update(b"d\0%s\0%d\0" % (child, st.st_mtime_ns))
+                # No modification time: a file replaced by rename (as write_file does) changes
+                # its directory's, and the directory's names and contents are hashed anyway.
+                h.update(b"d\0%s\0" % child)
                 if not (name in _GIT_SKIP and (rel == b".git" or rel.endswith(b"/.git"))):
-                    subdirs.append((entry.path, child))
+                    subdirs.append(name)
             elif stat.S_ISLNK(mode):
                 try:
-                    target = os.readlink(entry.path)
+                    target = os.readlink(name, dir_fd=fd)
                 except OSError:
                     target = b"?"
-                h.update(b"l\0%s\0%s\0%d\0" % (child, target, st.st_mtime_ns))
+                h.update(b"l\0%s\0%s\0" % (child, target))
+            elif stat.S_ISREG(mode):
+                key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+                cached = old.get(child)
+                digest = cached[1] if cached is not None and cached[0] == key else None
+                if digest is None and st.st_size <= max_file_bytes:
+                    read = _file_digest(fd, name, max_file_bytes, stats)
+                    if read is not None:
+                        key, digest = read
+                if digest is None:
+                    h.update(b"F\0%s\0%d\0%d\0" % (child, st.st_size, st.st_mtime_ns))
+                    continue
+                h.update(b"f\0%s\0%s\0" % (child, digest))
+                # A file changed within the last moments may change again within the same clock
+                # tick, leaving its key as it was: it is read again next time, not trusted.
+                if max(key[1], key[2]) < racy_after:
+                    new[child] = (key, digest)
             else:
-                # Regular files and anything else (a FIFO, a socket, a device node): never opened.
-                kind = b"f" if stat.S_ISREG(mode) else b"o"
-                h.update(b"%s\0%s\0%d\0%d\0" % (kind, child, st.st_size, st.st_mtime_ns))
-        stack.extend(reversed(subdirs))
+                # A FIFO, a socket, a device node: never opened.
+                h.update(b"o\0%s\0" % child)
+        if truncated:
+            h.update(b"...truncated\0")
+        subdirs.reverse()  # popped from the end: first name first
+
+    try:
+        enter(top, b"")
+        while frames and not truncated:
+            fd, rel, pending = frames[-1]
+            if not pending:
+                os.close(fd)
+                frames.pop()
+                continue
+            name = pending.pop()
+            child = rel + b"/" + name if rel else name
+            if len(frames) >= MAX_FINGERPRINT_DEPTH:
+                h.update(b"...deep\0%s\0" % child)
+                continue
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                h.update(b"?" + child + b"\0")  # gone, or no longer a directory, since listed
+                continue
+            enter(sub, child)
+    finally:
+        for fd, _, _ in frames:
+            os.close(fd)
+    _CACHE.put(root, new)
     return h.hexdigest()[:32]

@@ -21,7 +21,13 @@ claims completion.
 ``busy`` does busy-work: each round it lists the directory and notes progress in new words;
 nothing in the work directory ever changes.
 
-``remote`` does the same, and its real work is outside the work directory: each round it moves a
+``rewriter`` does busy-work that touches a file: each round it rewrites ``notes.txt`` with the
+same bytes (``write_file`` replaces the file: a new inode, a new modification time) and notes
+progress in new words; with ``[change]`` in the objective it writes new bytes each round.
+
+``sleeper`` runs ``sleep 30`` in ``shell`` with a timeout of 60 s, then says it slept.
+
+``remote`` does the same as ``busy``, and its real work is outside the work directory: each round it moves a
 "remote branch head", a file named by a ``remote: PATH`` line of the objective (written from the
 model's own process, as a remote system would change). A goal's ``progress`` command can read it.
 """
@@ -113,6 +119,28 @@ def _busy(request: ModelRequest) -> Reply:
     return Reply.say(f"Round {round_no}: still thinking.")
 
 
+def _rewriter(request: ModelRequest) -> Reply:
+    """Each round rewrites ``notes.txt`` (identical bytes, or new ones if the objective says
+    ``[change]``) and notes progress in new words."""
+    text, step = _last_user(request)
+    round_no = _round(text)
+    if step == 0:
+        content = f"draft {round_no}\n" if "[change]" in text else "the same draft\n"
+        return Reply(tool_calls=[ToolCall("write_file", {"path": "notes.txt", "content": content})])
+    if step == 1:
+        note = f"refined the notes, pass {round_no}: angle {round_no * 7 % 11}"
+        return Reply(tool_calls=[ToolCall("goal_progress", {"note": note})])
+    return Reply.say(f"Round {round_no}: rewrote the notes.")
+
+
+def _sleeper(request: ModelRequest) -> Reply:
+    """Runs ``sleep 30`` in ``shell`` (with a 60 s timeout of its own), then says what came back."""
+    _, step = _last_user(request)
+    if step == 0:
+        return Reply(tool_calls=[ToolCall("shell", {"command": "sleep 30", "timeout_seconds": 60})])
+    return Reply.say("slept")
+
+
 _REMOTE = re.compile(r"remote: (\S+)")
 
 
@@ -126,6 +154,8 @@ def _remote(request: ModelRequest) -> Reply:
 
 
 def models(name: str) -> ScriptedModel | None:
-    """The model called ``name`` (``planter``, ``busy`` or ``remote``); None for any other name."""
-    rule = {"planter": _planter, "busy": _busy, "remote": _remote}.get(name)
+    """The model called ``name`` (``planter``, ``busy``, ``rewriter``, ``sleeper`` or ``remote``); None for
+    any other name."""
+    rules = {"planter": _planter, "busy": _busy, "rewriter": _rewriter, "sleeper": _sleeper, "remote": _remote}
+    rule = rules.get(name)
     return ScriptedModel(rule, name=name, record=False) if rule is not None else None

@@ -374,8 +374,8 @@ async def test_a_model_error_fails_the_request_with_its_message(tmp_path: Path) 
 
 
 async def test_a_budget_refusal_settles_max_tokens(tmp_path: Path) -> None:
-    # The control protocol puts goals only in the configured work-directory roots.
-    write_config(tmp_path, workdir_roots=[str(tmp_path / "project")])
+    # The control protocol puts goals only in the configured work-directory roots (strictly inside one).
+    write_config(tmp_path, workdir_roots=[str(tmp_path)])
     async with bridge(tmp_path) as (conn, rec, workdir):
         sid = await _new(conn, workdir)
         assert (await prompt(conn, sid, "before any budget")).stop_reason == "end_turn"

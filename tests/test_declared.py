@@ -150,7 +150,11 @@ def goals_file(d: Daemon) -> Path:
 
 def store_files(d: Daemon) -> dict[str, str]:
     """Every file of the database (with its WAL, if any) by name, as a digest of its bytes."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.state_dir.glob("goald.db*"))}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.state_dir.glob("goald.db*"))
+        if not p.name.endswith(".lock")  # the lock next to the database holds a PID, no data
+    }
 
 
 def reload(d: Daemon) -> str:
@@ -287,7 +291,13 @@ def test_sighup_reloads_declared_goals_and_schedules_by_key(daemon: Callable[...
     assert (report["key"], report["objective"], report["budgets"]["maxRounds"]) == ("report", REPORT["objective"], 5)
     assert nightly["key"] == "nightly" and nightly["nextFireAt"].endswith("T03:00:00Z")
 
-    edited_goal = {**REPORT, "objective": f"Write the weekly report {SLOW}", "budgets": {"max_rounds": 9}}
+    assert report["progress"] is None
+    edited_goal = {
+        **REPORT,
+        "objective": f"Write the weekly report {SLOW}",
+        "budgets": {"max_rounds": 9},
+        "progress": {"cmd": "cat status.txt", "timeout": 20},
+    }
     edited_schedule = {**NIGHTLY, "trigger": {"kind": "cron", "expr": "15 4 * * *"}, "timezone": "Asia/Tokyo"}
     notes = {"objective": f"Keep notes {SLOW}", "model": "test:worker"}
     hourly = {"trigger": {"kind": "interval", "seconds": 3600}, "goal": {"objective": "Tidy up."}}
@@ -301,6 +311,7 @@ def test_sighup_reloads_declared_goals_and_schedules_by_key(daemon: Callable[...
     assert goals["report"]["id"] == report["id"]
     assert goals["report"]["objective"] == edited_goal["objective"]
     assert goals["report"]["budgets"]["maxRounds"] == 9
+    assert goals["report"]["progress"] == {"cmd": "cat status.txt", "timeout": 20}
     assert goals["notes"]["objective"] == notes["objective"] and goals["notes"]["status"] == "active"
     schedules = {s["key"]: s for s in d.cli_json("schedule", "list")}
     assert sorted(schedules) == ["hourly", "nightly"]

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
 from agent import OUTCOME_UNKNOWN, EventType
 from goals import GOAL_CHANGED, GOAL_CLAIM, GOAL_VERIFIED, Goal, GoalStatus, goal_from_row
 
@@ -54,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).resolve().with_name("_goal_child.py")
 SEED = 20_250_611
 KILLS = 50
+#: The soak's count (``pytest -m soak``): the same campaign, its goals' targets scaled with it.
+SOAK_KILLS = 260
 #: A kill lands after a seeded random number of the child's committed events (its ``E`` lines) …
 KILL_AFTER_EVENTS = (4, 24)
 #: … and a seeded random delay more, inside whatever the child does next.
@@ -61,6 +65,13 @@ KILL_JITTER = (0.0, 0.03)
 #: Goal name → the round in which its model writes the verified file and claims completion.
 TARGETS = {"alpha": 15, "beta": 45, "gamma": 110}
 MAX_ROUNDS = 400
+
+
+def targets_for(kills: int) -> dict[str, int]:
+    """The goals' target rounds for a campaign of ``kills`` (scaled so work remains at every kill)."""
+    return {name: max(1, target * kills // KILLS) for name, target in TARGETS.items()}
+
+
 BOOT_TIMEOUT = 30.0
 RUN_TIMEOUT = 30.0
 FINAL_TIMEOUT = 60.0
@@ -153,12 +164,12 @@ async def _child(db: Path, plan: Path, stderr: IO[bytes]) -> AsyncIterator[async
             await proc.wait()
 
 
-async def _run_campaign(db: Path, plan: Path, stderr: IO[bytes]) -> Campaign:
-    """``KILLS`` runs, each killed at a seeded random moment within its work, while work remains."""
+async def _run_campaign(db: Path, plan: Path, stderr: IO[bytes], kills: int) -> Campaign:
+    """``kills`` runs, each killed at a seeded random moment within its work, while work remains."""
     rng = random.Random(SEED)
     out = Campaign()
     started = time.monotonic()
-    for run in range(KILLS):
+    for run in range(kills):
         after = rng.randint(*KILL_AFTER_EVENTS)
         jitter = rng.uniform(*KILL_JITTER)
         async with _child(db, plan, stderr) as proc:
@@ -285,10 +296,10 @@ def _spent(events: list[dict[str, Any]]) -> int:
     return total
 
 
-def _check_goal(goal: Goal, stored: Stored, workroot: Path) -> dict[str, Any]:
+def _check_goal(goal: Goal, stored: Stored, workroot: Path, targets: dict[str, int]) -> dict[str, Any]:
     """Every per-goal promise of the module docstring; returns the goal's line of the report."""
     name = (goal.idempotency_key or "").removeprefix("campaign-")
-    target = TARGETS[name]
+    target = targets[name]
     events = stored.events[goal.id]
 
     # The expected end: completed, verified, at or after the target round.
@@ -336,20 +347,25 @@ def _check_goal(goal: Goal, stored: Stored, workroot: Path) -> dict[str, Any]:
     }
 
 
-async def test_fifty_kills_leave_every_goal_completed_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "kills", [KILLS, pytest.param(SOAK_KILLS, marks=[pytest.mark.soak, pytest.mark.timeout(3600)])]
+)
+async def test_kills_leave_every_goal_completed_exactly_once(tmp_path: Path, kills: int) -> None:
     started = time.monotonic()
+    targets = targets_for(kills)
+    max_rounds = MAX_ROUNDS * kills // KILLS
     db = tmp_path / "goald.db"
     plan = tmp_path / "plan.json"
     entries = []
-    for name, target in TARGETS.items():
+    for name, target in targets.items():
         (tmp_path / name).mkdir()
-        entries.append({"name": name, "target": target, "workdir": str(tmp_path / name), "max_rounds": MAX_ROUNDS})
+        entries.append({"name": name, "target": target, "workdir": str(tmp_path / name), "max_rounds": max_rounds})
     plan.write_text(json.dumps({"goals": entries}))
     log_path = tmp_path / "child.stderr"
 
     with log_path.open("wb") as log:
         try:
-            campaign = await _run_campaign(db, plan, log)
+            campaign = await _run_campaign(db, plan, log, kills)
             rc, out = await _run_to_the_end(db, plan, log)
         except BaseException:
             failed = [line for line in log_path.read_text().splitlines() if "DEBUG" not in line]
@@ -359,10 +375,10 @@ async def test_fifty_kills_leave_every_goal_completed_exactly_once(tmp_path: Pat
     *work, last = out.splitlines()
     assert rc == 0 and last == b"DONE", logs[-4000:]
     assert all(line.startswith(b"E ") for line in work)
-    # Killed 50 times with kill -9 (each time with a goal still active, checked run by run above),
+    # Killed ``kills`` times with kill -9 (each time with a goal still active, checked run by run above),
     # restarted each time; only the last run finished by itself.
-    assert campaign.exits == Counter({-signal.SIGKILL: KILLS})
-    assert len(campaign.snapshots) == len(campaign.kill_points) == KILLS
+    assert campaign.exits == Counter({-signal.SIGKILL: kills})
+    assert len(campaign.snapshots) == len(campaign.kill_points) == kills
     # No run logged a failure (a failed evaluation or driver is logged, not raised).
     failures = [line for line in logs.splitlines() if "| ERROR" in line or "| CRITICAL" in line or "Traceback" in line]
     assert failures == [], "\n".join(failures[:20])
@@ -373,7 +389,7 @@ async def test_fifty_kills_leave_every_goal_completed_exactly_once(tmp_path: Pat
     assert sorted(g.idempotency_key or "" for g in stored.goals) == sorted(f"campaign-{n}" for n in TARGETS)
     assert stored.sessions == len({g.session_id for g in stored.goals}) == len(TARGETS)
     assert (stored.open_turns, stored.open_reservations, stored.queued) == (0, 0, 0)
-    report = {g.idempotency_key: _check_goal(g, stored, tmp_path) for g in stored.goals}
+    report = {g.idempotency_key: _check_goal(g, stored, tmp_path, targets) for g in stored.goals}
 
     # Every message of every session was queued once and admitted at most once.
     all_events = [e for events in stored.events.values() for e in events]

@@ -62,6 +62,10 @@ FACTS = [
     Fact("stall", goal={"stall_streak": N}, inputs={"fingerprint": "fp-old"}),
     Fact("fault", inputs={"fault": FAULT}),
     Fact("workdir_missing", inputs={"workdir_exists": False, "fingerprint": None}),
+    # A note puts a stall's pause off (by at most N rounds); it is never progress by itself.
+    Fact("notes", interval={"notes": ["tried another approach"]}),
+    # A paused goal only counts; a claim is kept pending, decided at resume.
+    Fact("paused", goal={"status": GoalStatus.PAUSED}),
 ]  # fmt: skip
 BY_NAME = {f.name: f for f in FACTS}
 
@@ -88,6 +92,7 @@ def build(facts: tuple[Fact, ...]) -> PolicyInput:
 def oracle(names: set[str]) -> tuple[DecisionKind, str | None]:
     """The outcome the documented precedence gives: (kind, status reason)."""
     rules: list[tuple[Callable[[], bool], DecisionKind, str | None]] = [
+        (lambda: "paused" in names, K.BOOKKEEP, None),
         (lambda: "claim_passes" in names and "workdir_missing" not in names, K.COMPLETE, StopReason.VERIFIED),
         (lambda: "fault" in names, K.FAIL, FAULT),
         (lambda: "workdir_missing" in names, K.FAIL, StopReason.WORKDIR_MISSING),
@@ -97,7 +102,7 @@ def oracle(names: set[str]) -> tuple[DecisionKind, str | None]:
         (lambda: "guard_refused" in names, K.EXHAUST, StopReason.TOKEN_BUDGET),
         (lambda: "auth_error" in names, K.PAUSE, StopReason.AUTH_ERROR),
         (lambda: "model_error" in names, K.WAIT, None),
-        (lambda: "stall" in names and not names & {"model_error", "auth_error"}, K.PAUSE, StopReason.STALLED),
+        (lambda: "stall" in names and not names & {"model_error", "auth_error", "notes"}, K.PAUSE, StopReason.STALLED),
         (lambda: "superseded" in names, K.REISSUE, None),
     ]
     for applies, kind, reason in rules:
@@ -110,6 +115,20 @@ def check_marks(names: set[str], inp: PolicyInput, decision: Decision) -> None:
     """Every fact's mark is on the new goal, whatever the outcome."""
     before, after = inp.goal, decision.goal
     text = decision.continuation or ""
+    if "notes" in names:
+        assert "tried another approach" in after.memory.notes
+    if "paused" in names:
+        # Only counted; a claim is neither verified nor refused, but kept for resume.
+        assert after.status is GoalStatus.PAUSED and decision.continuation is None
+        assert after.refused_claims == before.refused_claims and after.result_summary != CLAIM.summary
+        if names & {"claim_passes", "claim_fails"}:
+            assert after.memory.pending_claim is not None
+            assert after.memory.pending_claim.summary == CLAIM.summary
+        else:
+            assert after.memory.pending_claim is None
+        assert after.tokens == before.tokens + inp.interval.tokens
+        assert after.evaluated_seq == inp.interval.end_seq
+        return
     if "claim_fails" in names or ("claim_passes" in names and "workdir_missing" in names):
         assert after.refused_claims == before.refused_claims + 1
         assert after.memory.verify_output
@@ -161,7 +180,7 @@ def test_each_fact_alone(fact: Fact) -> None:
 
 
 def test_every_pair_that_can_coincide_is_in_the_table() -> None:
-    # 12 facts, minus the pairs that one field cannot hold together.
+    # 14 facts, minus the pairs that one field cannot hold together.
     excluded = {frozenset((a.name, b)) for a in FACTS for b in a.excludes}
     assert len(PAIRS) == len(FACTS) * (len(FACTS) - 1) // 2 - len(excluded)
-    assert len(PAIRS) >= 55
+    assert len(PAIRS) >= 80

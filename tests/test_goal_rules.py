@@ -346,10 +346,10 @@ def test_the_fingerprint_sees_every_git_step_as_plain_data(tmp_path: Path) -> No
 
     # Nothing changes: the same fingerprint, however often it is taken.
     assert fingerprint(repo) == fingerprint(repo) == committed
-    # Touched but not changed: a modification time is what the daemon can observe, so it counts.
+    # Touched but not changed: the content is what counts, so it is no change.
     st = (repo / "a.txt").stat()
     os.utime(repo / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
-    seen["a tracked file touched"] = fingerprint(repo)
+    assert fingerprint(repo) == committed
 
     (repo / "a.txt").write_text("two, longer\n")
     seen["a tracked file modified"] = fingerprint(repo)

@@ -10,7 +10,8 @@ own scopes, lambdas and comprehensions belong to the enclosing one):
 * A **message-id reference** is a name, attribute, keyword or string key spelled like a message id
   (``message_id``, ``messageId``, ``msg_id``, ``mid``, ``continuation_id``, ``MessageId`` …).
   A **turn/end reference** is ``EventType.TURN_END``, the string ``"turn/end"``, ``TurnEnd``,
-  ``EndReason``, or a name/attribute/key spelled ``end_reason``/``endReason`` (any prefix).
+  ``TurnEnded`` (its typed payload), ``EndReason``, or a name/attribute/key spelled
+  ``end_reason``/``endReason`` (any prefix).
 * Taint spreads through assignments: a variable assigned from an expression holding a reference of
   one kind carries that kind; so does a variable assigned a *read* value (a name, subscript or call,
   not a literal or an ``Enum.MEMBER``) inside a branch whose condition holds that kind (``if``,
@@ -68,7 +69,7 @@ ALLOWED: dict[str, str] = {
 }
 
 MID_NAME = re.compile(r"^(?:\w*_)?(?:message|msg)_?ids?$|^mids?$|^continuation_ids?$", re.IGNORECASE)
-END_NAME = re.compile(r"^(?:\w*_)?end_?reasons?$|^turn_?end$|^end_?reason$|^EndReason$", re.IGNORECASE)
+END_NAME = re.compile(r"^(?:\w*_)?end_?reasons?$|^turn_?end(?:ed)?$|^end_?reason$|^EndReason$", re.IGNORECASE)
 END_STRINGS = {"turn/end"}
 SQL_START = re.compile(r"^\s*(SELECT|WITH)\b", re.IGNORECASE)
 SQL_MID = re.compile(r"\binbox\b|messageId|message_id", re.IGNORECASE)
@@ -536,6 +537,16 @@ OFFENDING = {
                 elif ev.type == "turn/end" and ev.data["turnId"] == self.turn:
                     self.result = ev.data["reason"]
     """,
+    "typed payloads: the end of my message's turn": """
+        def outcome(events, message_id):
+            turn = None
+            for ev in events:
+                p = ev.payload
+                if isinstance(p, MessageAdmitted) and p.message_id == message_id:
+                    turn = p.turn_id
+                elif isinstance(p, TurnEnded) and p.turn_id == turn:
+                    return p.reason
+    """,
     "turn end reasons stored per message": """
         def record(ends, by_msg, msg_id):
             end_reason = ends[-1].data["reason"]
@@ -606,6 +617,19 @@ CLEAN = {
                     finish = ev.data["reason"]
                 elif started and ev.type == "status" and ev.data["status"] == "idle":
                     return finish
+    """,
+    "typed payloads: run-level facts apart from the watch": """
+        class Facts:
+            def observe(self, event):
+                ended = event.payload
+                if isinstance(ended, TurnEnded):
+                    self.last_end = ended
+
+        class Watch:
+            def observe(self, event):
+                queued = event.payload
+                if isinstance(queued, MessageQueued) and queued.message_id == self.message_id:
+                    self.receipt_seq = event.seq
     """,
     "admission is recorded next to the message id": """
         def admit(tx, session_id, turn_id, rows):

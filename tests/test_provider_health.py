@@ -47,11 +47,11 @@ from agent.models.health import (
     ProviderHealth,
     RateLimiter,
     parse_retry_after,
-    redact,
     status_kind,
     transition_breaker,
 )
 from agent.models.openai import OpenAIModel
+from agent.redact import redact
 
 T = TypeVar("T")
 WAIT = 10.0

@@ -431,7 +431,7 @@ def test_profile_hides_other_roots_and_gives_secrets_only_to_their_goal(layout: 
     keyed = profile.sandbox(layout["mine"], "with-token")
     assert (keyed.network, dict(keyed.secrets)) == (True, {"GIT_TOKEN": SECRET})
     assert profile.sandbox(layout["mine"], "another-goal").secrets == {}
-    # A work directory that is itself a root keeps that root visible, and hides the others.
+    # A work directory that is itself a root (``goald run --workdir``) hides the other roots, not itself.
     assert set(profile.sandbox(second).hidden) == {layout["state"], layout["root"]}
     with pytest.raises(SandboxUnavailable, match="bwrap is missing"):
         SandboxProfile(unavailable="bwrap is missing").sandbox(layout["mine"])

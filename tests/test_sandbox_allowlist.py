@@ -147,3 +147,14 @@ def test_mounts_refuse_a_missing_extra_path_and_keep_symlinked_system_dirs(tmp_p
             i = args.index(name)
             assert args[i - 2 : i + 1] == ["--symlink", os.readlink(name), name]
     assert args[-2:] == ["--remount-ro", "/"]
+
+
+def test_an_etc_entry_made_unreadable_after_start_is_hidden_when_etc_changes() -> None:
+    before = etc_secrets()
+    path = Path(tempfile.mkstemp(prefix="goald-late-secret-", dir="/etc")[1])  # a new entry: /etc's mtime moves
+    try:
+        os.chmod(path, 0o600)
+        assert path not in before
+        assert path in etc_secrets()
+    finally:
+        path.unlink()

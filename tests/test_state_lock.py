@@ -184,7 +184,8 @@ def created_modes(state_dir: Path) -> dict[str, dict[str, str]]:
     def mode(path: Path) -> str:
         return oct(stat.S_IMODE(path.lstat().st_mode))
 
-    files = [state_dir / name for name in ("goald.db", "goald.db-wal", "goald.db-shm", "goald.lock", "goald.sock")]
+    names = ("goald.db", "goald.db-wal", "goald.db-shm", "goald.lock", "goald.db.lock", "goald.sock")
+    files = [state_dir / name for name in names]
     work = state_dir / "work"
     dirs = [work, *(p for p in work.iterdir() if p.is_dir())]
     assert len(dirs) == 2, dirs  # the root and the goal's work directory

@@ -111,7 +111,7 @@ async def test_resuming_an_exhausted_goal_takes_the_lock_again(db_path: Path, wo
         old = await engine.create(spec(work / "a", budgets=Budgets(max_rounds=1)))
         await wait_status(rt, old, GoalStatus.EXHAUSTED)
         # Exhausted is an end: the directory is free for another goal ...
-        newer = await engine.create(spec(work / "a" / "inner"))
+        newer = await engine.create(spec(work / "a"))
         # ... so the old one cannot come back while that one works there.
         with pytest.raises(Conflict, match=newer.id):
             await engine.resume(old.id, budgets=Budgets(max_rounds=5))
@@ -119,6 +119,15 @@ async def test_resuming_an_exhausted_goal_takes_the_lock_again(db_path: Path, wo
         await engine.cancel(newer.id)
         resumed = await engine.resume(old.id, budgets=Budgets(max_rounds=5))
         assert resumed.status is GoalStatus.ACTIVE
+
+
+async def test_no_goal_inside_the_directory_of_an_ended_goals_session(db_path: Path, work: Path) -> None:
+    # The ended goal's session can still be prompted: its model could swap the inner directory.
+    async with engine_on(db_path) as (rt, engine):
+        old = await engine.create(spec(work / "a", budgets=Budgets(max_rounds=1)))
+        await wait_status(rt, old, GoalStatus.EXHAUSTED)
+        with pytest.raises(Conflict, match=f"lies inside .*the work directory of session {old.session_id}"):
+            await engine.create(spec(work / "a" / "inner"))
 
 
 async def test_a_goal_on_an_existing_session_claims_that_sessions_directory(db_path: Path, work: Path) -> None:
@@ -183,8 +192,12 @@ async def test_the_daemon_answers_a_conflict_naming_the_holder(tmp_path: Path) -
             assert info.value.code == ErrorCode.CONFLICT
             assert first["goalId"] in info.value.message
         await rpc(daemon.socket_path, "goal/cancel", {"goalId": first["goalId"]})
-        second = await rpc(daemon.socket_path, "goal/create", {**params, "workdir": str(root / "shared" / "sub")})
+        second = await rpc(daemon.socket_path, "goal/create", params)
         assert second["goalId"] != first["goalId"]
+        # Inside the cancelled goal's directory: its session may still be prompted, so never.
+        with pytest.raises(RpcError, match="lies inside") as info:
+            await rpc(daemon.socket_path, "goal/create", {**params, "workdir": str(root / "shared" / "sub")})
+        assert info.value.code == ErrorCode.CONFLICT
         assert daemon.terminate() == 0
     finally:
         daemon.close()

@@ -1,5 +1,8 @@
 """Model providers: the interface and the shipped scripted model."""
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from agent.models.base import (
     ConvMessage,
     DeltaCallback,
@@ -29,9 +32,22 @@ __all__ = [
     "ToolSpec",
 ]
 
-# The real providers import their SDKs lazily (in their constructors), so importing them is cheap.
-from agent.models.anthropic import AnthropicModel
 from agent.models.health import CircuitBreaker, GuardedModel, ProviderHealth, RateLimiter
-from agent.models.openai import OpenAIModel
 
 __all__ += ["AnthropicModel", "CircuitBreaker", "GuardedModel", "OpenAIModel", "ProviderHealth", "RateLimiter"]
+
+# The provider classes load on first use, not with the package: the daemon reaches READY=1 without
+# them (it imports the configured providers' modules when it builds its model registry), and they
+# bring the HTTP layer with them. Their SDKs load later still, in their constructors.
+if TYPE_CHECKING:
+    from agent.models.anthropic import AnthropicModel
+    from agent.models.openai import OpenAIModel
+
+_LAZY = {"AnthropicModel": "agent.models.anthropic", "OpenAIModel": "agent.models.openai"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

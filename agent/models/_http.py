@@ -26,7 +26,8 @@ from types import TracebackType
 from typing import Generic, Protocol, TypeVar
 
 from agent.models.base import DeltaCallback, MessageLog, Model, ModelError, ModelErrorKind, ToolSpec
-from agent.models.health import parse_retry_after, redact, status_kind
+from agent.models.health import parse_retry_after, status_kind
+from agent.redact import redact
 from agent.spend import Price, Usage
 
 _ItemT = TypeVar("_ItemT")

@@ -19,8 +19,8 @@ for that, and :class:`GuardedModel` puts it in front of a provider's :class:`Mod
   reachable for the breaker; the driver and the goal engine deal with it.
 
 This module also holds the small pieces every HTTP provider shares to classify a failure: the
-HTTP status to :class:`~agent.models.base.ModelErrorKind` table, ``Retry-After`` parsing and
-secret redaction.
+HTTP status to :class:`~agent.models.base.ModelErrorKind` table and ``Retry-After`` parsing
+(secret redaction is :mod:`agent.redact`'s).
 
 Time comes from a :class:`Clock`, so tests can drive cool-downs and refills without waiting.
 """
@@ -79,13 +79,6 @@ def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
-
-
-def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced (error messages must never carry a key)."""
-    if secret and len(secret) >= 4:
-        text = text.replace(secret, "[redacted]")
-    return text
 
 
 # -- time ----------------------------------------------------------------------------------------

@@ -25,7 +25,11 @@ from agent.redact import Redactor
 from agent.tools.policy import DENIED_PREFIX, ToolPolicy
 
 if TYPE_CHECKING:
+    from agent.spend import SpendGuard
     from agent.store import Store
+
+#: The key of :attr:`ToolContext.extra` under which the runtime passes the session's spend guard.
+GUARD_KEY = "guard"
 
 A = TypeVar("A", bound=BaseModel)
 
@@ -41,6 +45,14 @@ class ToolContext:
     #: The store, for tools that record durable facts in their own transaction.
     store: Store | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def time_left(self) -> float | None:
+        """The seconds left before the session's spend guard's time runs out (its deadline or the end
+        of its wall time; a goal's guard holds the earlier of the two as its deadline); ``None``
+        without a guard or a time limit. A tool that waits caps its wait at this, so a command cannot
+        outlive the time its session has (the guard binds model calls; tools bind their own waits)."""
+        guard: SpendGuard | None = self.extra.get(GUARD_KEY)
+        return guard.time_left() if guard is not None else None
 
 
 @dataclass

@@ -9,10 +9,12 @@ step (tool calls run in parallel) can swap a checked directory for a symlink to,
 database between the check and the open, and the file tools run unsandboxed, as the daemon. So the
 I/O never follows a name again: it walks from the work directory down the resolved path one
 component at a time with ``O_NOFOLLOW`` (a component that turned into a symlink is refused), and
-then works relative to the directory it holds open. A write goes to a fresh temporary file created
-with ``O_EXCL`` (never through a name someone planted) and is renamed over the target, which
-replaces a symlink rather than following it. Only regular files are read or edited: opening a FIFO
-would block the daemon.
+then works relative to the directory it holds open. The work directory itself is opened the same
+way, from ``/``, and must still be the directory the session was set up with
+(:mod:`agent.workdirs`): one swapped for a symlink or another directory is refused. A write goes
+to a fresh temporary file created with ``O_EXCL`` (never through a name someone planted) and is
+renamed over the target, which replaces a symlink rather than following it. Only regular files
+are read or edited: opening a FIFO would block the daemon.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from agent import workdirs
+from agent.errors import AgentError
 from agent.tools.base import Tool, ToolContext, ToolOutput
 
 
-class PathDenied(PermissionError):
+class PathDenied(AgentError, PermissionError):
     """A path that leaves the work directory."""
 
 
@@ -69,9 +73,11 @@ def _swapped(raw: str) -> PathDenied:
 
 
 @contextlib.contextmanager
-def _open_dir(root: Path, parts: tuple[str, ...], raw: str, *, create: bool = False) -> Iterator[int]:
-    """A descriptor of the directory ``root/parts``, reached without following any symlink below ``root``."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _open_dir(workdir: Path, parts: tuple[str, ...], raw: str, *, create: bool = False) -> Iterator[int]:
+    """A descriptor of the directory ``workdir/parts``, reached without following any symlink: the work
+    directory itself is checked to be the one the session was set up with (:mod:`agent.workdirs`)."""
+    with workdirs.opened(workdir) as checked:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=checked)
     try:
         for part in parts:
             if create:
@@ -94,10 +100,10 @@ def _open_dir(root: Path, parts: tuple[str, ...], raw: str, *, create: bool = Fa
 
 def _read(workdir: Path, raw: str, limit: int) -> bytes:
     """Up to ``limit`` bytes of a regular file."""
-    root, parts = _parts(workdir, raw)
+    _, parts = _parts(workdir, raw)
     if not parts:
         raise IsADirectoryError(f"{raw!r} is the work directory itself, not a file")
-    with _open_dir(root, parts[:-1], raw) as dfd:
+    with _open_dir(workdir, parts[:-1], raw) as dfd:
         try:
             # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
@@ -116,11 +122,11 @@ def _read(workdir: Path, raw: str, limit: int) -> bytes:
 
 def _write(workdir: Path, raw: str, data: bytes) -> None:
     """Replace (or create) a file atomically, creating its parent directories."""
-    root, parts = _parts(workdir, raw)
+    _, parts = _parts(workdir, raw)
     if not parts:
         raise IsADirectoryError(f"{raw!r} is the work directory itself, not a file")
     name = parts[-1]
-    with _open_dir(root, parts[:-1], raw, create=True) as dfd:
+    with _open_dir(workdir, parts[:-1], raw, create=True) as dfd:
         mode = None
         with contextlib.suppress(FileNotFoundError):
             old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -143,8 +149,8 @@ def _write(workdir: Path, raw: str, data: bytes) -> None:
 
 
 def _list(workdir: Path, raw: str) -> list[str]:
-    root, parts = _parts(workdir, raw)
-    with _open_dir(root, parts, raw) as dfd, os.scandir(dfd) as it:
+    _, parts = _parts(workdir, raw)
+    with _open_dir(workdir, parts, raw) as dfd, os.scandir(dfd) as it:
         return sorted(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in it)
 
 

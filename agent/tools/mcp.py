@@ -26,6 +26,11 @@ secrets, handed to bwrap through a pipe (:meth:`~agent.sandbox.Sandbox.launcher`
 command line (``/proc/<pid>/cmdline``, readable by every local user) carries them; and every value is
 redacted from what the server's tools return, as tool secrets are.
 
+Limits. A sandboxed server runs under its sandbox's caps on processes and memory
+(:mod:`agent.limits`), in a group of its own for each start: the launching bash enters it before
+it becomes bwrap (:meth:`~agent.sandbox.Sandbox.launcher`), and it is removed when the server has
+exited; a limit it hit is logged then.
+
 ``mcp`` is imported lazily: it takes half a second to import and most commands never need it.
 """
 
@@ -46,6 +51,8 @@ import anyio
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
+from agent.errors import AgentError
+from agent.limits import Group
 from agent.models.base import ToolSpec
 from agent.redact import Redactor
 from agent.sandbox import Sandbox
@@ -65,7 +72,7 @@ _MAX_NAME = 64  # the longest tool name OpenAI accepts
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
-class McpUnavailable(RuntimeError):
+class McpUnavailable(AgentError, RuntimeError):
     """An MCP server could not be started (or was shut down); the message says why."""
 
 
@@ -326,16 +333,19 @@ class McpServer:
         from mcp.client.stdio import stdio_client
         from mcp.types import Implementation, PaginatedRequestParams
 
-        env: dict[str, str] | None = self.env or None
-        if self.sandbox is not None:
-            argv, env = self.sandbox.launcher(self.command)
-        elif self.wrap is not None:
-            argv = self.wrap(list(self.command))
-        else:
-            argv = list(self.command)
-        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env or None, cwd=self.cwd)
         failure: BaseException | None = None
+        group: Group | None = None
         try:
+            env: dict[str, str] | None = self.env or None
+            if self.sandbox is not None:
+                # Each start gets a group of its own under the sandbox's caps, removed when it ends.
+                group = self.sandbox.limit_group()
+                argv, env = self.sandbox.launcher(self.command, group=group)
+            elif self.wrap is not None:
+                argv = self.wrap(list(self.command))
+            else:
+                argv = list(self.command)
+            params = StdioServerParameters(command=argv[0], args=argv[1:], env=env or None, cwd=self.cwd)
             with conn.scope:
                 async with contextlib.AsyncExitStack() as stack:
                     errlog = stderr.open()
@@ -366,6 +376,10 @@ class McpServer:
                 ready.set_exception(McpUnavailable(self._start_failure(reason, stderr)))
             elif failure is not None:
                 logger.warning("MCP server {} connection ended: {}", self.name, _reason(failure))
+            if group is not None:  # the server has exited: the transport waited for it (or killed it)
+                if (verdict := group.verdict()) is not None:
+                    logger.warning("MCP server {}: {}", self.name, verdict)
+                await asyncio.shield(group.remove())
 
     def _start_failure(self, reason: str, stderr: _StderrTail) -> str:
         text = f"MCP server {self.name} could not start: {reason}"

@@ -70,11 +70,6 @@ class ToolPolicy(BaseModel):
             names += sorted(cls.SHELL_TOOLS - set(names))
         return cls(allow=names, shell_allow=shell or None)
 
-    @property
-    def unrestricted(self) -> bool:
-        """Whether the policy allows everything."""
-        return self.allow is None and self.shell_allow is None
-
     def allowing(self, *names: str) -> ToolPolicy:
         """This policy with ``names`` allowed as well (tools a session must always have)."""
         if self.allow is None:

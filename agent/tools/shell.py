@@ -6,6 +6,9 @@ goal's network policy and secrets). The result says the exit code and carries bo
 cut in the middle past half the output cap with a marker. A timeout kills every process the
 command started, grandchildren that ignore SIGTERM included, and says so. A command that hits its
 sandbox's process or memory cap (:mod:`agent.limits`) is an error whose first line names the limit.
+The timeout is capped at the time the session's spend guard has left (:meth:`ToolContext.time_left`):
+a command still running when its goal's deadline or wall-time budget runs out is killed then, and
+the result says so ("stopped: the time budget ran out ..."); with no time left it is not run.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pydantic import BaseModel, Field
 from agent.sandbox import Sandbox, SandboxResult, SandboxUnavailable
 from agent.tools.base import Tool, ToolContext, ToolOutput
 
+#: Why a command was stopped, or not run, when its session's time ran out.
+TIME_RAN_OUT = "the time budget ran out (the deadline or the wall-time budget)"
 #: A sandbox, or how to build one for a call.
 SandboxSource = Sandbox | Callable[[ToolContext], Sandbox | Awaitable[Sandbox]]
 
@@ -69,17 +74,28 @@ class Shell(Tool[ShellArgs]):
 
     async def run(self, args: ShellArgs, ctx: ToolContext) -> ToolOutput:
         timeout = min(args.timeout_seconds or self.default_timeout, self.max_timeout)
+        # The session's time binds the command too: a command cannot outlive its goal's deadline or
+        # wall-time budget by its own timeout.
+        stopped_by: str | None = None
+        left = ctx.time_left()
+        if left is not None and left < timeout:
+            stopped_by = TIME_RAN_OUT
+            if left <= 0:
+                return ToolOutput(f"not run: {TIME_RAN_OUT}", True)
+            timeout = left
         try:
             sandbox = await self._resolve(ctx)
             result = await sandbox.run(["bash", "-c", args.command], timeout=timeout, output_cap=self.stream_cap)
         except SandboxUnavailable as exc:
             return ToolOutput(f"shell is not available: {exc}", True)
-        return ToolOutput(render(result, timeout), is_error=not result.ok or result.limit is not None)
+        return ToolOutput(render(result, timeout, stopped_by), is_error=not result.ok or result.limit is not None)
 
 
-def render(result: SandboxResult, timeout: float) -> str:
-    """A command's result as the model reads it."""
-    if result.timed_out:
+def render(result: SandboxResult, timeout: float, stopped_by: str | None = None) -> str:
+    """A command's result as the model reads it; ``stopped_by``: why the timeout was cut short."""
+    if result.timed_out and stopped_by is not None:
+        head = f"stopped: {stopped_by} after {timeout:.1f}s: the command and every process it started were killed"
+    elif result.timed_out:
         head = f"timed out after {timeout:g}s: the command and every process it started were killed"
     else:
         head = f"exit code: {result.exit_code}"

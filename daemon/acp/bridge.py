@@ -63,7 +63,7 @@ from daemon.acp.prompt import PromptSlot
 from daemon.acp.session import AcpSession
 from daemon.acp.updates import ACP_SOURCE_REF, Update, agent_text, goal_commands, tool_kind, tool_title
 from daemon.display import goal_line
-from goals import Goal, GoalEngine, GoalSpec, GoalStatus, goal_from_row
+from goals import Goal, GoalEngine, GoalSpec, GoalStatus, latest_goal_of_session, live_goal_of_session
 
 if TYPE_CHECKING:
     from agent import Runtime
@@ -361,12 +361,8 @@ class AcpBridge:
     # -- /goal -----------------------------------------------------------------------------
 
     async def _session_goal(self, session_id: str, *, live: bool) -> Goal | None:
-        sql = "SELECT * FROM goals WHERE session_id=?"
-        if live:
-            sql += " AND status IN ('active', 'paused')"
-        sql += " ORDER BY created_at DESC, id DESC LIMIT 1"
-        row = await self._runtime().store.read(lambda conn: conn.execute(sql, (session_id,)).fetchone())
-        return goal_from_row(row) if row is not None else None
+        find = live_goal_of_session if live else latest_goal_of_session
+        return await self._runtime().store.read(lambda conn: find(conn, session_id))
 
     async def _goal_command(self, view: AcpSession, arg: str) -> str:
         word = arg.lower()

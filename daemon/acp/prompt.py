@@ -3,10 +3,12 @@
 ACP must answer every prompt with a ``stopReason``, which the core deliberately never attributes
 to a message (invariant 1: a follow-up has no result). Invariant 8 sanctions exactly one bridge:
 the ACP prompt owns the interval from its message's ``message/queued`` event to the first
-whole-agent ``idle`` after it, and reads its stop reason from the turn that **admitted** the
-message — an admission fact, not a claim that this message alone caused what the turn did (the
-turn may also have consumed steering or context). This module is the only place that pairs a
-message id with a ``turn/end``, and the consumer test of invariant 11 lists it as the exception.
+whole-agent ``idle`` after it — watched by the runtime's one interval watcher
+(:class:`agent.IntervalWatcher`: receipt, admission, idle) — and reads its stop reason from the
+turn that **admitted** the message — an admission fact, not a claim that this message alone
+caused what the turn did (the turn may also have consumed steering or context). The small layer
+here, :meth:`PromptSlot.observe`, is the only place that pairs the admitting turn with its
+``turn/end``, and the consumer test of invariant 11 lists it as the exception.
 
 The mapping, from the admitting turn's ``turn/end``:
 
@@ -30,7 +32,7 @@ from typing import Literal
 
 from acp import RequestError
 
-from agent import Event, EventType
+from agent import Event, EventType, IntervalWatcher, TurnEnded
 
 StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
 
@@ -91,38 +93,36 @@ class PromptSlot:
 
     def __init__(self, message_id: str) -> None:
         self.message_id = message_id
-        self.queued_seq: int | None = None
-        self.turn_id: str | None = None
+        self.watch = IntervalWatcher(message_id)
         self.turn: AdmittingTurn | None = None
-        self.message_cancelled = False
         #: The message is durable as queued (a cancel can now reach it).
         self.enqueued = False
         #: ``session/cancel`` arrived while this prompt was in flight.
         self.cancel_requested = False
         self.settled: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
+    @property
+    def message_cancelled(self) -> bool:
+        """Whether the prompt's message was cancelled while queued (no turn admitted it)."""
+        return self.watch.cancelled
+
     def observe(self, event: Event) -> None:
         """Take in one event of the session (sequence order); settle at the interval's idle."""
         if self.settled.done():
             return
-        data = event.data
-        mine = data.get("messageId") == self.message_id
-        if event.type == EventType.MESSAGE_QUEUED and mine:
-            self.queued_seq = event.seq
-        elif event.type == EventType.MESSAGE_ADMITTED and mine:
-            self.turn_id = str(data["turnId"])
-        elif event.type == EventType.MESSAGE_CANCELLED and mine:
-            self.message_cancelled = True
-        elif event.type == EventType.TURN_END and self.turn_id is not None and data.get("turnId") == self.turn_id:
-            self.turn = AdmittingTurn(
-                turn_id=self.turn_id,
-                reason=str(data.get("reason")),
-                model_finish=data.get("modelFinish"),
-                error=data.get("error"),
-                error_kind=data.get("errorKind"),
-            )
-        elif event.type == EventType.STATUS and data.get("status") == "idle" and self.queued_seq is not None:
-            self.settled.set_result(event.seq)
+        if event.type == EventType.TURN_END:
+            ended = event.payload
+            if isinstance(ended, TurnEnded) and self.watch.admitted_by == ended.turn_id:
+                self.turn = AdmittingTurn(
+                    turn_id=ended.turn_id,
+                    reason=ended.reason.value,
+                    model_finish=ended.model_finish,
+                    error=ended.error,
+                    error_kind=ended.error_kind,
+                )
+        if self.watch.observe(event):
+            assert self.watch.idle_seq is not None
+            self.settled.set_result(self.watch.idle_seq)
 
     def dispose(self) -> None:
         """Settle now as cancelled (the connection or the bridge is going away).

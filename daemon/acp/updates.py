@@ -37,8 +37,25 @@ from acp.schema import (
     UserMessageChunk,
 )
 
-from agent import Event, EventType
-from goals import GOAL_BLOCKED, GOAL_CHANGED, GOAL_CLAIM, GOAL_PROGRESS, GOAL_VERIFIED, Goal
+from agent import (
+    AssistantMessage,
+    Delivery,
+    Event,
+    MessageAdmitted,
+    ModelFailed,
+    SourceKind,
+    ToolResult,
+    ToolUseBlock,
+    TurnEnded,
+)
+from goals import (
+    Goal,
+    GoalBlockedReported,
+    GoalChanged,
+    GoalClaimed,
+    GoalProgressNoted,
+    GoalVerified,
+)
 
 Update = (
     AgentMessageChunk | UserMessageChunk | ToolCallStart | ToolCallProgress | AgentPlanUpdate | AvailableCommandsUpdate
@@ -46,7 +63,8 @@ Update = (
 
 #: The ``source.ref`` of messages the ACP bridge enqueues.
 ACP_SOURCE_REF = "acp"
-GOAL_EVENTS = (GOAL_CHANGED, GOAL_PROGRESS, GOAL_CLAIM, GOAL_VERIFIED, GOAL_BLOCKED)
+#: The goal events that shape the plan.
+GoalEvent = GoalChanged | GoalProgressNoted | GoalClaimed | GoalVerified | GoalBlockedReported
 #: At most this many plan entries besides the goal itself (the latest ones).
 PLAN_TAIL = 12
 _TOOL_KINDS: dict[str, ToolKind] = {
@@ -102,10 +120,6 @@ def tool_title(name: str, args: dict[str, Any]) -> str:
     return name
 
 
-def _texts(content: list[dict[str, Any]]) -> str:
-    return "".join(str(b.get("text", "")) for b in content if b.get("type") == "text")
-
-
 @dataclass
 class PlanStep:
     """One line of a goal's plan: a round, or something that happened in one."""
@@ -157,10 +171,11 @@ class Projector:
 
     def wants_goal(self, event: Event) -> str | None:
         """The goal id whose row the projector needs before it can take ``event``, if any."""
-        goal_id = event.data.get("goalId")
-        known = self.plan is not None and self.plan.goal_id == goal_id
-        if event.type in GOAL_EVENTS and isinstance(goal_id, str) and not known:
-            return goal_id
+        if not event.type.startswith("goal/"):
+            return None
+        goal = event.payload
+        if isinstance(goal, GoalEvent) and (self.plan is None or self.plan.goal_id != goal.goal_id):
+            return goal.goal_id
         return None
 
     def seed_goal(self, goal: Goal) -> None:
@@ -183,32 +198,28 @@ class Projector:
 
     def event(self, event: Event, *, replay: bool) -> list[Update]:
         """The updates for one committed event (``replay``: history for ``session/load``)."""
-        d = event.data
-        match event.type:
-            case EventType.MESSAGE_ADMITTED:
-                return self._admitted(d, replay)
-            case EventType.ASSISTANT_MESSAGE:
-                return self._assistant(d, replay)
-            case EventType.TOOL_RESULT:
-                return [self._tool_result(d)]
-            case EventType.MODEL_ERROR:
+        match event.payload:
+            case MessageAdmitted() as admitted:
+                return self._admitted(admitted, replay)
+            case AssistantMessage() as answer:
+                return self._assistant(answer, replay)
+            case ToolResult() as result:
+                return [self._tool_result(result)]
+            case ModelFailed() | TurnEnded() as ended:
                 # Text streamed by a failed attempt was discarded; the next attempt starts afresh.
-                self._streamed.pop(str(d.get("turnId")), None)
+                self._streamed.pop(str(ended.turn_id), None)
                 return []
-            case EventType.TURN_END:
-                self._streamed.pop(str(d.get("turnId")), None)
-                return []
-            case _ if event.type in GOAL_EVENTS:
-                return self._goal(event.type, d, replay)
+            case GoalChanged() | GoalProgressNoted() | GoalClaimed() | GoalVerified() | GoalBlockedReported() as goal:
+                return self._goal(goal, replay)
             case _:
                 return []
 
     # -- parts -----------------------------------------------------------------------------
 
-    def _admitted(self, d: dict[str, Any], replay: bool) -> list[Update]:
-        source = d.get("source") or {}
-        if source.get("kind") == "goal":
-            ref = str(source.get("ref") or "")
+    def _admitted(self, admitted: MessageAdmitted, replay: bool) -> list[Update]:
+        source = admitted.source
+        if source.kind is SourceKind.GOAL:
+            ref = source.ref or ""
             round_no = int(ref.rpartition("#")[2]) if ref.rpartition("#")[2].isdigit() else 0
             plan = self.plan
             if plan is None or not ref.startswith(plan.goal_id + "#"):
@@ -217,70 +228,69 @@ class Projector:
                 plan.rounds = round_no
                 plan.steps.append(PlanStep(round_no, f"Round {round_no}", done=False))
             return self._plan_changed(replay)
-        if d.get("delivery") == "context":
+        if admitted.delivery is Delivery.CONTEXT:
             return []
-        if not replay and source.get("ref") == ACP_SOURCE_REF:
+        if not replay and source.ref == ACP_SOURCE_REF:
             return []
-        text = _texts(d.get("content") or [])
+        text = admitted.text
         return [UserMessageChunk(session_update="user_message_chunk", content=text_block(text))] if text else []
 
-    def _assistant(self, d: dict[str, Any], replay: bool) -> list[Update]:
+    def _assistant(self, answer: AssistantMessage, replay: bool) -> list[Update]:
         out: list[Update] = []
-        text = _texts(d.get("content") or [])
+        text = answer.text
         if replay:
             if text:
                 out.append(agent_text(text))
         else:
-            streamed = self._streamed.pop(str(d.get("turnId")), "")
+            streamed = self._streamed.pop(str(answer.turn_id), "")
             rest = text[len(streamed) :] if text.startswith(streamed) else text
-            if rest and not d.get("interrupted"):
+            if rest and not answer.interrupted:
                 out.append(agent_text(rest))
-        for block in d.get("content") or []:
-            if block.get("type") != "tool_use":
+        for block in answer.content:
+            if not isinstance(block, ToolUseBlock):
                 continue
-            args = block.get("input") or {}
             out.append(
                 ToolCallStart(
                     session_update="tool_call",
-                    tool_call_id=str(block["id"]),
-                    title=tool_title(str(block.get("name")), args if isinstance(args, dict) else {}),
-                    kind=tool_kind(str(block.get("name"))),
+                    tool_call_id=block.id,
+                    title=tool_title(block.name, block.input),
+                    kind=tool_kind(block.name),
                     status="in_progress",
-                    raw_input=args,
+                    raw_input=block.input,
                 )
             )
         return out
 
-    def _tool_result(self, d: dict[str, Any]) -> Update:
-        content = str(d.get("content") or "")
+    def _tool_result(self, result: ToolResult) -> Update:
         return ToolCallProgress(
             session_update="tool_call_update",
-            tool_call_id=str(d.get("toolUseId")),
-            status="failed" if d.get("isError") else "completed",
-            content=[ContentToolCallContent(type="content", content=text_block(content))],
+            tool_call_id=result.tool_use_id,
+            status="failed" if result.is_error else "completed",
+            content=[ContentToolCallContent(type="content", content=text_block(result.content))],
         )
 
-    def _goal(self, kind: str, d: dict[str, Any], replay: bool) -> list[Update]:
+    def _goal(self, goal: GoalEvent, replay: bool) -> list[Update]:
         plan = self.plan
-        if plan is None or d.get("goalId") != plan.goal_id:
+        if plan is None or goal.goal_id != plan.goal_id:
             return []
         round_no = plan.rounds
-        if kind == GOAL_CHANGED:
-            plan.status = str(d.get("status"))
-            plan.reason = d.get("reason")
-            if plan.status in ("completed", "failed", "cancelled", "exhausted"):
-                for step in plan.steps:
-                    step.done = True
-        else:
-            if kind == GOAL_PROGRESS:
-                line = str(d.get("note"))
-            elif kind == GOAL_CLAIM:
-                line = f"completion claimed: {d.get('summary')}"
-            elif kind == GOAL_VERIFIED:
-                line = "verification passed" if d.get("passed") else "verification failed: the claim is refused"
-            else:
-                line = f"blocked: {d.get('reason')}"
-            plan.steps.append(PlanStep(round_no, f"Round {round_no}: {line}", done=True))
+        match goal:
+            case GoalChanged():
+                plan.status = goal.status.value
+                plan.reason = goal.reason
+                if plan.status in ("completed", "failed", "cancelled", "exhausted"):
+                    for step in plan.steps:
+                        step.done = True
+                return self._plan_changed(replay)
+            case GoalProgressNoted():
+                line = goal.note
+            case GoalClaimed():
+                line = f"completion claimed: {goal.summary}"
+            case GoalVerified():
+                line = "verification passed" if goal.passed else "verification failed: the claim is refused"
+            case GoalBlockedReported():
+                line = f"blocked: {goal.reason}"
+        plan.steps.append(PlanStep(round_no, f"Round {round_no}: {line}", done=True))
         return self._plan_changed(replay)
 
     def _plan_changed(self, replay: bool) -> list[Update]:

@@ -34,9 +34,10 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from agent import MessageId, SessionId
+from agent import AgentStatus, MessageId, SessionId
 from daemon.client import Client as Connection
 from daemon.client import DaemonUnavailable
+from daemon.errors import DaemonError
 from daemon.sdk.interval import Interval, RunResult, SessionEvent, find_receipt
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class StatusChange(BaseModel):
 
     session_id: str
     seq: int
-    status: Literal["idle", "running"]
+    status: AgentStatus
 
 
 Notification = SessionEvent | StatusChange
@@ -58,7 +59,7 @@ class AgentState(BaseModel):
     """``agent/status``: the session's status, the sequence number that recorded it, and its last event."""
 
     session_id: str
-    status: Literal["idle", "running"]
+    status: AgentStatus
     seq: int
     last_seq: int
 
@@ -78,7 +79,7 @@ class StopStep(enum.StrEnum):
     SIGKILL = "sigkill"
 
 
-class RunIncomplete(ConnectionError):
+class RunIncomplete(DaemonError, ConnectionError):
     """The connection ended before the interval's closing idle; ``result`` holds what was seen."""
 
     def __init__(self, message: str, result: RunResult | None) -> None:
@@ -86,7 +87,7 @@ class RunIncomplete(ConnectionError):
         self.result = result
 
 
-class MessageIdReused(ValueError):
+class MessageIdReused(DaemonError, ValueError):
     """``run()`` was given a message id that was already used: no new receipt, no interval to own."""
 
 

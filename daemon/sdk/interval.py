@@ -1,4 +1,4 @@
-"""Owned intervals: what ``Client.run()`` and ``goald run`` report, and the one implementation of it.
+"""Owned intervals as the SDK reports them: what ``Client.run()`` and ``goald run`` return.
 
 A ``MessageId`` proves receipt, never an outcome (DESIGN.md, invariants 1, 7 and 11). A caller that
 wants a result therefore owns an *interval* explicitly: it starts at the committed
@@ -31,31 +31,34 @@ records spend of its own session that no other event records, and always counts.
 
 :func:`find_receipt` locates the receipt; :class:`Interval` consumes events after it in commit
 order. Both work on :class:`SessionEvent` values, whatever carried them (the control protocol, or
-an in-process hub listener).
+an in-process hub listener). The watch itself (receipt, admission, the closing idle) and the
+run-level facts are the runtime's one implementation, :mod:`agent.interval`; this module adds
+what only a remote observer needs: the session tree, the events and the usage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
-from agent import EndReason, Event, EventType
+from agent import (
+    AssistantMessage,
+    EndReason,
+    Event,
+    EventType,
+    IntervalWatcher,
+    MessageAdmitted,
+    MessageQueued,
+    ModelCharged,
+    ModelFailed,
+    RunFacts,
+    SessionCreated,
+)
 
-_IDLE = "idle"
 
-
-class SessionEvent(BaseModel):
+class SessionEvent(Event):
     """One durable event of a session, as the ``session.event`` notification carries it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    session_id: str
-    seq: int
-    type: str
-    data: dict[str, Any]
-    at: str
 
     @classmethod
     def from_event(cls, event: Event) -> SessionEvent:
@@ -64,11 +67,9 @@ class SessionEvent(BaseModel):
 
     @property
     def text(self) -> str:
-        """The text blocks of an event's ``content`` (assistant and admitted messages), joined."""
-        content = self.data.get("content")
-        if not isinstance(content, list):
-            return ""
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+        """The text of an assistant or admitted message (empty for other events)."""
+        payload = self.payload
+        return payload.text if isinstance(payload, AssistantMessage | MessageAdmitted) else ""
 
 
 class RunUsage(BaseModel):
@@ -135,7 +136,8 @@ def find_receipt(events: Iterable[SessionEvent], session_id: str, message_id: st
     for i, ev in enumerate(events):
         if ev.session_id != session_id or ev.type != EventType.MESSAGE_QUEUED:
             continue
-        if ev.data.get("messageId") == message_id:
+        queued = ev.payload
+        if isinstance(queued, MessageQueued) and queued.message_id == message_id:
             return i
     return None
 
@@ -143,32 +145,41 @@ def find_receipt(events: Iterable[SessionEvent], session_id: str, message_id: st
 class Interval:
     """The interval opened by ``receipt``: feed it every later event, in commit order, until it closes.
 
-    It never looks at message ids: it keys on the receipt's sequence number and the first idle
-    after it. Events fed twice (two subscriptions on one connection) are counted once.
+    It keys on the receipt and the first idle of the root session after it
+    (:class:`agent.IntervalWatcher`); what it reports is run-level (:class:`agent.RunFacts`). Events
+    fed twice (two subscriptions on one connection) are counted once.
     """
 
     def __init__(self, receipt: SessionEvent, earlier: Iterable[SessionEvent] = ()) -> None:
         """``earlier``: events seen before the receipt, used only to learn subagent sessions."""
+        queued = receipt.payload
+        if not isinstance(queued, MessageQueued):
+            raise ValueError(f"an interval opens at a message/queued event, not {receipt.type}")
         self.session_id = receipt.session_id
         self.first_seq = receipt.seq
         self.events: list[SessionEvent] = [receipt]
         self.usage = RunUsage()
-        self.idle_seq: int | None = None
-        self._response: str | None = None
-        self._last_end: EndReason | None = None
+        self._watch = IntervalWatcher(queued.message_id, receipt.session_id)
+        self._watch.observe(receipt)
+        self._facts = RunFacts()
         self._tree = {receipt.session_id}
         self._seen: dict[str, int] = {receipt.session_id: receipt.seq}
         for ev in earlier:
             self._note_session(ev)
 
     @property
+    def idle_seq(self) -> int | None:
+        """Sequence number of the idle that closed the interval (``None`` while it is open)."""
+        return self._watch.idle_seq
+
+    @property
     def closed(self) -> bool:
         """Whether the closing idle has been seen."""
-        return self.idle_seq is not None
+        return self._watch.closed
 
     def feed(self, ev: SessionEvent) -> bool:
         """Take one event (of any session); returns whether the interval is now closed."""
-        if self.idle_seq is not None:
+        if self._watch.closed:
             return True
         self._note_session(ev)
         if ev.session_id not in self._tree or ev.seq <= self._seen.get(ev.session_id, 0):
@@ -178,21 +189,17 @@ class Interval:
         self._count(ev)
         if ev.session_id != self.session_id:
             return False
-        if ev.type == EventType.ASSISTANT_MESSAGE and not ev.data.get("interrupted") and ev.text.strip():
-            self._response = ev.text
-        elif ev.type == EventType.TURN_END:
-            self._last_end = EndReason(ev.data["reason"])
-        elif ev.type == EventType.STATUS and ev.data.get("status") == _IDLE:
-            self.idle_seq = ev.seq
-        return self.idle_seq is not None
+        self._facts.observe(ev)
+        return self._watch.observe(ev)
 
     def result(self, message_id: str) -> RunResult:
         """The result so far (complete once :attr:`closed`)."""
+        last = self._facts.last_end
         return RunResult(
             session_id=self.session_id,
             message_id=message_id,
-            final_response=self._response,
-            finish_reason=self._last_end,
+            final_response=self._facts.final_response,
+            finish_reason=last.reason if last is not None else None,
             events=list(self.events),
             usage=self.usage.model_copy(),
             first_seq=self.first_seq,
@@ -200,22 +207,28 @@ class Interval:
         )
 
     def _note_session(self, ev: SessionEvent) -> None:
-        if ev.type == EventType.SESSION_CREATED and ev.data.get("parentSessionId") in self._tree:
-            self._tree.add(ev.session_id)
+        if ev.type == EventType.SESSION_CREATED:
+            created = ev.payload
+            if isinstance(created, SessionCreated) and created.parent_session_id in self._tree:
+                self._tree.add(ev.session_id)
 
     def _count(self, ev: SessionEvent) -> None:
+        if ev.type not in (EventType.ASSISTANT_MESSAGE, EventType.MODEL_ERROR, EventType.MODEL_CHARGED):
+            return
         u = self.usage
-        if ev.type in (EventType.ASSISTANT_MESSAGE, EventType.MODEL_ERROR):
-            used = ev.data.get("usage")
-            if isinstance(used, dict):
-                u.model_calls += 1
-                u.input_tokens += int(used.get("input_tokens", 0))
-                u.output_tokens += int(used.get("output_tokens", 0))
-                u.cache_read_tokens += int(used.get("cache_read_tokens", 0))
-                u.cache_write_tokens += int(used.get("cache_write_tokens", 0))
-            u.cost += float(ev.data.get("cost") or 0.0)
-        elif ev.type == EventType.MODEL_CHARGED:
-            if ev.data.get("subagentSessionId") in self._tree:
-                return  # the child's calls were counted from its own events (see the module docstring)
-            u.charged_tokens += int(ev.data.get("tokens") or 0)
-            u.cost += float(ev.data.get("cost") or 0.0)
+        match ev.payload:
+            case AssistantMessage() | ModelFailed() as call:
+                if call.usage is not None:
+                    u.model_calls += 1
+                    u.input_tokens += call.usage.input_tokens
+                    u.output_tokens += call.usage.output_tokens
+                    u.cache_read_tokens += call.usage.cache_read_tokens
+                    u.cache_write_tokens += call.usage.cache_write_tokens
+                u.cost += call.cost
+            case ModelCharged() as charged:
+                if charged.subagent_session_id in self._tree:
+                    return  # the child's calls were counted from its own events (see the module docstring)
+                u.charged_tokens += charged.tokens
+                u.cost += charged.cost
+            case _:
+                pass

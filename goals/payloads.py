@@ -1,0 +1,81 @@
+"""Typed payloads of the events goals write in their sessions (``goal/*``).
+
+The runtime's own event kinds are typed in :mod:`agent.payloads`; goals add theirs under the
+``goal/`` prefix and register them there, so :attr:`Event.payload <agent.Event.payload>` reads
+them like any other kind. As for every kind, the stored object is unchanged (camelCase keys);
+these models are its read view.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from agent import Payload, register_payloads
+from goals.model import GoalStatus, VerifyResult
+
+
+class GoalChanged(Payload):
+    """``goal/changed``: the goal's status changed (with its counters at that moment)."""
+
+    type: Literal["goal/changed"] = "goal/changed"
+    goal_id: str
+    #: The status before (``None`` when the goal was created).
+    from_: GoalStatus | None = Field(default=None, alias="from")
+    status: GoalStatus
+    reason: str | None = None
+    rounds: int | None = None
+    tokens: int | None = None
+    cost: float | None = None
+
+
+class GoalProgressNoted(Payload):
+    """``goal/progress``: the agent noted progress (``goal_progress``)."""
+
+    type: Literal["goal/progress"] = "goal/progress"
+    goal_id: str
+    turn_id: str | None = None
+    note: str
+
+
+class GoalClaimed(Payload):
+    """``goal/claim``: the agent claimed the objective is met (``goal_complete``)."""
+
+    type: Literal["goal/claim"] = "goal/claim"
+    goal_id: str
+    turn_id: str | None = None
+    summary: str
+    evidence: str
+
+
+class GoalBlockedReported(Payload):
+    """``goal/blocked``: the agent reported it cannot proceed (``goal_blocked``)."""
+
+    type: Literal["goal/blocked"] = "goal/blocked"
+    goal_id: str
+    turn_id: str | None = None
+    reason: str
+
+
+class GoalVerified(Payload):
+    """``goal/verified``: the verification commands ran on a claim."""
+
+    type: Literal["goal/verified"] = "goal/verified"
+    goal_id: str
+    passed: bool
+    #: The results of an earlier run over the same work directory were reused.
+    reused: bool = False
+    results: list[VerifyResult] = Field(default_factory=list)
+
+
+#: Every goal payload; their kinds are ``GOAL_CHANGED`` … ``GOAL_VERIFIED`` of :mod:`goals.store`.
+GOAL_PAYLOADS: tuple[type[Payload], ...] = (
+    GoalChanged,
+    GoalProgressNoted,
+    GoalClaimed,
+    GoalBlockedReported,
+    GoalVerified,
+)
+
+register_payloads(*GOAL_PAYLOADS)
