@@ -10,6 +10,7 @@ It owns the tables ``sessions``, ``inbox``, ``turns``, ``events``, ``guards``, `
 :class:`AgentError`.
 """
 
+from agent import retention
 from agent.background import TaskSet
 from agent.calls import usage_of_guard
 from agent.driver import Agent, AgentConfig, CallId, RetryPolicy, StatusSnapshot, history_message
@@ -24,6 +25,7 @@ from agent.errors import (
     StoreClosed,
 )
 from agent.events import HISTORY_TYPES, Event, EventHub, EventType, Subscription
+from agent.guards import create_guard, update_guard
 from agent.ids import GuardId, MessageId, SessionId, TurnId, TypedId
 from agent.inbox import (
     Admitted,
@@ -70,9 +72,11 @@ from agent.models import (
     ToolCall,
     ToolSpec,
 )
+from agent.models.registry import ModelRegistry, echo_model
 from agent.payloads import (
     AgentStatus,
     AssistantMessage,
+    ContextCompacted,
     EndReason,
     MessageAdmitted,
     MessageCancelled,
@@ -91,15 +95,7 @@ from agent.payloads import (
     register_payloads,
 )
 from agent.redact import Redactor
-from agent.runtime import (
-    ModelRegistry,
-    Resolver,
-    Runtime,
-    SessionSetup,
-    create_guard,
-    echo_model,
-    update_guard,
-)
+from agent.runtime import Runtime
 from agent.sandbox import (
     Bwrap,
     Sandbox,
@@ -111,6 +107,7 @@ from agent.sandbox import (
 )
 from agent.schema import Migration
 from agent.sessions import SessionRow, create_session, list_sessions, load_session, session_chain, update_session
+from agent.setup import Resolver, SessionSetup
 from agent.spend import Limits, Price, PromptEstimator, Refusal, Reservation, SpendGuard, Usage, estimator_for
 from agent.store import Durability, SessionState, Store, Tx, first_kept_seq, read_events, utcnow
 from agent.subagents import DEFAULT_MAX_DEPTH, Delegate, DelegateArgs
@@ -150,6 +147,7 @@ __all__ = [
     "CommandLimits",
     "Conflict",
     "Content",
+    "ContextCompacted",
     "ConvMessage",
     "Delegate",
     "DelegateArgs",
@@ -271,6 +269,7 @@ __all__ = [
     "read_events",
     "register_payloads",
     "repair",
+    "retention",
     "session_chain",
     "settle_idle",
     "take_or_idle",

@@ -127,9 +127,30 @@ def mounts(
         MountError: an extra path does not exist, or the work directory is one of the hidden paths.
     """
     workdir = Path(os.path.normpath(workdir))
-    # (depth, order, path, op, source): parents first; at one depth, what shows before what covers,
-    # and the work directory last.
-    ops: list[tuple[int, int, Path, str, str]] = []
+    ops, shown = _shown(read_only)
+    ops.append((len(_TMP.parts), 0, _TMP, "tmp", ""))
+    covered = _covered(hidden, workdir, shown)
+    for path in covered:
+        ops.append((len(path.parts), 1, path, "dir" if path.is_dir() else "file", ""))
+    if workdir != Path("/"):
+        ops.append((len(workdir.parts), 2, workdir, "bind", workdir_source or str(workdir)))
+    args = ["--proc", "/proc", "--dev", "/dev", *_arguments(ops)]
+    # Made read-only last: mount points for what lies inside them were created first.
+    for path in covered:
+        if path.is_dir():
+            args += ["--remount-ro", str(path)]
+    return [*args, "--remount-ro", "/"]
+
+
+#: A mount: (depth, order, path, op, source). Sorted, parents come first; at one depth, what shows
+#: before what covers, and the work directory last.
+_Op = tuple[int, int, Path, str, str]
+
+
+def _shown(read_only: Iterable[Path]) -> tuple[list[_Op], list[Path]]:
+    """The mounts of what is shown read-only (the system allowlist, the extra paths, the files the
+    followed links of ``/etc`` point to), and the directories shown."""
+    ops: list[_Op] = []
     shown: list[Path] = []
     for name in SYSTEM_PATHS:
         path = Path(name)
@@ -152,7 +173,11 @@ def mounts(
         real = Path(os.path.realpath(name))
         if Path(name).is_symlink() and real.is_file() and not _under(real, shown):
             ops.append((len(real.parts), 0, real, "ro", str(real)))
-    ops.append((len(_TMP.parts), 0, _TMP, "tmp", ""))
+    return ops, shown
+
+
+def _covered(hidden: Iterable[Path], workdir: Path, shown: list[Path]) -> list[Path]:
+    """The hidden paths (and the secrets of ``/etc``) that lie in what is shown: each gets covered."""
     covered: list[Path] = []
     for raw in [*hidden, *etc_secrets()]:
         path = Path(os.path.realpath(raw))
@@ -163,11 +188,12 @@ def mounts(
         inside_workdir = path.is_relative_to(workdir) and workdir != Path("/")
         if (_under(path, shown) and not path.is_relative_to(_TMP)) or inside_workdir:
             covered.append(path)
-    for path in covered:
-        ops.append((len(path.parts), 1, path, "dir" if path.is_dir() else "file", ""))
-    if workdir != Path("/"):
-        ops.append((len(workdir.parts), 2, workdir, "bind", workdir_source or str(workdir)))
-    args = ["--proc", "/proc", "--dev", "/dev"]
+    return covered
+
+
+def _arguments(ops: list[_Op]) -> list[str]:
+    """bwrap's arguments for ``ops``, parents first."""
+    args: list[str] = []
     for _, _, where, op, source in sorted(ops):
         target = str(where)
         if op == "symlink":
@@ -180,8 +206,4 @@ def mounts(
             args += ["--ro-bind", "/dev/null", target]
         else:
             args += ["--bind", source, target]
-    # Made read-only last: mount points for what lies inside them were created first.
-    for path in covered:
-        if path.is_dir():
-            args += ["--remount-ro", str(path)]
-    return [*args, "--remount-ro", "/"]
+    return args

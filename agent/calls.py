@@ -5,9 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from agent.events import EventType
+from agent.ids import TypedId
 from agent.messages import Block
 from agent.spend import Usage
 from agent.store import Tx
+
+
+class CallId(TypedId):
+    """Identity of one model attempt (a ``model_calls`` row)."""
+
+    prefix = "mc_"
+
+
+class OutOfTime(Exception):
+    """Control flow: the spend guard's time ran out during a model call, which was cancelled."""
 
 
 def reserve_call(

@@ -44,10 +44,14 @@ from typing import Any, TypeVar
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.calls import commit_assistant, reserve_call, settle_call
+from agent.calls import CallId as CallId  # re-exported: its home moved
+from agent.calls import OutOfTime, commit_assistant, reserve_call, settle_call
+from agent.compaction import CANCELLED_TOOL_TEXT, compact_view
+from agent.context import ContextMeter, ContextPolicy, load_view
+from agent.context import history_message as history_message  # re-exported: its home moved
 from agent.errors import StorageUnavailable
-from agent.events import HISTORY_TYPES, Event, EventType
-from agent.ids import MessageId, TypedId
+from agent.events import Event, EventType
+from agent.ids import MessageId
 from agent.inbox import Admitted, admit, cancel, cancel_all, enqueue
 from agent.messages import (
     CancelReason,
@@ -57,12 +61,20 @@ from agent.messages import (
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
-    content_from_python,
     parse_content,
 )
-from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, ModelResponse, WireCache
+from agent.models.base import (
+    ConvMessage,
+    FinishReason,
+    Model,
+    ModelError,
+    ModelErrorKind,
+    ModelRequest,
+    ModelResponse,
+    WireCache,
+)
 from agent.payloads import AgentStatus, EndReason, MessageQueued, StatusChanged
-from agent.spend import Refusal, SpendGuard, Usage, estimator_for
+from agent.spend import Refusal, Reservation, SpendGuard, Usage, estimator_for
 from agent.store import SessionState, Store, Tx
 from agent.tools.base import ToolContext, ToolRegistry
 from agent.turns import (
@@ -74,21 +86,10 @@ from agent.turns import (
     take_or_idle,
 )
 
-CANCELLED_TOOL_TEXT = "cancelled: the turn was interrupted before this call finished"
 #: First and longest wait between attempts of a write the store refused for lack of storage.
 STORAGE_RETRY_FIRST = 0.5
 STORAGE_RETRY_MAX = 15.0
 _T = TypeVar("_T")
-
-
-class CallId(TypedId):
-    """Identity of one model attempt (a ``model_calls`` row)."""
-
-    prefix = "mc_"
-
-
-class _OutOfTime(Exception):
-    """Control flow: the spend guard's time ran out during a model call, which was cancelled."""
 
 
 @dataclass(slots=True)
@@ -159,6 +160,8 @@ class AgentConfig(BaseModel):
     #: No model call starts with less than this many seconds left before the spend guard's
     #: deadline or the end of its wall time (a call cut off there is paid for and yields nothing).
     min_call_seconds: float = Field(default=5.0, ge=0)
+    #: When and how the model's view is compacted (:mod:`agent.context`).
+    context: ContextPolicy = ContextPolicy()
 
 
 SlotFactory = Callable[[], AbstractAsyncContextManager[Any]]
@@ -181,6 +184,7 @@ class Agent:
         workdir: Path | None = None,
         slot: SlotFactory | None = None,
         tool_extra: dict[str, Any] | None = None,
+        summary_model: Model | None = None,
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -205,6 +209,9 @@ class Agent:
         #: The history as the model converted it, one message at a time (reset with the history).
         self._wire = WireCache()
         self._estimator = estimator_for(model.spec)
+        self._meter = ContextMeter(self._estimator)
+        #: The model that writes compaction summaries (``None``: the session's own).
+        self.summary_model = summary_model
         self._stream: list[str] = []
         self._delta_listeners: list[DeltaListener] = []
         self._driver: asyncio.Task[None] | None = None
@@ -581,45 +588,35 @@ class Agent:
         model, guard, price = self.model, self.guard, self.model.price
         max_tokens = self.config.max_tokens or model.max_tokens
         attempt = 0
+        compact = refused = False
         while True:
             attempt += 1
-            history = self._history
-            assert history is not None
-            request = ModelRequest(self.config.system, tuple(history), self.tools.specs(), max_tokens, cache=self._wire)
-            # The model converts only the messages added since its last request (see WireCache).
-            prompt_bytes = model.measure(request)
-            request = dataclasses.replace(request, prompt_bytes=prompt_bytes)
-            bound = self._estimator.bound(prompt_bytes)
+            request = self._request(max_tokens)
+            window = model.context_window
+            if compact or self._meter.over(request.prompt_bytes, max_tokens, window, self.config.context):
+                compact = False
+                ended = await compact_view(self, turn, request, max_tokens)
+                if ended is not None:
+                    return ended
+                request = self._request(max_tokens)
+            prompt_bytes = request.prompt_bytes
             call_id = CallId.new()
-            held = guard.reserve(
-                call_id,
-                bound + max_tokens,
-                price.bound(bound, max_tokens) if price else None,
-                min_left=self.config.min_call_seconds,
-            )
-            if isinstance(held, Refusal):
-                return TurnEnd(reason=EndReason.BUDGET, error=held.reason)
-            await self._write(
-                partial(
-                    reserve_call,
-                    call_id=call_id,
-                    session_id=self.session_id,
-                    turn_id=turn.turn_id,
-                    guard_id=guard.id,
-                    provider=model.provider,
-                    model=model.name,
-                    attempt=attempt,
-                    tokens=held.tokens,
-                    cost=held.cost,
-                )
-            )
+            held = await self._reserve(turn, model, self._estimator.bound(prompt_bytes), max_tokens, attempt, call_id)
+            if isinstance(held, TurnEnd):
+                return held
             self._stream = []
             try:
                 response = await self._complete_in_time(request, turn.turn_id)
-            except _OutOfTime as cut:
+            except OutOfTime as cut:
                 await self._cleanup(turn, CANCELLED_TOOL_TEXT, error_class="deadline")
                 return TurnEnd(reason=EndReason.BUDGET, error=str(cut))
             except ModelError as exc:
+                if exc.kind is ModelErrorKind.CONTEXT_LENGTH and not refused and not self._stopping:
+                    # Not an error of the goal's: the estimate was low. Calibrate, compact, retry once.
+                    refused = compact = True
+                    self._meter.refused(prompt_bytes, window, exc.message)
+                    await self._settle_failed(turn, call_id, exc, attempt, True)
+                    continue
                 retry = (
                     exc.retried_in_turn and self.config.retry.retries(attempt, exc.retry_after) and not self._stopping
                 )
@@ -655,32 +652,38 @@ class Agent:
                 )
             )
             self._estimator.observe(prompt_bytes, usage.prompt_tokens)
+            self._meter.observe(prompt_bytes, usage)
             self._append(ConvMessage(role="assistant", content=content))
             if content is not response.content:
                 response = response.model_copy(update={"content": content})
             return response
 
-    async def _complete_in_time(self, request: ModelRequest, turn_id: str) -> ModelResponse:
+    async def _complete_in_time(
+        self, request: ModelRequest, turn_id: str, model: Model | None = None, quiet: bool = False
+    ) -> ModelResponse:
         """One model attempt, cancelled if the guard's time runs out while it is in flight.
 
         The guard's end is read again when the wait runs out, so a limit raised meanwhile (a goal's
         budgets edited) extends the call; a time limit set where there was none applies from the
-        next call. Raises :class:`_OutOfTime` after the cancellation.
+        next call. Raises :class:`OutOfTime` after the cancellation.
         """
         left = self.guard.time_left()
         if left is not None and left < self.config.min_call_seconds:
             # Checked again here: the reservation's write may have waited (a full disk) after the guard's check.
             end = self.guard.ends_at()
             when = end.isoformat() if end is not None else "the deadline"
-            raise _OutOfTime(
+            raise OutOfTime(
                 f"deadline {when} is {max(left, 0.0):.1f}s away, less than the "
                 f"{self.config.min_call_seconds:g}s a model call needs to start: the call was not started"
             )
+        model = model or self.model
+        # A summary's text is no answer of the agent's: it is not streamed to listeners.
+        on_delta = None if quiet else self._on_delta(turn_id)
         if left is None:
             # No time limit binds this call (one set meanwhile applies from the next call, as
             # below): await it in this task; a task and a wait per call would cost a loop pass.
-            return await self.model.complete(request, self._on_delta(turn_id))
-        call = asyncio.ensure_future(self.model.complete(request, self._on_delta(turn_id)))
+            return await model.complete(request, on_delta)
+        call = asyncio.ensure_future(model.complete(request, on_delta))
         try:
             while True:
                 left = self.guard.time_left()
@@ -702,7 +705,7 @@ class Agent:
                 late,
             )
             when = end.isoformat() if end is not None else "the deadline"
-            raise _OutOfTime(f"deadline {when} passed during the model call: it was cancelled {late:.3f}s after")
+            raise OutOfTime(f"deadline {when} passed during the model call: it was cancelled {late:.3f}s after")
         finally:
             if not call.done():
                 # The turn itself was cancelled (an interrupt, a stop): the call goes with it.
@@ -825,27 +828,47 @@ class Agent:
             self._append(ConvMessage(role="user", content=a.content))
 
     async def _load_history(self) -> None:
-        self._history, self._wire = [], WireCache()
-        after = 0
-        while True:
-            page = await self.store.events_after(self.session_id, after, limit=5000, types=HISTORY_TYPES)
-            for event in page:
-                msg = history_message(event)
-                if msg is not None:
-                    self._append(msg)
-                after = event.seq
-            if len(page) < 5000:
-                return
+        # The model's view: the history as the latest compaction shows it (agent.context).
+        _, view = await load_view(self.store, self.session_id)
+        self._history, self._wire = [e.msg for e in view], WireCache()
+        self._meter.reset()
 
+    def view(self) -> list[ConvMessage] | None:
+        """The model's view of the conversation as the driver holds it (``None``: not loaded)."""
+        return None if self._history is None else list(self._history)
 
-def history_message(event: Event) -> ConvMessage | None:
-    """The conversation message an event contributes, if any."""
-    data = event.data
-    if event.type == EventType.MESSAGE_ADMITTED:
-        return ConvMessage(role="user", content=content_from_python(data["content"]))
-    if event.type == EventType.ASSISTANT_MESSAGE:
-        return ConvMessage(role="assistant", content=content_from_python(data["content"]))
-    if event.type == EventType.TOOL_RESULT:
-        block = ToolResultBlock(tool_use_id=data["toolUseId"], content=data["content"], is_error=data["isError"])
-        return ConvMessage(role="tool", content=[block])
-    return None
+    def _request(self, max_tokens: int) -> ModelRequest:
+        """The next step's request, measured (the model converts only what was added: WireCache)."""
+        history = self._history
+        assert history is not None
+        request = ModelRequest(self.config.system, tuple(history), self.tools.specs(), max_tokens, cache=self._wire)
+        return dataclasses.replace(request, prompt_bytes=self.model.measure(request))
+
+    async def _reserve(
+        self, turn: OpenedTurn, model: Model, bound: int, max_tokens: int, attempt: int, call_id: CallId
+    ) -> Reservation | TurnEnd:
+        """Check the guard for one call and make its reservation durable; a refusal ends the turn ``budget``."""
+        price = model.price
+        held = self.guard.reserve(
+            call_id,
+            bound + max_tokens,
+            price.bound(bound, max_tokens) if price else None,
+            min_left=self.config.min_call_seconds,
+        )
+        if isinstance(held, Refusal):
+            return TurnEnd(reason=EndReason.BUDGET, error=held.reason)
+        await self._write(
+            partial(
+                reserve_call,
+                call_id=call_id,
+                session_id=self.session_id,
+                turn_id=turn.turn_id,
+                guard_id=self.guard.id,
+                provider=model.provider,
+                model=model.name,
+                attempt=attempt,
+                tokens=held.tokens,
+                cost=held.cost,
+            )
+        )
+        return held

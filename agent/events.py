@@ -46,6 +46,8 @@ class EventType(enum.StrEnum):
     MODEL_CHARGED = "model/charged"
     STATUS = "status"
     SESSION_CREATED = "session/created"
+    #: Older turns were replaced by a summary in the model's view (:mod:`agent.context`).
+    CONTEXT_COMPACTED = "context/compacted"
 
 
 #: Event kinds that make up the conversation history (the model's view of the session).

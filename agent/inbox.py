@@ -82,11 +82,9 @@ def enqueue(
     source = source or Source()
     if message_id is not None:
         # Only a caller-supplied id can repeat; a fresh one needs no look-up.
-        existing = tx.one("SELECT session_id, queued_seq FROM inbox WHERE id=?", (message_id,))
-        if existing is not None:
-            if existing["session_id"] != session_id:
-                raise Conflict(f"message id {message_id} was already used in another session")
-            return Enqueued(message_id=message_id, seq=existing["queued_seq"], created=False)
+        earlier = _receipt(tx, session_id, message_id)
+        if earlier is not None:
+            return earlier
     mid = message_id or MessageId.new()
     tx.state(session_id)  # raises NotFound for an unknown session
     data: dict[str, Any] = {
@@ -119,20 +117,39 @@ def enqueue(
             raise Conflict(f"a message with pending key {pending_key!r} is already queued") from None
         raise
     if delivery is Delivery.FOLLOWUP and not yields_to_followup:
-        superseded = tx.all(
-            "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE session_id=? AND fate='queued'"
-            " AND yields_to_followup=1 RETURNING id",
-            (CancelReason.SUPERSEDED.value, tx.now, session_id),
-        )
-        for row in sorted(superseded, key=lambda r: str(r["id"])):
-            tx.emit(
-                session_id,
-                EventType.MESSAGE_CANCELLED,
-                {"messageId": row["id"], "reason": CancelReason.SUPERSEDED.value, "by": mid},
-            )
+        _supersede(tx, session_id, by=mid)
     if delivery.wakes:
         tx.set_status(session_id, AgentStatus.RUNNING)
     return Enqueued(message_id=mid, seq=event.seq, created=True)
+
+
+def _receipt(tx: Tx, session_id: str, message_id: MessageId) -> Enqueued | None:
+    """The receipt of ``message_id`` if it was enqueued before (``None``: it is new).
+
+    Raises:
+        Conflict: it was enqueued in another session.
+    """
+    existing = tx.one("SELECT session_id, queued_seq FROM inbox WHERE id=?", (message_id,))
+    if existing is None:
+        return None
+    if existing["session_id"] != session_id:
+        raise Conflict(f"message id {message_id} was already used in another session")
+    return Enqueued(message_id=message_id, seq=existing["queued_seq"], created=False)
+
+
+def _supersede(tx: Tx, session_id: str, *, by: MessageId) -> None:
+    """Cancel the session's queued ``yields_to_followup`` messages as ``superseded`` by ``by``."""
+    superseded = tx.all(
+        "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE session_id=? AND fate='queued'"
+        " AND yields_to_followup=1 RETURNING id",
+        (CancelReason.SUPERSEDED.value, tx.now, session_id),
+    )
+    for row in sorted(superseded, key=lambda r: str(r["id"])):
+        tx.emit(
+            session_id,
+            EventType.MESSAGE_CANCELLED,
+            {"messageId": row["id"], "reason": CancelReason.SUPERSEDED.value, "by": by},
+        )
 
 
 def cancel(tx: Tx, session_id: str, message_id: MessageId, reason: str = CancelReason.CANCELLED) -> int:

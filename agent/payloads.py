@@ -65,7 +65,11 @@ class EndReason(enum.StrEnum):
 class Payload(BaseModel):
     """Base of the typed payloads: stored camelCase keys read as snake_case attributes."""
 
-    model_config = ConfigDict(frozen=True, alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    # Built on first use, not at import (the daemon's start-up imports every kind; payloads are
+    # parsed lazily, and a kind no event of this run carries is never built).
+    model_config = ConfigDict(
+        frozen=True, alias_generator=to_camel, populate_by_name=True, extra="ignore", defer_build=True
+    )
 
     type: str
 
@@ -222,6 +226,36 @@ class SessionCreated(Payload):
     parent_session_id: str | None = None
 
 
+class ContextCompacted(Payload):
+    """``context/compacted``: the model's view of the session changed (see :mod:`agent.context`).
+
+    The event log is never rewritten: this event says how the view is built from it. History events
+    with ``seq <= through_seq`` are replaced by ``summary`` (when there is one); results of the tool
+    calls in ``elided`` keep only ``elide_keep`` characters of their head and of their tail. The latest
+    such event alone defines the view (each carries forward what still applies of the one before).
+    """
+
+    type: Literal["context/compacted"] = "context/compacted"
+    turn_id: str | None = None
+    #: How the view was made smaller: a model's ``summary``, or the fallbacks ``elided`` (large tool
+    #: results cut) and ``dropped`` (oldest turns left out, after eliding).
+    mode: Literal["summary", "elided", "dropped"] = "summary"
+    through_seq: int = 0
+    summary: str | None = None
+    elided: list[str] = Field(default_factory=list)
+    elide_keep: int = 0
+    #: Messages the summary (or the drop) replaced in this compaction.
+    messages: int = 0
+    #: Estimated prompt tokens before and after.
+    tokens_before: int = 0
+    tokens_after: int = 0
+    #: The summary call (absent for the fallbacks): its model, ``model_calls`` id, usage and cost.
+    model: str | None = None
+    call_id: str | None = None
+    usage: Usage | None = None
+    cost: float = 0.0
+
+
 #: The runtime's payloads, discriminated by their ``type``.
 RuntimePayload = Annotated[
     MessageQueued
@@ -235,7 +269,8 @@ RuntimePayload = Annotated[
     | ModelFailed
     | ModelCharged
     | StatusChanged
-    | SessionCreated,
+    | SessionCreated
+    | ContextCompacted,
     Field(discriminator="type"),
 ]
 
@@ -290,4 +325,5 @@ register_payloads(
     ModelCharged,
     StatusChanged,
     SessionCreated,
+    ContextCompacted,
 )

@@ -5,126 +5,38 @@ driver for each session that still has a waking message queued. Agents are loade
 first committed waking message of a session without a live agent loads one. A ``resolver`` turns a
 session row into its model, tools and settings, so packages above decide those (the goal engine
 adds goal tools; the daemon resolves model specs from its configuration).
+
+Besides the live agents it keeps one in-memory :class:`~agent.spend.SpendGuard` per guard, shared
+by every session under it. What an agent is built from is :mod:`agent.setup`; the rows of
+sessions and guards are :mod:`agent.sessions` and :mod:`agent.guards`; the model registry is
+:mod:`agent.models.registry`. Their names are re-exported here for the callers that import them
+from this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from agent.calls import usage_of_guard
-from agent.driver import Agent, AgentConfig, SlotFactory
-from agent.errors import InvalidInput, NotFound, StoreClosed
+from agent.driver import Agent
+from agent.errors import NotFound, StoreClosed
 from agent.events import Event, EventType
+from agent.guards import create_guard, load_guard, update_guard
 from agent.ids import GuardId, SessionId
-from agent.models.base import Model
-from agent.models.scripted import Reply, ScriptedModel
+from agent.models.registry import ModelRegistry, echo_model
 from agent.payloads import MessageQueued
 from agent.sessions import SessionRow, create_session, list_sessions, load_session
+from agent.setup import Resolver, SessionSetup, default_resolver, resolve_setup
 from agent.spend import Limits, SpendGuard
-from agent.store import Durability, Store, Tx
+from agent.store import Durability, Store
 from agent.subagents import settle_orphans
 from agent.tools.base import GUARD_KEY, ToolRegistry
 from agent.turns import repair
-
-
-@dataclass
-class SessionSetup:
-    """What an agent needs beyond its row: a model, tools and driver settings."""
-
-    model: Model
-    tools: ToolRegistry = field(default_factory=ToolRegistry)
-    config: AgentConfig = field(default_factory=AgentConfig)
-    slot: SlotFactory | None = None
-
-
-Resolver = Callable[[SessionRow], "SessionSetup | Awaitable[SessionSetup]"]
-
-
-def create_guard(tx: Tx, limits: Limits, guard_id: GuardId | None = None) -> GuardId:
-    """Insert a spend guard row."""
-    gid = guard_id or GuardId.new()
-    tx.execute(
-        "INSERT INTO guards(id, max_tokens, max_cost, deadline, max_wall_seconds, wall_started_at, created_at)"
-        " VALUES (?,?,?,?,?,?,?)",
-        (
-            gid,
-            limits.max_tokens,
-            limits.max_cost,
-            limits.deadline.isoformat() if limits.deadline else None,
-            limits.max_wall_seconds,
-            tx.now,
-            tx.now,
-        ),
-    )
-    return gid
-
-
-def update_guard(tx: Tx, guard_id: str, limits: Limits) -> None:
-    """Change a guard's limits."""
-    cur = tx.execute(
-        "UPDATE guards SET max_tokens=?, max_cost=?, deadline=?, max_wall_seconds=? WHERE id=?",
-        (
-            limits.max_tokens,
-            limits.max_cost,
-            limits.deadline.isoformat() if limits.deadline else None,
-            limits.max_wall_seconds,
-            guard_id,
-        ),
-    )
-    if cur.rowcount == 0:
-        raise NotFound(f"no spend guard {guard_id}")
-
-
-def echo_model() -> ScriptedModel:
-    """A scripted model that answers every prompt by echoing its last user text."""
-
-    def rule(request: Any) -> Reply:
-        last = request.messages[-1] if request.messages else None
-        text = "".join(getattr(b, "text", "") for b in last.content) if last is not None else ""
-        return Reply.say(f"echo: {text}")
-
-    return ScriptedModel(rule, name="echo", record=False)
-
-
-class ModelRegistry:
-    """Model instances by ``PROVIDER:MODEL`` spec (shared by every session that names them)."""
-
-    def __init__(
-        self,
-        models: dict[str, Model] | None = None,
-        default: str = "scripted:echo",
-        factory: Callable[[str], Model | None] | None = None,
-    ) -> None:
-        self._models: dict[str, Model] = dict(models or {})
-        self.default = default
-        self._factory = factory
-        self._models.setdefault("scripted:echo", echo_model())
-
-    def add(self, model: Model, spec: str | None = None) -> None:
-        """Register a model under its spec (or ``spec``)."""
-        self._models[spec or model.spec] = model
-
-    def get(self, spec: str | None) -> Model:
-        """The model for ``spec`` (the default when ``None``)."""
-        key = spec or self.default
-        model = self._models.get(key)
-        if model is None and self._factory is not None:
-            model = self._factory(key)
-            if model is not None:
-                self._models[key] = model
-        if model is None:
-            known = ", ".join(sorted(self._models))
-            raise InvalidInput(f"unknown model {key!r}; known: {known}")
-        return model
 
 
 class Runtime:
@@ -163,17 +75,7 @@ class Runtime:
         calls it once it serves, so that a big backlog does not delay its readiness).
         """
         if resolver is None:
-            registry = models or ModelRegistry()
-            tool_factory = tools or (lambda row: ToolRegistry())
-
-            def default_resolver(row: SessionRow) -> SessionSetup:
-                return SessionSetup(
-                    model=registry.get(row.model),
-                    tools=tool_factory(row),
-                    config=AgentConfig.model_validate(row.config.get("agent", {})),
-                )
-
-            resolver = default_resolver
+            resolver = default_resolver(models or ModelRegistry(), tools)
         store = await Store.open(path, durability=durability)
         try:
             # A child whose delegating call died with the process must not run on its own.
@@ -252,19 +154,8 @@ class Runtime:
             row = await self.session(session_id)
             state = await self.store.session_state(row.id)
             if setup is None:
-                resolved = self._resolver(row)
-                setup = await resolved if inspect.isawaitable(resolved) else resolved
-                assert isinstance(setup, SessionSetup)
-                allowed = row.config.get("subagent", {}).get("tools")
-                if allowed is not None:
-                    # A subagent loaded without its delegating call still gets no more than it was given.
-                    kept = [setup.tools.get(n) for n in setup.tools.names if n in allowed]
-                    setup.tools = ToolRegistry(
-                        [t for t in kept if t is not None],
-                        policy=setup.tools.policy,
-                        redactor=setup.tools.redactor,
-                        unavailable={n: why for n, why in setup.tools.unavailable.items() if n in allowed},
-                    )
+                # A subagent loaded without its delegating call still gets no more than it was given.
+                setup = await resolve_setup(self._resolver, row)
             guard = await self.guard(row.guard_id)
             agent = Agent(
                 store=self.store,
@@ -277,6 +168,7 @@ class Runtime:
                 workdir=Path(row.workdir) if row.workdir else None,
                 slot=setup.slot,
                 tool_extra={"runtime": self, GUARD_KEY: guard},
+                summary_model=setup.summary_model,
             )
             for event in self._buffers.pop(session_id, []):
                 if event.seq > state.last_seq:
@@ -309,7 +201,8 @@ class Runtime:
         sid = await self.create_session(
             model=row.model, workdir=row.workdir, parent_session_id=parent_id, guard_id=row.guard_id, config=config
         )
-        return await self.agent(sid, setup=SessionSetup(model=parent.model, tools=tools, config=parent.config))
+        setup = SessionSetup(model=parent.model, tools=tools, config=parent.config, summary_model=parent.summary_model)
+        return await self.agent(sid, setup=setup)
 
     async def unload(self, session_id: str, grace: float = 10.0) -> None:
         """Stop a live agent's driver and forget it; it loads again, through the resolver, when it next has work.
@@ -340,23 +233,7 @@ class Runtime:
         if live is not None:
             return live
 
-        def run(tx: Tx) -> SpendGuard:
-            row = tx.one("SELECT * FROM guards WHERE id=?", (guard_id,))
-            if row is None:
-                raise NotFound(f"no spend guard {guard_id}")
-            tokens, cost = usage_of_guard(tx, guard_id)
-            limits = Limits(
-                max_tokens=row["max_tokens"],
-                max_cost=row["max_cost"],
-                deadline=datetime.fromisoformat(row["deadline"]) if row["deadline"] else None,
-                max_wall_seconds=row["max_wall_seconds"],
-            )
-            started = datetime.fromisoformat(row["wall_started_at"]) if row["wall_started_at"] else None
-            return SpendGuard(
-                id=GuardId(guard_id), limits=limits, spent_tokens=tokens, spent_cost=cost, wall_started_at=started
-            )
-
-        loaded = await self.store.transact(run)
+        loaded = await self.store.transact(lambda tx: load_guard(tx, guard_id))
         return self._guards.setdefault(guard_id, loaded)
 
     # -- internals -------------------------------------------------------------------------
@@ -415,3 +292,14 @@ class Runtime:
         agents = list(self._agents.values())
         if agents:
             await asyncio.gather(*(a.stop(grace) for a in agents), return_exceptions=True)
+
+
+__all__ = [
+    "ModelRegistry",
+    "Resolver",
+    "Runtime",
+    "SessionSetup",
+    "create_guard",
+    "echo_model",
+    "update_guard",
+]

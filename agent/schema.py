@@ -117,4 +117,25 @@ CREATE INDEX model_calls_guard ON model_calls(guard_id) WHERE guard_id IS NOT NU
 CREATE INDEX model_calls_session ON model_calls(session_id, turn_id);
 """,
     ),
+    Migration(
+        version=2,
+        summary="retention: each session's sequence watermark and what pruning folded away",
+        # The watermark keeps a pruned session's numbering going (the next seq is above every seq
+        # ever given, stored or not); the pruned_* columns are the compact summary of what went.
+        sql="""
+ALTER TABLE sessions ADD COLUMN seq_watermark INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN pruned_through_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN pruned_events INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN pruned_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN pruned_at TEXT;
+""",
+    ),
+    Migration(
+        version=3,
+        summary="model calls lose the (session, turn) index that no query uses",
+        # Every model step writes its call row twice (reserved, then settled): each index is one more
+        # page in the write-ahead log per step. Calls are found by id (settle), by open reservation
+        # (crash repair: model_calls_open) and by guard (model_calls_guard); none by session and turn.
+        sql="DROP INDEX IF EXISTS model_calls_session;",
+    ),
 ]

@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -203,6 +204,11 @@ class Store:
             # Every prompt and tool output is in here: owner only, whatever the umask. SQLite creates
             # the WAL and SHM files with the database file's mode, so this comes before WAL mode.
             _owner_only(path)
+            # A new database frees pages back to the file system in bounded steps (retention's
+            # ``incremental_vacuum``); the mode can only be chosen before the first table exists
+            # (an older database switches with the offline ``goald store vacuum``).
+            if (await (await conn.execute("PRAGMA page_count")).fetchone() or (0,))[0] == 0:
+                await conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             sync = "FULL" if durability == "full" else "NORMAL"
             await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute(f"PRAGMA synchronous={sync}")
@@ -324,6 +330,28 @@ class Store:
         """
         return await self._call(lambda: self._run_tx(fn))
 
+    async def timed_transact(self, fn: Callable[[Tx], T]) -> tuple[T, float]:
+        """:meth:`transact`, also returning the seconds the transaction held the writer (from its
+        ``BEGIN IMMEDIATE`` to its ``COMMIT``, measured on the store thread)."""
+
+        def run() -> tuple[T, float]:
+            started = time.perf_counter()
+            result = self._run_tx(fn)
+            return result, time.perf_counter() - started
+
+        return await self._call(run)
+
+    async def maintain(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T, float]:
+        """Run ``fn`` on the store thread outside any transaction (a ``PRAGMA incremental_vacuum``
+        or a checkpoint, which open their own); returns its result and the seconds it took."""
+
+        def run() -> tuple[T, float]:
+            started = time.perf_counter()
+            result = fn(self._raw())
+            return result, time.perf_counter() - started
+
+        return await self._call(run)
+
     def _run_tx(self, fn: Callable[[Tx], T]) -> T:
         conn = self._raw()
         tx = Tx(self, conn)
@@ -414,11 +442,13 @@ class Store:
     # -- session state ---------------------------------------------------------------------
 
     def _load_state(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
-        row = conn.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone()
+        row = conn.execute("SELECT seq_watermark FROM sessions WHERE id=?", (session_id,)).fetchone()
         if row is None:
             raise NotFound(f"no session {session_id}")
         last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id=?", (session_id,))
-        last_seq = int(last.fetchone()[0])
+        # Retention may have pruned the newest stored events' predecessors (or, with no status event
+        # kept, all of them): the watermark is the highest number ever given, so numbering goes on.
+        last_seq = max(int(last.fetchone()[0]), int(row["seq_watermark"]))
         status_row = conn.execute(
             "SELECT seq, data FROM events WHERE session_id=? AND type=? ORDER BY seq DESC LIMIT 1",
             (session_id, EventType.STATUS.value),
@@ -511,4 +541,3 @@ def _split_sql(script: str) -> list[str]:
     if pending.strip(" \t\r\n;"):
         statements.append(pending.strip())
     return statements
-

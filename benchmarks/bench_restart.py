@@ -4,8 +4,8 @@ A store holds N goals whose sessions hold E events in all: the goals run a coupl
 in an embedded host that is then stopped mid-flight (some turns cut, continuations queued,
 decisions pending), and each session's history is padded with older events so the store holds E
 events. Then ``goald serve`` starts as a process with a real ``NOTIFY_SOCKET``, and the time from
-spawning it to ``READY=1`` is measured; the daemon sends that only once the socket serves and
-every active goal's pending decision is made. Each figure is the median of its runs.
+spawning it to ``READY=1`` is measured; the daemon sends that once the socket serves, and loads
+the live goals and makes their pending decisions right after. Each figure is the median of its runs.
 
 Two stores are measured: a small one (default 10 goals, 10,000 events, 20 restarts) and a big
 one (default 10,000 goals, 10,000,000 events, 3 restarts). Building the big one takes minutes and

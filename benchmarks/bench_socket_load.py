@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon.client import Client
-from daemon.server import raise_nofile_limit
+from daemon.client import Connection as Client
+from daemon.rpc.server import raise_nofile_limit
 
 HALF_FRAME = b'{"jsonrpc":"2.0","id":1,"method":"daemon/health","params":{"pad":"' + b"x" * 100_000
 

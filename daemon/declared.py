@@ -22,17 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent import InvalidInput, NotFound
-from daemon.schedules import DateTrigger, ScheduleSpec
+from daemon.ports import HostPort
+from daemon.schedule.model import DateTrigger, ScheduleSpec
 from daemon.settings import ConfigError
 from goals import Budgets, GoalSpec, VerifyCommand, goal_by_key, live_goals
-
-if TYPE_CHECKING:
-    from daemon.host import Host
 
 #: The discriminator tags pydantic puts in an error's location (not fields anyone wrote).
 _TAGS = ("cron", "interval", "date")
@@ -114,7 +112,7 @@ def _entries(path: Path, raw: dict[str, Any], kind: str) -> list[Any]:
     return value
 
 
-def _check_goal(path: Path, host: Host, index: int, raw: Any) -> tuple[DeclaredGoal, Path | None]:
+def _check_goal(path: Path, host: HostPort, index: int, raw: Any) -> tuple[DeclaredGoal, Path | None]:
     where = _entry_name("goal", index, raw)
     if not isinstance(raw, dict):
         raise _problem(path, where, None, "must be a table")
@@ -137,13 +135,13 @@ def _check_goal(path: Path, host: Host, index: int, raw: Any) -> tuple[DeclaredG
     workdir = None
     if entry.workdir is not None:
         try:
-            workdir = host.workdir_for(entry.workdir, f"declared-{entry.key}")
+            workdir = host.workdirs.resolve(entry.workdir, f"declared-{entry.key}")
         except InvalidInput as exc:
             raise _problem(path, where, "workdir", str(exc)) from None
     return entry, workdir
 
 
-def _check_schedule(path: Path, host: Host, index: int, raw: Any) -> ScheduleSpec:
+def _check_schedule(path: Path, host: HostPort, index: int, raw: Any) -> ScheduleSpec:
     where = _entry_name("schedule", index, raw)
     if not isinstance(raw, dict):
         raise _problem(path, where, None, "must be a table")
@@ -160,7 +158,7 @@ def _check_schedule(path: Path, host: Host, index: int, raw: Any) -> ScheduleSpe
         raise _problem(path, where, "goal.model", str(exc)) from None
     if spec.goal.get("workdir") is not None:
         try:
-            host.workdir_for(spec.goal["workdir"], "unused")
+            host.workdirs.resolve(spec.goal["workdir"], "unused")
         except InvalidInput as exc:
             raise _problem(path, where, "goal.workdir", str(exc)) from None
     return spec
@@ -175,7 +173,7 @@ def _unique(path: Path, kind: str, keys: Sequence[str | None]) -> None:
             seen.add(key)
 
 
-def check_declared(path: Path, host: Host) -> Declared:
+def check_declared(path: Path, host: HostPort) -> Declared:
     """Read the goals file and check every entry, without the store.
 
     Raises:
@@ -211,7 +209,7 @@ def _overlap(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
-async def _check_against_store(host: Host, declared: Declared) -> dict[str, str]:
+async def _check_against_store(host: HostPort, declared: Declared) -> dict[str, str]:
     """The checks that need the store; returns the ids of the declared goals that exist already."""
     assert host.rt is not None
     path = declared.path
@@ -231,7 +229,7 @@ async def _check_against_store(host: Host, declared: Declared) -> dict[str, str]
         if not isinstance(spec.trigger, DateTrigger) or spec.trigger.at > now:
             continue
         try:
-            old = await host.scheduler.get(spec.key) if host.scheduler is not None else None
+            old = await host.scheduler.get(spec.key) if host.scheduler is not None and spec.key is not None else None
         except NotFound:
             old = None
         if old is None or (old.trigger, old.timezone) != (spec.trigger, spec.timezone):
@@ -240,7 +238,7 @@ async def _check_against_store(host: Host, declared: Declared) -> dict[str, str]
     return ids
 
 
-async def apply_declared(host: Host, path: Path) -> dict[str, int]:
+async def apply_declared(host: HostPort, path: Path) -> dict[str, int]:
     """Create or update every declared goal and schedule; returns how many of each the file holds.
 
     Raises:
@@ -270,7 +268,7 @@ async def apply_declared(host: Host, path: Path) -> dict[str, int]:
                     progress=entry.progress,
                 )
             continue
-        workdir = declared.workdirs[entry.key] or host.workdir_for(None, f"declared-{entry.key}")
+        workdir = declared.workdirs[entry.key] or host.workdirs.resolve(None, f"declared-{entry.key}")
         await engine.create(
             GoalSpec(
                 objective=entry.objective,

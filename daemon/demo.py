@@ -10,112 +10,23 @@ event as it commits; at the end the demo says where the state and the events are
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from agent import Event, EventType, ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall
+from agent import Event, EventType
+from daemon.demo_model import DEMO_OBJECTIVE, DEMO_VERIFY
 from daemon.display import describe_event, goal_line
+from daemon.host import Host
 from daemon.lock import StateDirLocked
-
-DEMO_OBJECTIVE = (
-    "Keep the nightly report current: write report.md from the inputs in data.csv, "
-    "ending with a line that starts with 'Summary:'."
-)
-DEMO_VERIFY = "test -s data.csv && grep -q '^Summary:' report.md"
-
-_ROUND = re.compile(r"Round (\d+)")
-
-
-def _round_and_step(request: ModelRequest) -> tuple[int, int]:
-    last_user = max((i for i, m in enumerate(request.messages) if m.role == "user"), default=-1)
-    round_no = 1
-    if last_user >= 0:
-        text = "".join(b.text for b in request.messages[last_user].content if isinstance(b, TextBlock))
-        found = _ROUND.search(text)
-        round_no = int(found.group(1)) if found else 1
-    step = sum(1 for m in request.messages[last_user + 1 :] if m.role == "assistant")
-    return round_no, step
-
-
-_PLAN: dict[int, list[Reply]] = {
-    1: [
-        Reply(text="Looking at the work directory.", tool_calls=[ToolCall("list_dir", {"path": "."})]),
-        Reply(
-            text="Writing the inputs.",
-            tool_calls=[
-                ToolCall("write_file", {"path": "data.csv", "content": "source,rows\norders,1200\nrefunds,31\n"})
-            ],
-        ),
-        Reply(tool_calls=[ToolCall("goal_progress", {"note": "inputs written to data.csv"})]),
-        Reply.say("Inputs are in place; the report comes next."),
-    ],
-    2: [
-        Reply(
-            text="Drafting the report.",
-            tool_calls=[
-                ToolCall(
-                    "write_file",
-                    {"path": "report.md", "content": "# Nightly report\n\n- orders: 1200\n- refunds: 31\n"},
-                )
-            ],
-        ),
-        Reply(
-            text="I believe the report is done.",
-            tool_calls=[ToolCall("goal_complete", {"summary": "report.md written", "evidence": "report.md exists"})],
-        ),
-        Reply.say("Claimed completion."),
-    ],
-    3: [
-        Reply(
-            text="The check wants a Summary line; reading the report.",
-            tool_calls=[ToolCall("read_file", {"path": "report.md"})],
-        ),
-        Reply(
-            tool_calls=[
-                ToolCall(
-                    "edit_file",
-                    {
-                        "path": "report.md",
-                        "old": "- refunds: 31\n",
-                        "new": "- refunds: 31\n\nSummary: 1200 orders, 31 refunds.\n",
-                    },
-                )
-            ]
-        ),
-        Reply(
-            tool_calls=[
-                ToolCall(
-                    "goal_complete", {"summary": "report.md with a Summary line", "evidence": "grep finds Summary:"}
-                )
-            ]
-        ),
-        Reply.say("Report complete with its summary."),
-    ],
-}
-
-
-def demo_goal_model() -> ScriptedModel:
-    """The scripted model of the demo goal: real file work over three rounds."""
-
-    def rule(request: ModelRequest) -> Reply:
-        round_no, step = _round_and_step(request)
-        replies = _PLAN.get(round_no, [])
-        if step < len(replies):
-            return replies[step]
-        return Reply.say("Nothing more to do this round.")
-
-    return ScriptedModel(rule, name="demo", record=False)
+from daemon.rpc.views import goal_view
+from daemon.settings import load_settings
+from goals import GOAL_CHANGED, GoalChanged, GoalSpec, GoalStatus, VerifyCommand
 
 
 async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) -> int:
     """Run the demo goal in an embedded daemon; returns an exit code (0 when the goal completed)."""
-    from daemon.host import Host
-    from daemon.settings import load_settings
-    from goals import GOAL_CHANGED, GoalChanged, GoalSpec, GoalStatus, VerifyCommand
-
     state = (state_dir or Path(tempfile.mkdtemp(prefix="goald-demo-"))).resolve()
     settings = load_settings(None, state_dir=state, default_model="scripted:demo", sandbox="none")
     host = Host(settings)
@@ -137,7 +48,7 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
             raise RuntimeError(f"the demo's daemon did not start: {exc}")
         assert host.rt is not None and host.engine is not None
         rt, engine = host.rt, host.engine
-        workdir = host.workdir_for(None, "demo")
+        workdir = host.workdirs.resolve(None, "demo")
         done = asyncio.Event()
         # Listen before the goal exists, so its first events (created in the create transaction)
         # are shown too: they are held until the goal's session is known.
@@ -177,8 +88,6 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
         finally:
             remove()
         final = await engine.get(goal.id)
-        from daemon.methods import goal_view
-
         say("")
         say(goal_line(goal_view(final)))
         report = workdir / "report.md"

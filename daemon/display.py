@@ -33,7 +33,7 @@ from goals import GoalBlockedReported, GoalChanged, GoalClaimed, GoalProgressNot
 if TYPE_CHECKING:
     from rich.live import Live
 
-    from daemon.client import Client
+    from daemon.client import Connection as Client
 
 #: Statuses a goal never leaves.
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -150,6 +150,7 @@ class GoalDisplay:
         self._last: str | None = None
         self._live: Live | None = None
         if live:
+            # rich loads only for a live panel: ``goald run``, the demo and ACP import this module too.
             from rich.console import Console
             from rich.live import Live
             from rich.text import Text

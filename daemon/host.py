@@ -2,9 +2,13 @@
 scheduler and the control server, all inside one ``asyncio.TaskGroup``.
 
 Start order: state directory → its lock (a second daemon stops here, having written nothing:
-:mod:`daemon.lock`) → store (crash repair) → goal engine (every active goal's pending
-decision is made: that is what "resumed" means; histories are not loaded) → scheduler (missed
-fires applied) → control socket → ``READY=1``. Stop order (SIGTERM/SIGINT, or the ``shutdown``
+:mod:`daemon.lock`) → store (crash repair) → goal engine (listening; no goal
+loaded yet) → scheduler (missed
+fires applied) → control socket → ``READY=1``. Nothing before ``READY=1`` is done per goal or
+per event (the live goals' secrets are read in one indexed pass): the engine loads the live goals
+and makes their pending decisions right after, then the sessions with queued work resume, in
+that order, so a goal that must stop does so before its session runs again.
+Stop order (SIGTERM/SIGINT, or the ``shutdown``
 method): ``STOPPING=1`` → the socket and the scheduler stop taking work (a request in flight, such as the
 call that stopped the daemon, still writes its answer) → running turns get the
 grace period to reach a safe point, else end ``interrupted`` → the store closes → exit 0.
@@ -33,6 +37,7 @@ from agent import (
     DEFAULT_MAX_DEPTH,
     AgentConfig,
     AgentStatus,
+    CommandLimits,
     Delegate,
     McpServer,
     McpServers,
@@ -46,16 +51,24 @@ from agent import (
     Shell,
     ToolContext,
     ToolRegistry,
+    detect_bwrap,
     file_tools,
     session_chain,
-    workdirs,
 )
+from agent.models.health import ProviderHealth
 from daemon import __version__
+from daemon.declared import GoalsFileError, apply_declared, check_declared
 from daemon.errors import InvalidRunState
 from daemon.goal_sandbox import goal_policy, goal_redactor
 from daemon.lock import StateLock
-from daemon.protocol import InvalidField
+from daemon.models import build_registry
+from daemon.notify import Notifier, watchdog_loop
+from daemon.rpc.methods import build_dispatcher
+from daemon.rpc.server import ConnectionLimits, UnixServer, raise_nofile_limit, serve_stdio
+from daemon.schedule.firing import GoalFiring
+from daemon.schedule.service import Scheduler
 from daemon.settings import Settings, sandbox_profile
+from daemon.workdirs import Workdirs
 from goals import MIGRATIONS as GOAL_MIGRATIONS
 from goals import (
     CommandRunner,
@@ -64,11 +77,12 @@ from goals import (
     SandboxSpec,
     goal_counts,
     live_goal_of_chain,
-    live_goals,
+    live_goal_sandboxes_with_secrets,
     policy_for_session,
     sandboxed_runner,
     tools_for_goal_sessions,
 )
+from goals.retention import retention_loop
 
 
 class RunState(enum.StrEnum):
@@ -111,9 +125,6 @@ async def build_mcp_servers(settings: Settings) -> McpServers:
     """The configured MCP servers (not started). With ``sandbox = "bwrap"`` each runs in a sandbox
     whose only writable directory is its own ``<state_dir>/mcp/<name>``; without a usable bwrap
     none is started (logged), as no command runs unconfined unless the config says so."""
-    from agent import CommandLimits
-    from agent.sandbox import Sandbox, SandboxUnavailable, detect_bwrap
-
     s = settings
     if not s.mcp_servers:
         return McpServers()
@@ -173,23 +184,23 @@ class Host:
 
     def __init__(self, settings: Settings, *, models: ModelRegistry | None = None) -> None:
         self.settings = settings
-        from agent.models.health import ProviderHealth
-        from daemon.models import build_registry
-
         self.healths: dict[str, ProviderHealth] = {}
         self.models = models or build_registry(settings, self.healths)
         self.state = RunState.STARTING
         self.started = time.monotonic()
         self.rt: Runtime | None = None
         self.engine: GoalEngine | None = None
-        self.scheduler: Any = None
+        self.scheduler: Scheduler | None = None
         self._stop = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.max_concurrent_turns)
-        self._notifier: Any = None
+        #: systemd notifications; read from the environment when the daemon starts serving.
+        self._notifier = Notifier(None)
         self.ready = asyncio.Event()
         #: How commands are sandboxed; detected when the daemon starts.
         self.sandboxing = SandboxProfile(unavailable="the daemon has not started")
         self.mcp = McpServers()
+        #: Where sessions and goals work, inside the allowed roots.
+        self.workdirs = Workdirs(settings.roots)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -219,16 +230,11 @@ class Host:
             lock.release()
 
     async def _serve(self, *, stdio: bool) -> int:
-        from daemon.notify import Notifier, watchdog_loop
-        from daemon.server import ConnectionLimits, UnixServer, raise_nofile_limit, serve_stdio
-
         s = self.settings
         raise_nofile_limit()
         for root in s.roots:
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
         if s.goals_file is not None:
-            from daemon.declared import check_declared
-
             # An invalid goals file refuses to start (GoalsFileError, exit 78) before the store opens.
             check_declared(s.goals_file, self)
         self._notifier = Notifier.from_env()
@@ -257,27 +263,32 @@ class Host:
             self.engine = engine
             # Before the engine resumes any goal's session (their tools are set up as they load).
             await self._learn_live_goal_secrets(rt)
-            await engine.start(resume=s.resume_on_start)
+            await engine.start(defer=True)
             await self._start_scheduler()
-            from daemon.methods import build_dispatcher
-
             dispatcher = build_dispatcher(self)
             server = UnixServer(s.socket_path, dispatcher, s.max_frame_bytes, limits=ConnectionLimits.of(s))
             await server.start()
             stdio_task = rt.spawn(self._stdio(serve_stdio, dispatcher)) if stdio else None
             self._set_state(RunState.SERVING)
             self.ready.set()
-            self._notifier.ready(self.status_line())
-            # Turns that were waiting when the process stopped run now, after READY: readiness
-            # means every goal's decision is made, not that every backlog has drained.
-            rt.spawn(self._resume(rt))
+            live = await rt.store.read(goal_counts)
+            self._notifier.ready(self.status_line(live=live["active"] + live["paused"]))
+            # The goals' pending decisions, then the turns that were waiting when the process
+            # stopped, run now, after READY: readiness waits on neither the number of goals nor
+            # any backlog.
+            rt.spawn(self._resume(rt, engine))
             watchdog = rt.spawn(watchdog_loop(self._notifier, self.status_line))
+            retainer = None
+            if s.retention.interval_seconds > 0:
+                retainer = rt.spawn(retention_loop(rt.store, s.retention.policy(s.roots), s.retention.interval_seconds))
             try:
                 await self._stop.wait()
             finally:
                 self._set_state(RunState.STOPPING)
                 self._notifier.stopping()
                 watchdog.cancel()
+                if retainer is not None:
+                    retainer.cancel()
                 if stdio_task is not None:
                     stdio_task.cancel()
                 await server.stop()
@@ -287,7 +298,8 @@ class Host:
         self._set_state(RunState.STOPPED)
         return 0
 
-    async def _resume(self, rt: Runtime) -> None:
+    async def _resume(self, rt: Runtime, engine: GoalEngine) -> None:
+        await engine.follow_live_goals(decide=self.settings.resume_on_start)
         count = await rt.resume()
         if count:
             logger.info("resumed {} session(s) with queued work", count)
@@ -329,8 +341,6 @@ class Host:
         Raises:
             GoalsFileError: the file is invalid (named in the message); nothing was changed.
         """
-        from daemon.declared import GoalsFileError, apply_declared
-
         if self.settings.goals_file is None or self.engine is None:
             return {"goals": 0, "schedules": 0}
         try:
@@ -343,24 +353,18 @@ class Host:
             raise
 
     async def _start_scheduler(self) -> None:
-        from daemon.scheduler import Scheduler
-
         assert self.rt is not None and self.engine is not None
-        engine = self.engine
-        from daemon.schedule_glue import cancel_goal, fire_goal, goal_status
-
-        self.scheduler = Scheduler(
-            self.rt.store,
-            fire=lambda sched, at: fire_goal(self, sched, at),
-            goal_status=lambda gid: goal_status(engine, gid),
-            cancel_goal=lambda gid: cancel_goal(engine, gid),
+        firing = GoalFiring(self.engine, self.workdirs, self.settings.default_model, self.learn_secrets)
+        scheduler = Scheduler(
+            self.rt.store, fire=firing.fire, goal_status=firing.goal_status, cancel_goal=firing.cancel_goal
         )
-        await self.scheduler.start()
+        self.scheduler = scheduler
+        await scheduler.start()
         if self.settings.goals_file is not None:
             try:
                 await self.reload()
             except Exception:
-                await self.scheduler.stop()
+                await scheduler.stop()
                 raise
 
     # -- sessions --------------------------------------------------------------------------
@@ -384,9 +388,14 @@ class Host:
             tools.add(Shell(self._sandbox_for, default_timeout=self.settings.shell_timeout_seconds))
         else:
             tools.unavailable["shell"] = self.sandboxing.unavailable
-        agent_config = {"min_call_seconds": self.settings.model_call_min_seconds, **row.config.get("agent", {})}
+        agent_config = {
+            "min_call_seconds": self.settings.model_call_min_seconds,
+            "context": {"compact_at": self.settings.context_compact_at},
+            **row.config.get("agent", {}),
+        }
         config = AgentConfig.model_validate(agent_config)
-        return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots)
+        summary = self.models.get(self.settings.summary_model) if self.settings.summary_model else None
+        return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots, summary_model=summary)
 
     async def _sandbox_for(self, ctx: ToolContext) -> Sandbox:
         """One shell call's sandbox: the session's work directory, under its live goal's network and secrets.
@@ -420,33 +429,8 @@ class Host:
 
     async def _learn_live_goal_secrets(self, rt: Runtime) -> None:
         await rt.store.migrate("goals", GOAL_MIGRATIONS)  # what the engine's start does first (idempotent)
-        for goal in await rt.store.read(live_goals):
-            self.learn_secrets(goal.sandbox)
-
-    def workdir_for(self, raw: str | None, name: str) -> Path:
-        """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``."""
-        roots = [r.resolve() for r in self.settings.roots]
-        if raw is None:
-            path = roots[0] / name
-            path.mkdir(parents=True, exist_ok=True, mode=0o700)
-            workdirs.pin(path)
-            return path
-        path = Path(raw).expanduser()
-        if not path.is_absolute():
-            raise InvalidField(f"workdir {raw!r} must be an absolute path", field="workdir")
-        # A root itself is allowed (``goald run --workdir``, an editor's project): what keeps one
-        # session from swapping another's directory is the nesting check at ``session/new`` and
-        # ``goal/create`` and the pin below, checked at every use.
-        path = path.resolve()
-        if not any(path.is_relative_to(r) for r in roots):
-            raise InvalidField(
-                f"workdir {raw!r} is outside the allowed work-directory roots ({', '.join(map(str, roots))})",
-                field="workdir",
-            )
-        if not path.is_dir():
-            raise InvalidField(f"workdir {raw!r} does not exist or is not a directory", field="workdir")
-        workdirs.pin(path)  # the directory every later use must still be
-        return path
+        for sandbox in await rt.store.read(live_goal_sandboxes_with_secrets):
+            self.learn_secrets(sandbox)
 
     # -- observation -----------------------------------------------------------------------
 
@@ -465,10 +449,12 @@ class Host:
             return 0
         return sum(1 for a in self.rt.live_agents.values() if a.status is AgentStatus.RUNNING)
 
-    def status_line(self) -> str:
-        """The one-line status for systemd's ``STATUS=``."""
+    def status_line(self, *, live: int | None = None) -> str:
+        """The one-line status for systemd's ``STATUS=`` (``live``: the live goals, when the engine
+        has not loaded them yet)."""
         engine = self.engine
-        live = engine.live_goal_count if engine is not None else 0
+        if live is None:
+            live = engine.live_goal_count if engine is not None else 0
         return f"{self.state.value}; {live} live goal(s); {self.sessions_running()} session(s) running"
 
     async def health(self) -> dict[str, Any]:

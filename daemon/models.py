@@ -14,13 +14,12 @@ from typing import Any
 
 from agent import InvalidInput, Model, ModelRegistry, echo_model
 from agent.models.health import GuardedModel, ProviderHealth
+from daemon.demo_model import demo_goal_model
 from daemon.settings import ProviderSettings, Settings, read_secret
 
 
 def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None = None) -> ModelRegistry:
     """The daemon's model registry; ``healths`` collects each provider's shared health (breaker, limits)."""
-    from daemon.demo import demo_goal_model
-
     healths = {} if healths is None else healths
     # Every HTTP provider's health exists from the start, so ``daemon/health`` shows each one (its
     # breaker closed, its limits) before any session has used it.
@@ -40,6 +39,8 @@ def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None
             if not isinstance(model, Model):
                 raise InvalidInput(f"script {conf.script!r} did not return a model for {name!r}")
             model.provider = provider
+            if conf.context_window is not None or name in conf.models:
+                model.context_window, model.max_tokens = conf.limits_for(name)
             if name in conf.prices:
                 model.price = conf.prices[name]
             return model
@@ -51,12 +52,14 @@ def build_registry(settings: Settings, healths: dict[str, ProviderHealth] | None
             "base_url": conf.base_url,
             "api_key": read_secret(conf),
             "timeout": conf.timeout_seconds,
-            "max_tokens": conf.max_tokens,
-            "context_window": conf.context_window,
+            "max_tokens": conf.limits_for(name)[1],
+            "context_window": conf.limits_for(name)[0],
             "price": conf.prices.get(name),
             "provider": provider,
         }
         inner: Model
+        # The provider SDKs (and their HTTP stack) load only when a session first uses one of their
+        # models: the daemon's start-up path stays free of them (tests/test_startup_imports.py).
         if conf.kind == "openai":
             from agent.models.openai import OpenAIModel
 

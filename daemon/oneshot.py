@@ -14,7 +14,7 @@ host); SIGTERM stops the host gracefully, so a running turn ends ``interrupted``
 point or after the grace period (exit 1). When another goald holds ``--state-dir`` the run exits
 75 at once and writes nothing (the host takes the state directory's lock: :mod:`daemon.lock`).
 A turn may also be ended by another client of the embedded host's socket (``session/interrupt``):
-the host's stop lets that call write its answer before the process exits (:mod:`daemon.server`).
+the host's stop lets that call write its answer before the process exits (:mod:`daemon.rpc.server`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from agent import (
     AssistantMessage,
@@ -44,13 +44,12 @@ from agent import (
     TurnEnded,
     create_session,
 )
+from daemon.client import Client, RpcError, RunIncomplete, RunResult, SessionEvent
+from daemon.display import describe_event
+from daemon.host import Host
 from daemon.lock import StateDirLocked
 from daemon.notify import NOTIFY_ENV
-from daemon.sdk import Client, RpcError, RunIncomplete, RunResult, SessionEvent
 from daemon.settings import Settings
-
-if TYPE_CHECKING:
-    from daemon.host import Host
 
 EXIT_END_TURN = 0
 EXIT_ERROR = 1
@@ -111,8 +110,6 @@ def embedded_settings(settings: Settings, state_dir: Path, workdir: Path | None)
 
 async def run_oneshot(settings: Settings, opts: RunOptions, out: TextIO, err: TextIO) -> int:
     """Run ``opts.text`` in an embedded host; returns the exit code."""
-    from daemon.host import Host
-
     workdir = None
     if opts.workdir is not None:
         workdir = opts.workdir.expanduser().resolve()
@@ -159,7 +156,7 @@ async def _run(
     guard = await rt.create_guard(Limits(max_tokens=opts.max_tokens)) if opts.max_tokens is not None else None
     config = {"agent": {"max_steps": opts.max_steps}} if opts.max_steps is not None else None
     sid = SessionId.new()
-    where = str(host.workdir_for(str(workdir) if workdir is not None else None, sid))
+    where = str(host.workdirs.resolve(str(workdir) if workdir is not None else None, sid))
     await rt.store.transact(
         lambda tx: create_session(tx, model=opts.model, workdir=where, guard_id=guard, config=config, session_id=sid)
     )
@@ -220,8 +217,6 @@ def _report(result: RunResult, as_json: bool, out: TextIO, err: TextIO) -> None:
 
 
 def _progress(err: TextIO) -> Callable[[SessionEvent], None]:
-    from daemon.display import describe_event
-
     def show(ev: SessionEvent) -> None:
         if ev.type not in (EventType.ASSISTANT_MESSAGE, EventType.TOOL_RESULT):
             return

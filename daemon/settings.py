@@ -13,7 +13,7 @@ import dataclasses
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from loguru import logger
 from pydantic import (
@@ -43,6 +43,9 @@ from agent.allowlist import etc_secrets
 from agent.limits import MIB, MIN_MEMORY_BYTES, MIN_PROCESSES, CommandLimits, limiter
 from agent.sandbox import BASE_VARIABLES
 from daemon.errors import DaemonError
+
+if TYPE_CHECKING:
+    from goals.retention import RetentionPolicy
 
 
 class ConfigError(DaemonError, ValueError):
@@ -75,6 +78,15 @@ Processes = Annotated[int, Field(ge=0), _cap(MIN_PROCESSES, "")]
 MemoryMb = Annotated[int, Field(ge=0), _cap(MIN_MEMORY_BYTES // MIB, " MiB")]
 
 
+class ModelLimits(BaseModel):
+    """One model's context window and output limit (each unset: the provider's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    context_window: int | None = Field(default=None, ge=256)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
 class ProviderSettings(BaseModel):
     """One model provider."""
 
@@ -90,7 +102,10 @@ class ProviderSettings(BaseModel):
     api_key: SecretStr | None = None
     timeout_seconds: float = Field(default=120.0, gt=0)
     max_tokens: int = Field(default=4096, ge=1)
-    context_window: int = Field(default=128_000, ge=1)
+    #: Tokens a prompt may take; unset: the window goald knows for the model's name, else 128,000.
+    context_window: int | None = Field(default=None, ge=256)
+    #: Per-model limits, by model name (override the two above).
+    models: dict[str, ModelLimits] = {}
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     max_concurrent_calls: int | None = Field(default=None, ge=1)
@@ -103,6 +118,14 @@ class ProviderSettings(BaseModel):
     prices: dict[str, Price] = {}
     #: For ``kind = "scripted"``: ``module:callable`` that returns a model for a model name.
     script: str | None = None
+
+    def limits_for(self, name: str) -> tuple[int, int]:
+        """(context window, output limit) of model ``name``."""
+        from agent.models.base import known_window
+
+        own = self.models.get(name, ModelLimits())
+        window = own.context_window or self.context_window or known_window(name) or 128_000
+        return window, own.max_tokens or self.max_tokens
 
 
 class McpServerSettings(BaseModel):
@@ -178,6 +201,47 @@ class GoalSandbox(BaseModel):
         return value
 
 
+class RetentionSettings(BaseModel):
+    """How long ended goals keep their history and work directories (``[retention]``).
+
+    Ages are in seconds (0: keep forever); see :mod:`goals.retention` for what an ended goal keeps.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Seconds after a goal ended (completed, failed, cancelled) before its session history is pruned.
+    history_seconds: float = Field(default=30 * 86_400.0, ge=0)
+    #: Events each pruned session keeps (the newest, extended back to a turn's start).
+    keep_events: int = Field(default=200, ge=0)
+    #: Seconds after a goal ended before the work directory goald made for it is removed.
+    workdir_seconds: float = Field(default=90 * 86_400.0, ge=0)
+    #: Goal keys or ids whose work directories are never removed.
+    keep_workdirs: list[str] = []
+    #: Seconds between the daemon's retention runs (0: only ``goald store compact``).
+    interval_seconds: float = Field(default=3600.0, ge=0)
+    #: Rows one retention step deletes (one short transaction).
+    batch_rows: int = Field(default=500, ge=1, le=100_000)
+    #: Bytes of events one retention step deletes, about (at least one event).
+    batch_bytes: int = Field(default=1 << 20, ge=1)
+    #: Pages one ``incremental_vacuum`` step gives back to the file system.
+    vacuum_pages: int = Field(default=256, ge=1, le=1_000_000)
+
+    def policy(self, roots: list[Path]) -> RetentionPolicy:
+        """The goal package's retention policy for these settings and work-directory ``roots``."""
+        from goals.retention import RetentionPolicy  # the CLI's client commands never need it
+
+        return RetentionPolicy(
+            history_seconds=self.history_seconds,
+            keep_events=self.keep_events,
+            workdir_seconds=self.workdir_seconds,
+            keep_workdirs=self.keep_workdirs,
+            workdir_roots=roots,
+            batch_rows=self.batch_rows,
+            batch_bytes=self.batch_bytes,
+            vacuum_pages=self.vacuum_pages,
+        )
+
+
 class Settings(BaseSettings):
     """Everything the daemon reads at start."""
 
@@ -222,10 +286,18 @@ class Settings(BaseSettings):
     #: Seconds a control-socket connection without a subscription may stay silent before it is closed.
     idle_connection_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     mcp_servers: dict[str, McpServerSettings] = {}
+    #: Compact a session's view when its estimated prompt passes this share of the model's window.
+    context_compact_at: float = Field(default=0.8, gt=0.1, le=1)
+    #: A (cheaper) model that writes compaction summaries, ``PROVIDER:MODEL`` (default: the session's own).
+    summary_model: str | None = None
+    #: Retention of ended goals' history and work directories.
+    retention: RetentionSettings = RetentionSettings()
 
-    @field_validator("default_model")
+    @field_validator("default_model", "summary_model")
     @classmethod
-    def _spec(cls, value: str) -> str:
+    def _spec(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if ":" not in value or not all(value.split(":", 1)):
             raise ValueError("must be PROVIDER:MODEL, e.g. openai:gpt-4o-mini or scripted:demo")
         return value

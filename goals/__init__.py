@@ -8,18 +8,19 @@ query of it, and other packages read goals only through those functions (counts 
 live goals, the live goal of a session or of a subagent's chain of sessions). It reaches the
 runtime's tables only through the runtime's functions (enqueue and cancel by pending key, attach a
 guard and settings to a session). Errors derive from :class:`~goals.errors.GoalError`.
+
+Modules: the goal and its lifecycle (``model``), the engine's loop (``engine``) and its parts
+(``facts``: an interval's events read into facts; ``measure``: the work directory and the goal's
+commands; ``policy``: the pure decision; ``timers``; ``creation``), the continuation text
+(``continuation``), the goal tools and tool policy (``tools``), verification and fingerprints
+(``verify``), work-directory claims (``locks``), queries of the ``goals`` table (``store``), event
+payloads (``payloads``), pruning (``retention``) and errors (``errors``).
 """
 
 from goals.continuation import quote, render, stable_part
-from goals.engine import (
-    GoalEngine,
-    goal_policy,
-    guard_limits,
-    interval_facts,
-    policy_for_session,
-    tools_for_goal_sessions,
-)
+from goals.engine import GoalEngine
 from goals.errors import GoalConflict, GoalError, GoalNotFound, InvalidGoal, InvalidGoalTransition, StaleDecision
+from goals.facts import interval_facts
 from goals.locks import check_nesting, claim_workdir, workdir_holder
 from goals.model import (
     Budgets,
@@ -44,7 +45,17 @@ from goals.payloads import (
     GoalProgressNoted,
     GoalVerified,
 )
-from goals.policy import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput, budget_spent, decide
+from goals.policy import (
+    Claim,
+    ContinuationFate,
+    Decision,
+    DecisionKind,
+    Interval,
+    PolicyInput,
+    budget_spent,
+    decide,
+    guard_limits,
+)
 from goals.store import (
     GOAL_BLOCKED,
     GOAL_CHANGED,
@@ -59,11 +70,21 @@ from goals.store import (
     list_goals,
     live_goal_of_chain,
     live_goal_of_session,
+    live_goal_sandboxes_with_secrets,
     live_goals,
     load_goal,
     pending_key,
 )
-from goals.tools import GOAL_TOOL_NAMES, GoalBlocked, GoalComplete, GoalProgress, goal_tools
+from goals.tools import (
+    GOAL_TOOL_NAMES,
+    GoalBlocked,
+    GoalComplete,
+    GoalProgress,
+    goal_policy,
+    goal_tools,
+    policy_for_session,
+    tools_for_goal_sessions,
+)
 from goals.verify import CommandRunner, fingerprint, progress_digest, run_all, run_command, sandboxed_runner
 
 __all__ = [
@@ -125,6 +146,7 @@ __all__ = [
     "list_goals",
     "live_goal_of_chain",
     "live_goal_of_session",
+    "live_goal_sandboxes_with_secrets",
     "live_goals",
     "load_goal",
     "pending_key",

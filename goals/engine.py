@@ -15,14 +15,17 @@ backoff from the durable state, like any idle not yet decided, until it commits:
 goal's durable ``not_before`` when the store can write it, an in-memory timer when it cannot, and
 at start the engine evaluates every active goal anyway, so no goal sits ``active`` with nothing
 queued, nothing running and no timer set.
+
+The engine is the loop and the transactions around the decision; the parts have their own
+modules: reading the interval's events (:mod:`goals.facts`), measuring the work directory and
+running the goal's commands (:mod:`goals.measure`), the decision (:mod:`goals.policy`), the
+timers (:mod:`goals.timers`) and creating a goal (:mod:`goals.creation`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,67 +35,42 @@ from loguru import logger
 
 from agent import (
     AgentStatus,
-    AssistantMessage,
     Event,
     InvalidInput,
-    Limits,
-    MessageAdmitted,
-    MessageCancelled,
-    MessageQueued,
-    ModelCharged,
-    ModelFailed,
     NotFound,
     Runtime,
     SessionId,
     StorageUnavailable,
-    ToolPolicy,
-    ToolResult,
-    ToolUseBlock,
-    TurnEnded,
     Tx,
-    create_guard,
-    create_session,
     is_idle,
-    load_session,
     read_events,
     update_guard,
-    update_session,
 )
 from goals.continuation import render
-from goals.errors import GoalConflict, InvalidGoal, StaleDecision
+from goals.creation import create_goal
+from goals.errors import InvalidGoal, StaleDecision
+from goals.facts import interval_facts
 from goals.locks import claim_workdir
-from goals.model import Budgets, Goal, GoalId, GoalMemory, GoalSpec, GoalStatus, StopReason, VerifyCommand
-from goals.payloads import GoalBlockedReported, GoalClaimed, GoalProgressNoted
-from goals.policy import (
-    Claim,
-    ContinuationFate,
-    Decision,
-    DecisionKind,
-    Interval,
-    PolicyInput,
-    budget_spent,
-    decide,
-)
+from goals.measure import Measured, measure
+from goals.model import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopReason, VerifyCommand
+from goals.policy import Decision, DecisionKind, PolicyInput, budget_spent, decide, guard_limits
 from goals.store import (
     GOAL_VERIFIED,
     MIGRATIONS,
     cancel_continuation,
     continuation_queued,
     emit_changed,
-    goal_by_idempotency_key,
-    goal_by_key,
-    insert_goal,
     issue_continuation,
     list_goals,
-    live_goal_of_session,
     live_goals,
     load_goal,
     resolve_goal_id,
     save_goal,
     set_status,
 )
-from goals.tools import GOAL_TOOL_NAMES, goal_tools
-from goals.verify import CommandRunner, fingerprint, progress_digest, run_all, run_command
+from goals.timers import GoalTimers, due_of
+from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
+from goals.verify import CommandRunner, fingerprint, run_command
 
 DecisionListener = Callable[[PolicyInput, Decision], None]
 #: First and longest wait before a failed evaluation is tried again.
@@ -103,84 +81,6 @@ Clock = Callable[[], datetime]
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
-    """Gather the policy's facts from the session's events of one interval."""
-    fate = ContinuationFate.NONE
-    cancel_reason = None
-    tokens, cost, turns = 0, 0.0, 0
-    claims: list[Claim] = []
-    blocked: list[str] = []
-    notes: list[str] = []
-    calls: list[str] = []
-    uses: dict[str, tuple[str, str]] = {}
-    last_reason = last_kind = last_error = None
-    breaker_open = False
-    cid = goal.continuation_id
-    for ev in events:
-        match ev.payload:
-            case MessageQueued() as queued if queued.message_id == cid:
-                fate = ContinuationFate.QUEUED
-            case MessageAdmitted() as admitted if admitted.message_id == cid:
-                fate = ContinuationFate.ADMITTED
-            case MessageCancelled() as gone if gone.message_id == cid:
-                fate, cancel_reason = ContinuationFate.CANCELLED, gone.reason
-            case AssistantMessage() as answer:
-                tokens += answer.usage.total if answer.usage is not None else 0
-                cost += answer.cost
-                for block in answer.content:
-                    if isinstance(block, ToolUseBlock) and block.name not in GOAL_TOOL_NAMES:
-                        uses[block.id] = (block.name, json.dumps(block.input, sort_keys=True))
-            case ToolResult() as result if result.tool_use_id in uses:
-                name, args = uses.pop(result.tool_use_id)
-                digest = hashlib.sha256(f"{name}\0{args}\0{result.content}".encode()).hexdigest()[:12]
-                calls.append(digest)
-            case ModelFailed() as failed:
-                breaker_open = breaker_open or failed.breaker_open
-                tokens += failed.usage.total if failed.usage is not None else 0
-                cost += failed.cost
-            case ModelCharged() as charged:
-                tokens += charged.tokens
-                cost += charged.cost
-            case TurnEnded() as ended:
-                turns += 1
-                last_reason, last_kind, last_error = ended.reason.value, ended.error_kind, ended.error
-            case GoalClaimed() as claim if claim.goal_id == goal.id:
-                claims.append(Claim(summary=claim.summary, evidence=claim.evidence))
-            case GoalProgressNoted() as progress if progress.goal_id == goal.id:
-                notes.append(progress.note)
-            case GoalBlockedReported() as report if report.goal_id == goal.id:
-                blocked.append(report.reason)
-            case _:
-                pass
-    return Interval(
-        end_seq=end_seq,
-        continuation_fate=fate,
-        cancel_reason=cancel_reason,
-        tokens=tokens,
-        cost=cost,
-        claims=claims,
-        blocked=blocked,
-        notes=notes,
-        tool_calls=calls,
-        turns=turns,
-        last_end_reason=last_reason,
-        last_error_kind=last_kind,
-        last_error=last_error,
-        breaker_open=breaker_open,
-    )
-
-
-def guard_limits(goal: Goal, now: datetime) -> Limits:
-    """The spend guard's limits for a goal: its token and cost budgets, and the earlier of its
-    deadline and the end of its wall time (counted while active)."""
-    b = goal.budgets
-    deadline = b.deadline
-    if b.max_wall_seconds is not None and goal.status is GoalStatus.ACTIVE:
-        wall_end = now + timedelta(seconds=max(b.max_wall_seconds - goal.wall_used, 0.0))
-        deadline = wall_end if deadline is None else min(deadline, wall_end)
-    return Limits(max_tokens=b.max_tokens_total, max_cost=b.max_cost, deadline=deadline)
 
 
 class GoalEngine:
@@ -204,11 +104,10 @@ class GoalEngine:
         #: sandbox, under its network setting, secrets, extra paths and limits); else ``runner``.
         self.runner_for = runner_for
         self.clock = clock
-        self.timer_interval = timer_interval
         self.model_check = model_check
         self.allowed_roots = allowed_roots
         self._sessions: dict[str, str] = {}
-        self._due: dict[str, datetime] = {}
+        self._timers = GoalTimers(clock, timer_interval, self.kick)
         self._evaluating: set[str] = set()
         self._dirty: set[str] = set()
         #: Failed evaluations in a row, by goal (for the retry's backoff).
@@ -232,16 +131,29 @@ class GoalEngine:
         finally:
             await engine.stop()
 
-    async def start(self, resume: bool = True) -> None:
-        """Load live goals, listen for idles, and (``resume``) make every pending decision now."""
+    async def start(self, resume: bool = True, *, defer: bool = False) -> None:
+        """Listen for idles, load live goals, and (``resume``) make every pending decision now.
+
+        With ``defer`` nothing is done per goal here: :meth:`follow_live_goals` loads the live goals and
+        makes their pending decisions later (a daemon calls it once it serves, so that its
+        readiness does not wait on the number of goals). An idle that lands before then is
+        decided by that evaluation, which reads the durable state.
+        """
         await self.store.migrate("goals", MIGRATIONS)
+        self._remove = self.store.hub.add_listener(self._on_event)
+        self._timer_task = self.rt.spawn(self._timers.run())
+        if not defer:
+            await self.follow_live_goals(decide=resume)
+
+    async def follow_live_goals(self, *, decide: bool = True) -> int:
+        """Load and follow every live goal (one whose model is gone fails now), and (``decide``)
+        make every active goal's pending decision; returns how many goals are live."""
         goals = [await self._fail_if_faulty(g) for g in await self.store.read(live_goals)]
         for goal in goals:
             self._track(goal)
-        self._remove = self.store.hub.add_listener(self._on_event)
-        if resume:
+        if decide:
             await asyncio.gather(*(self._evaluate_loop(g.id) for g in goals if g.status is GoalStatus.ACTIVE))
-        self._timer_task = self.rt.spawn(self._timers())
+        return sum(1 for g in goals if g.status.live)
 
     async def stop(self) -> None:
         """Stop listening and timing; evaluations in flight finish first."""
@@ -286,70 +198,11 @@ class GoalEngine:
         goal_id = goal_id or GoalId.new()
         policy = goal_policy(spec.tools)
 
-        def run(tx: Tx) -> tuple[Goal, bool]:
-            if spec.idempotency_key is not None:
-                earlier = goal_by_idempotency_key(tx, spec.idempotency_key)
-                if earlier is not None:
-                    return earlier, False
-            if spec.key is not None and goal_by_key(tx, spec.key) is not None:
-                raise GoalConflict(f"a goal with key {spec.key!r} already exists: use another key")
-            draft = Goal(
-                id=goal_id,
-                key=spec.key,
-                idempotency_key=spec.idempotency_key,
-                title=spec.title or spec.objective.strip().splitlines()[0][:80],
-                objective=spec.objective,
-                status=GoalStatus.ACTIVE,
-                session_id="ses_pending",
-                guard_id="grd_pending",
-                workdir=str(workdir) if workdir else None,
-                model=spec.model,
-                tools=spec.tools,
-                budgets=spec.budgets,
-                verify=spec.verify,
-                rules=spec.rules,
-                progress=spec.progress,
-                sandbox=spec.sandbox,
-                memory=GoalMemory(fingerprint=baseline),
-                active_since=now,
-                created_at=now,
-                updated_at=now,
+        goal, created = await self.store.transact(
+            lambda tx: create_goal(
+                tx, spec, goal_id=goal_id, workdir=workdir, baseline=baseline, policy=policy, now=now
             )
-            guard_id = create_guard(tx, guard_limits(draft, now))
-            if spec.session_id is not None:
-                sid = SessionId.parse(spec.session_id)
-                srow = load_session(tx, sid)
-                if draft.workdir is None and srow.workdir:
-                    # The goal works where its session works (its verification runs there too).
-                    draft = draft.model_copy(update={"workdir": srow.workdir})
-                if live_goal_of_session(tx, sid) is not None:
-                    raise GoalConflict(
-                        f"session {sid} already has an active or paused goal: cancel that goal first,"
-                        " or give the new goal a session of its own"
-                    )
-                # The session becomes the goal's: the goal's guard, the goal tools, the goal's allowlist.
-                attach: dict[str, Any] = {"goal": True}
-                if policy is not None:
-                    attach["policy"] = policy.model_dump(mode="json")
-                update_session(tx, sid, guard_id=guard_id, config=attach)
-            else:
-                config: dict[str, Any] = {"goal": True}
-                if policy is not None:
-                    config["policy"] = policy.model_dump(mode="json")
-                sid = create_session(tx, model=spec.model, workdir=draft.workdir, guard_id=guard_id, config=config)
-            if spec.verify and draft.workdir is None:
-                raise InvalidGoal("verification commands need a work directory: give the goal a workdir")
-            if spec.progress is not None and draft.workdir is None:
-                raise InvalidGoal("a progress command needs a work directory: give the goal a workdir")
-            goal = draft.model_copy(update={"session_id": sid, "guard_id": guard_id})
-            claim_workdir(tx, goal)
-            emit_changed(tx, None, goal)
-            goal = goal.model_copy(update={"evaluated_seq": tx.state(sid).last_seq})
-            goal = issue_continuation(tx, goal, 1, render(goal, 1, now))
-            insert_goal(tx, goal)
-            return goal, True
-
-        goal, created = await self.store.transact(run)
+        )
         if created:
             self._track(goal)
             await self._attach(goal)
@@ -526,7 +379,7 @@ class GoalEngine:
         except Exception as exc:  # the store cannot write (or the goal is gone): the timer below
             logger.debug("goal {}: the retry's timer is in memory only ({})", goal_id, exc)
         if goal_id in self._sessions.values():
-            self._due[goal_id] = min(self._due.get(goal_id, due), due)
+            self._timers.no_later_than(goal_id, due)
         logger.info("goal {}: evaluation failed {} time(s) in a row; retrying in {:.0f}s", goal_id, failures, delay)
 
     async def evaluate(self, goal_id: str) -> Decision | str | None:
@@ -541,70 +394,23 @@ class GoalEngine:
         events = await self.store.events_after(goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
         interval = interval_facts(goal, events, st.last_seq)
         now = self.clock()
-        workdir = Path(goal.workdir) if goal.workdir else None
-        fp = await asyncio.to_thread(fingerprint, workdir) if workdir is not None else None
-        exists = workdir is None or fp is not None
-        verification, reused, progress = None, False, None
-        runnable = exists and goal.status is GoalStatus.ACTIVE and workdir is not None
-        claimed = bool(interval.claims) or goal.memory.pending_claim is not None
-        if claimed and goal.verify and runnable and workdir is not None:
-            previous = goal.memory.verify_results
-            if (
-                fp is not None
-                and fp == goal.memory.verify_fingerprint
-                and previous
-                and not all(r.passed for r in previous)
-            ):
-                verification, reused = previous, True
-            else:
-                verification = await run_all(goal.verify, workdir, self._runner(goal))
-        if (
-            goal.progress is not None
-            and runnable
-            and workdir is not None
-            and (interval.continuation_fate is ContinuationFate.ADMITTED)
-        ):
-            # Only a round's end is judged for progress (policy rule 9), so only then is it measured.
-            progress = progress_digest(await self._runner(goal)(goal.progress, workdir))
+        measured = await measure(goal, interval, self._runner(goal))
         inp = PolicyInput(
             goal,
             interval,
             now,
-            fingerprint=fp,
-            workdir_exists=exists,
-            verification=verification,
-            verification_reused=reused,
+            fingerprint=measured.fingerprint,
+            workdir_exists=measured.workdir_exists,
+            verification=measured.verification,
+            verification_reused=measured.verification_reused,
             fault=self._fault(goal),
-            progress=progress,
+            progress=measured.progress,
         )
         decision = decide(inp)
         if decision.kind is DecisionKind.NOTHING:
             return decision
-
-        def commit(tx: Tx) -> Goal:
-            cur = tx.state(goal.session_id)
-            if cur.status is not AgentStatus.IDLE or cur.status_seq != st.status_seq or cur.open_turn is not None:
-                raise StaleDecision("the session is no longer at that idle")
-            new = decision.goal
-            if verification is not None:
-                tx.emit(
-                    goal.session_id,
-                    GOAL_VERIFIED,
-                    {
-                        "goalId": goal.id,
-                        "passed": all(r.passed for r in verification),
-                        "reused": reused,
-                        "results": [r.model_dump(mode="json") for r in verification],
-                    },
-                )
-            if decision.continuation is not None and decision.round is not None:
-                new = issue_continuation(tx, new, decision.round, decision.continuation)
-            saved = save_goal(tx, new, goal.revision)
-            emit_changed(tx, goal.status, saved)
-            return saved
-
         try:
-            saved = await self.store.transact(commit)
+            saved = await self.store.transact(lambda tx: _commit(tx, goal, st.status_seq, decision, measured))
         except StaleDecision:
             return "stale" if (await self.store.session_state(goal.session_id)).status is AgentStatus.IDLE else None
         for listener in list(self._listeners):
@@ -693,18 +499,12 @@ class GoalEngine:
         else:
             self._forget(goal)
             return
-        due = [d for d in (goal.not_before, goal.budgets.deadline) if d is not None]
-        if goal.budgets.max_wall_seconds is not None and goal.active_since is not None:
-            due.append(goal.active_since + timedelta(seconds=max(goal.budgets.max_wall_seconds - goal.wall_used, 0)))
-        if goal.status is GoalStatus.ACTIVE and due:
-            self._due[goal.id] = min(due)
-        else:
-            self._due.pop(goal.id, None)
+        self._timers.set(goal.id, due_of(goal))
 
     def _forget(self, goal: Goal) -> None:
         if self._sessions.get(goal.session_id) == goal.id:
             del self._sessions[goal.session_id]
-        self._due.pop(goal.id, None)
+        self._timers.drop(goal.id)
 
     def _on_event(self, event: Event) -> None:
         if not is_idle(event):
@@ -713,58 +513,39 @@ class GoalEngine:
         if goal_id is not None:
             self.kick(goal_id)
 
-    async def _timers(self) -> None:
-        while True:
-            now = self.clock()
-            for goal_id, due in list(self._due.items()):
-                if due <= now:
-                    self._due.pop(goal_id, None)
-                    self.kick(goal_id)
-            nearest = min(self._due.values(), default=None)
-            wait = self.timer_interval
-            if nearest is not None:
-                wait = min(wait, max((nearest - now).total_seconds(), 0.01))
-            await asyncio.sleep(wait)
 
-
-def tools_for_goal_sessions(row_config: dict[str, Any]) -> list[Any]:
-    """The goal tools for a session whose config marks it as a goal's."""
-    return list(goal_tools()) if row_config.get("goal") else []
-
-
-def goal_policy(entries: list[str] | None) -> ToolPolicy | None:
-    """The tool policy of a goal's allowlist (``None``: the default applies); goal tools are always allowed.
+def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: Measured) -> Goal:
+    """Write ``decision`` for ``goal`` (with the verification's record and any continuation) if its
+    session is still at the idle it was taken at (``status_seq``).
 
     Raises:
-        InvalidGoal: a malformed entry.
+        StaleDecision: the session has moved on since; nothing is written.
     """
-    if entries is None:
-        return None
-    try:
-        return ToolPolicy.from_entries(entries).allowing(*GOAL_TOOL_NAMES)
-    except ValueError as exc:
-        raise InvalidGoal(f"tools: {exc}") from None
-
-
-def policy_for_session(row_config: dict[str, Any], default: ToolPolicy | None = None) -> ToolPolicy | None:
-    """The tool policy of a session: its own (a goal's allowlist), else ``default``.
-
-    A goal's session may always use the goal tools, whatever the default says: without them it
-    could never report progress or claim completion.
-    """
-    stored = row_config.get("policy")
-    policy = ToolPolicy.model_validate(stored) if stored is not None else default
-    if policy is not None and row_config.get("goal"):
-        policy = policy.allowing(*GOAL_TOOL_NAMES)
-    return policy
+    cur = tx.state(goal.session_id)
+    if cur.status is not AgentStatus.IDLE or cur.status_seq != status_seq or cur.open_turn is not None:
+        raise StaleDecision("the session is no longer at that idle")
+    new = decision.goal
+    verification = measured.verification
+    if verification is not None:
+        tx.emit(
+            goal.session_id,
+            GOAL_VERIFIED,
+            {
+                "goalId": goal.id,
+                "passed": all(r.passed for r in verification),
+                "reused": measured.verification_reused,
+                "results": [r.model_dump(mode="json") for r in verification],
+            },
+        )
+    if decision.continuation is not None and decision.round is not None:
+        new = issue_continuation(tx, new, decision.round, decision.continuation)
+    saved = save_goal(tx, new, goal.revision)
+    emit_changed(tx, goal.status, saved)
+    return saved
 
 
 __all__ = [
     "GoalEngine",
-    "goal_policy",
     "guard_limits",
-    "interval_facts",
-    "policy_for_session",
-    "tools_for_goal_sessions",
 ]
 _ = (NotFound, SessionId)

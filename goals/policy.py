@@ -47,12 +47,13 @@ even when a person's follow-up superseded the continuation in the same interval.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
-from agent import ModelErrorKind
+from agent import Limits, ModelErrorKind
 from goals.continuation import render
 from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult, transition
 
@@ -161,6 +162,17 @@ def budget_spent(goal: Goal, now: datetime) -> StopReason | None:
     return None
 
 
+def guard_limits(goal: Goal, now: datetime) -> Limits:
+    """The spend guard's limits for a goal: its token and cost budgets, and the earlier of its
+    deadline and the end of its wall time (counted while active)."""
+    b = goal.budgets
+    deadline = b.deadline
+    if b.max_wall_seconds is not None and goal.status is GoalStatus.ACTIVE:
+        wall_end = now + timedelta(seconds=max(b.max_wall_seconds - goal.wall_used, 0.0))
+        deadline = wall_end if deadline is None else min(deadline, wall_end)
+    return Limits(max_tokens=b.max_tokens_total, max_cost=b.max_cost, deadline=deadline)
+
+
 def refusal_reason(error: str | None) -> StopReason:
     """Classify the spend guard's refusal text."""
     text = (error or "").lower()
@@ -256,18 +268,39 @@ def _claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
 
 
 def decide(inp: PolicyInput) -> Decision:
-    """Decide what the goal does at this idle. Pure: see the module docstring."""
-    g, iv, now = inp.goal, inp.interval, inp.now
-    if not g.status.live or iv.continuation_fate is ContinuationFate.QUEUED:
-        return Decision(DecisionKind.NOTHING, g)
+    """Decide what the goal does at this idle. Pure: see the module docstring.
 
-    # Bookkeeping that holds whatever is decided.
+    Every fact is folded into the goal first (:func:`_bookkeep`, :func:`_fold`); then the first
+    rule of :data:`RULES` that applies, in the docstring's order of precedence, gives the outcome.
+    """
+    g = inp.goal
+    if not g.status.live or inp.interval.continuation_fate is ContinuationFate.QUEUED:
+        return Decision(DecisionKind.NOTHING, g)
+    g, new_notes = _bookkeep(g, inp)
+    if g.status is GoalStatus.PAUSED:
+        if inp.interval.claims:
+            # Kept, not dropped: the model was told its claim would be verified. Resume decides it.
+            claim = inp.interval.claims[-1]
+            pending = PendingClaim(summary=claim.summary, evidence=claim.evidence)
+            g = g.model_copy(update={"memory": g.memory.model_copy(update={"pending_claim": pending})})
+        return Decision(DecisionKind.BOOKKEEP, g)
+    g, facts = _fold(g, inp, bool(new_notes))
+    for rule in RULES:
+        decision = rule(g, inp, facts)
+        if decision is not None:
+            return decision
+    raise AssertionError("the last rule always decides")
+
+
+def _bookkeep(g: Goal, inp: PolicyInput) -> tuple[Goal, list[str]]:
+    """What holds whatever is decided: spend, the cursor, wall time, rounds and notes; returns the
+    goal and the interval's new notes."""
+    iv, now = inp.interval, inp.now
     wall = g.wall_used
     active_since = g.active_since
     if g.status is GoalStatus.ACTIVE and active_since is not None:
         wall += max((now - active_since).total_seconds(), 0.0)
         active_since = now
-    is_round = iv.continuation_fate is ContinuationFate.ADMITTED
     notes = list(g.memory.notes)
     new_notes = []
     for note in iv.notes:
@@ -282,21 +315,36 @@ def decide(inp: PolicyInput) -> Decision:
             "evaluated_seq": max(g.evaluated_seq, iv.end_seq),
             "wall_used": wall,
             "active_since": active_since,
-            "rounds": g.rounds + (1 if is_round else 0),
+            "rounds": g.rounds + (1 if iv.continuation_fate is ContinuationFate.ADMITTED else 0),
             "memory": g.memory.model_copy(update={"notes": notes}),
         }
     )
-    if g.status is GoalStatus.PAUSED:
-        if iv.claims:
-            # Kept, not dropped: the model was told its claim would be verified. Resume decides it.
-            pending = PendingClaim(summary=iv.claims[-1].summary, evidence=iv.claims[-1].evidence)
-            g = g.model_copy(update={"memory": g.memory.model_copy(update={"pending_claim": pending})})
-        return Decision(DecisionKind.BOOKKEEP, g)
+    return g, new_notes
 
-    # -- Every fact folded into the goal first. ----------------------------------------------------
+
+@dataclass(frozen=True)
+class Facts:
+    """The interval's facts as the outcome rules read them (folded into the goal already)."""
+
+    verified: bool
+    #: The continuation was superseded by a person's follow-up (re-issued, same round number).
+    superseded: bool
+    #: The continuation was cancelled for another reason.
+    cancelled: bool
+    #: The interval ended on a model error, and whether it counts towards the error streak.
+    error: bool
+    counted_error: bool
+    error_text: str
+    stalled: bool
+
+
+def _fold(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, Facts]:
+    """Fold every fact of an active goal's interval into it: the claim, the blocked, error and
+    stall streaks."""
+    iv = inp.interval
+    is_round = iv.continuation_fate is ContinuationFate.ADMITTED
     g, verified = _claim(g, inp)
     superseded = iv.continuation_fate is ContinuationFate.CANCELLED and iv.cancel_reason == "superseded"
-    cancelled = iv.continuation_fate is ContinuationFate.CANCELLED and not superseded
     if iv.blocked:
         g = g.model_copy(update={"blocked_streak": g.blocked_streak + 1})
     elif is_round:
@@ -315,25 +363,59 @@ def decide(inp: PolicyInput) -> Decision:
         g = g.model_copy(update={"error_streak": 0})
     stalled = False
     if is_round and not error:
-        g, stalled = _stall(g, inp, bool(new_notes))
+        g, stalled = _stall(g, inp, new_note)
+    cancelled = iv.continuation_fate is ContinuationFate.CANCELLED and not superseded
+    return g, Facts(verified, superseded, cancelled, error, counted_error, error_text, stalled)
 
-    def pause(reason: str) -> Decision:
-        return Decision(DecisionKind.PAUSE, _with_status(g, GoalStatus.PAUSED, reason, now))
 
-    # -- Then the outcome, by precedence. -----------------------------------------------------------
-    if verified:
-        return Decision(DecisionKind.COMPLETE, _with_status(g, GoalStatus.COMPLETED, StopReason.VERIFIED, now))
+# -- The outcome rules, by precedence (the module docstring's rules 2 to 10). ---------------------
+
+Rule = Callable[[Goal, PolicyInput, Facts], "Decision | None"]
+
+
+def _pause(g: Goal, reason: str, now: datetime) -> Decision:
+    return Decision(DecisionKind.PAUSE, _with_status(g, GoalStatus.PAUSED, reason, now))
+
+
+def _completed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 2: a verified claim completes the goal."""
+    if not facts.verified:
+        return None
+    return Decision(DecisionKind.COMPLETE, _with_status(g, GoalStatus.COMPLETED, StopReason.VERIFIED, inp.now))
+
+
+def _failed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 3: an unrecoverable fault, or the work directory gone, fails it."""
     if inp.fault is not None:
-        return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, inp.fault, now))
+        return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, inp.fault, inp.now))
     if not inp.workdir_exists:
-        return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, StopReason.WORKDIR_MISSING, now))
-    if cancelled:
-        return pause(f"continuation cancelled: {iv.cancel_reason or 'no reason given'}")
-    if g.refused_claims >= g.rules.max_refused_claims:
-        return pause(StopReason.UNVERIFIED)
-    if iv.blocked and g.blocked_streak >= g.rules.blocked_rounds:
-        return pause(f"{StopReason.BLOCKED}: {iv.blocked[-1]}")
+        return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, StopReason.WORKDIR_MISSING, inp.now))
+    return None
 
+
+def _cancelled(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 4: the continuation cancelled (not superseded) pauses it, with the reason."""
+    if not facts.cancelled:
+        return None
+    return _pause(g, f"continuation cancelled: {inp.interval.cancel_reason or 'no reason given'}", inp.now)
+
+
+def _unverified(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 5: K claims refused pause it ``unverified``."""
+    return _pause(g, StopReason.UNVERIFIED, inp.now) if g.refused_claims >= g.rules.max_refused_claims else None
+
+
+def _blocked(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 6: ``goal_blocked`` in B consecutive rounds pauses it ``blocked``."""
+    blocked = inp.interval.blocked
+    if blocked and g.blocked_streak >= g.rules.blocked_rounds:
+        return _pause(g, f"{StopReason.BLOCKED}: {blocked[-1]}", inp.now)
+    return None
+
+
+def _exhausted(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 7: a budget spent, or the guard's refusal, exhausts it."""
+    iv, now = inp.interval, inp.now
     spent = budget_spent(g, now)
     if spent is None and iv.last_end_reason == "budget":
         # The guard folds the wall-time limit into its deadline, so its refusal text alone cannot
@@ -342,35 +424,58 @@ def decide(inp: PolicyInput) -> Decision:
         if spent is StopReason.DEADLINE and _wall_ends_first(g, now):
             # Refused (or cut) before the end because too little time was left for a call.
             spent = StopReason.WALL_TIME
-    if spent is not None:
-        return Decision(DecisionKind.EXHAUST, _with_status(g, GoalStatus.EXHAUSTED, spent, now))
+    if spent is None:
+        return None
+    return Decision(DecisionKind.EXHAUST, _with_status(g, GoalStatus.EXHAUSTED, spent, now))
 
-    if error:
-        if iv.last_error_kind == ModelErrorKind.AUTH:
-            return pause(StopReason.AUTH_ERROR)
-        if not counted_error:
-            # The provider is down for every goal alike; counting would pause them all overnight.
-            wait_until = now + timedelta(seconds=backoff(g, 1))
-            return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
-        if g.error_streak >= g.rules.max_model_errors:
-            return pause(f"{StopReason.MODEL_ERROR}: {error_text}")
-        wait_until = now + timedelta(seconds=backoff(g, g.error_streak))
+
+def _model_error(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 8: a model error pauses (authentication, or M in a row) or waits a backoff."""
+    if not facts.error:
+        return None
+    if inp.interval.last_error_kind == ModelErrorKind.AUTH:
+        return _pause(g, StopReason.AUTH_ERROR, inp.now)
+    if not facts.counted_error:
+        # The provider is down for every goal alike; counting would pause them all overnight.
+        wait_until = inp.now + timedelta(seconds=backoff(g, 1))
         return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
+    if g.error_streak >= g.rules.max_model_errors:
+        return _pause(g, f"{StopReason.MODEL_ERROR}: {facts.error_text}", inp.now)
+    wait_until = inp.now + timedelta(seconds=backoff(g, g.error_streak))
+    return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
 
-    if stalled:
-        return pause(StopReason.STALLED)
 
-    # A pending backoff holds the next round back.
+def _stalled(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 9: a stall pauses it ``stalled``."""
+    return _pause(g, StopReason.STALLED, inp.now) if facts.stalled else None
+
+
+def _next_round(g: Goal, inp: PolicyInput, facts: Facts) -> Decision:
+    """Rule 10: a pending backoff waits; otherwise one continuation (re-issued when superseded)."""
+    now = inp.now
     if g.not_before is not None and now < g.not_before:
         return Decision(DecisionKind.WAIT, g)
-
     g = g.model_copy(update={"not_before": None})
     warn = g.memory.warned_stall
-    if superseded:
+    if facts.superseded:
         round_no = g.continuation_round or (g.rounds + 1)
         return Decision(DecisionKind.REISSUE, g, render(g, round_no, now, stall_warning=warn), round_no)
     round_no = g.rounds + 1
     return Decision(DecisionKind.CONTINUE, g, render(g, round_no, now, stall_warning=warn), round_no)
+
+
+#: The outcome rules in order of precedence; the first that returns a decision decides.
+RULES: tuple[Rule, ...] = (
+    _completed,
+    _failed,
+    _cancelled,
+    _unverified,
+    _blocked,
+    _exhausted,
+    _model_error,
+    _stalled,
+    _next_round,
+)
 
 
 def _stall(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, bool]:

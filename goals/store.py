@@ -124,6 +124,15 @@ ALTER TABLE goals ADD COLUMN progress TEXT;
 ALTER TABLE goals ADD COLUMN sandbox TEXT NOT NULL DEFAULT '{}';
 """,
     ),
+    Migration(
+        version=4,
+        summary="retention: when an ended goal's session history was pruned and its work directory removed",
+        sql="""
+ALTER TABLE goals ADD COLUMN history_pruned_at TEXT;
+ALTER TABLE goals ADD COLUMN workdir_removed_at TEXT;
+CREATE INDEX goals_ended ON goals(updated_at) WHERE status IN ('completed', 'failed', 'cancelled');
+""",
+    ),
 ]
 
 _COLUMNS = (
@@ -312,6 +321,16 @@ def goal_by_idempotency_key(tx_or_conn: Tx | sqlite3.Connection, key: str) -> Go
     return goal_from_row(row) if row is not None else None
 
 
+def live_goal_sandboxes_with_secrets(tx_or_conn: Tx | sqlite3.Connection) -> list[SandboxSpec]:
+    """The sandbox settings of every live goal that names secrets (what must be redacted before any
+    of their sessions runs), without building the goals: a daemon reads this before it serves."""
+    rows = _conn(tx_or_conn).execute(
+        "SELECT sandbox FROM goals WHERE status IN ('active', 'paused')"
+        " AND json_extract(sandbox, '$.secrets') IS NOT NULL"
+    )
+    return [SandboxSpec.model_validate_json(r[0]) for r in rows]
+
+
 def goal_counts(tx_or_conn: Tx | sqlite3.Connection) -> dict[str, int]:
     """How many goals there are of each status (every status listed, zero included)."""
     rows = _conn(tx_or_conn).execute("SELECT status, COUNT(*) AS n FROM goals GROUP BY status").fetchall()
@@ -387,3 +406,83 @@ def set_status(tx: Tx, goal: Goal, status: GoalStatus, reason: str | None, now: 
     """Apply a person's status change (pause/resume/cancel) through the one transition function."""
     transition(goal.status, status)
     return _with_status(goal, status, reason, now)
+
+
+# -- retention (what :mod:`goals.retention` asks of the goal rows) -----------------------------
+
+#: The statuses retention treats as ended for good (``exhausted`` may still be resumed).
+ENDED_STATUSES = (GoalStatus.COMPLETED, GoalStatus.FAILED, GoalStatus.CANCELLED)
+
+# A goal of the same session or work directory that is live, exhausted (resumable) or ended on or
+# after the cutoff holds the older goal's session history or directory.
+_HOLDS = "(o.status IN ('active', 'paused', 'exhausted') OR o.updated_at >= :cutoff)"
+
+
+def sessions_due_for_pruning(
+    tx_or_conn: Tx | sqlite3.Connection, ended_before: str, limit: int
+) -> list[tuple[str, str]]:
+    """``(goal id, session id)`` of goals that ended (completed, failed, cancelled) before
+    ``ended_before`` and whose session history was not pruned yet, oldest first; a session that a
+    live, resumable or more recent goal holds is left out. A goal's ``updated_at`` is when it ended:
+    an ended goal's row changes no more."""
+    rows = (
+        _conn(tx_or_conn)
+        .execute(
+            "SELECT g.id, g.session_id FROM goals g WHERE g.status IN ('completed', 'failed', 'cancelled')"
+            " AND g.updated_at < :cutoff AND g.history_pruned_at IS NULL AND NOT EXISTS"
+            f" (SELECT 1 FROM goals o WHERE o.session_id = g.session_id AND o.id != g.id AND {_HOLDS})"
+            " ORDER BY g.updated_at LIMIT :limit",
+            {"cutoff": ended_before, "limit": limit},
+        )
+        .fetchall()
+    )
+    return [(str(r["id"]), str(r["session_id"])) for r in rows]
+
+
+def mark_history_pruned(tx: Tx, goal_id: str) -> None:
+    """Record that the goal's session history was pruned (the goal row itself is kept whole)."""
+    tx.execute("UPDATE goals SET history_pruned_at=? WHERE id=? AND history_pruned_at IS NULL", (tx.now, goal_id))
+
+
+def workdirs_due_for_removal(
+    tx_or_conn: Tx | sqlite3.Connection, ended_before: str, limit: int
+) -> list[tuple[str, str | None, str]]:
+    """``(goal id, goal key, work directory)`` of goals that ended before ``ended_before`` and whose
+    work directory was not removed yet, oldest first; a directory that a live, resumable or more
+    recent goal uses (the same one, or one inside or around it) is left out."""
+    rows = (
+        _conn(tx_or_conn)
+        .execute(
+            "SELECT g.id, g.key, g.workdir FROM goals g WHERE g.status IN ('completed', 'failed', 'cancelled')"
+            " AND g.updated_at < :cutoff AND g.workdir IS NOT NULL AND g.workdir_removed_at IS NULL AND NOT EXISTS"
+            " (SELECT 1 FROM goals o WHERE o.id != g.id AND o.workdir IS NOT NULL AND (o.workdir = g.workdir"
+            " OR substr(o.workdir, 1, length(g.workdir) + 1) = g.workdir || '/'"
+            f" OR substr(g.workdir, 1, length(o.workdir) + 1) = o.workdir || '/') AND {_HOLDS})"
+            " ORDER BY g.updated_at LIMIT :limit",
+            {"cutoff": ended_before, "limit": limit},
+        )
+        .fetchall()
+    )
+    return [(str(r["id"]), r["key"], str(r["workdir"])) for r in rows]
+
+
+def mark_workdir_removed(tx: Tx, goal_id: str, *, kept: bool = False) -> None:
+    """Record that retention is done with the goal's work directory: removed, or ``kept`` (the
+    configuration keeps it, or goald did not make it), so it is not considered again."""
+    tx.execute(
+        "UPDATE goals SET workdir_removed_at=? WHERE id=? AND workdir_removed_at IS NULL",
+        ("kept" if kept else tx.now, goal_id),
+    )
+
+
+def goal_retention(tx_or_conn: Tx | sqlite3.Connection, goal_id: str) -> dict[str, Any]:
+    """What retention did to the goal: ``historyPrunedAt`` and ``workdirRemovedAt`` (``"kept"``
+    when the directory is kept for good), each ``None`` when not (yet). Raises ``GoalNotFound``."""
+    row = (
+        _conn(tx_or_conn)
+        .execute("SELECT history_pruned_at, workdir_removed_at FROM goals WHERE id=?", (goal_id,))
+        .fetchone()
+    )
+    if row is None:
+        raise GoalNotFound(f"no goal {goal_id}: list the goals to find its id")
+    return {"historyPrunedAt": row["history_pruned_at"], "workdirRemovedAt": row["workdir_removed_at"]}

@@ -3,13 +3,20 @@
 Each records a durable event in the goal's session; the engine reads those events at the next
 whole-agent idle. None of them changes the goal's status by itself: a completion claim is only a
 claim until the verification commands pass.
+
+The tool policy of a goal's session lives here too (:func:`goal_policy`, :func:`policy_for_session`):
+whatever a goal's allowlist or the daemon's default says, the goal tools stay allowed, since
+without them the agent could never report progress or claim completion.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
-from agent import Tool, ToolContext, ToolOutput, Tx
+from agent import Tool, ToolContext, ToolOutput, ToolPolicy, Tx
+from goals.errors import InvalidGoal
 from goals.model import GoalStatus
 from goals.store import GOAL_BLOCKED, GOAL_CLAIM, GOAL_PROGRESS, live_goal_of_session
 
@@ -118,3 +125,35 @@ GOAL_TOOL_NAMES = ("goal_progress", "goal_complete", "goal_blocked")
 def goal_tools() -> list[Tool[ProgressArgs] | Tool[CompleteArgs] | Tool[BlockedArgs]]:
     """The goal tools (they find their goal through the session at call time)."""
     return [GoalProgress(), GoalComplete(), GoalBlocked()]
+
+
+def tools_for_goal_sessions(row_config: dict[str, Any]) -> list[Any]:
+    """The goal tools for a session whose config marks it as a goal's."""
+    return list(goal_tools()) if row_config.get("goal") else []
+
+
+def goal_policy(entries: list[str] | None) -> ToolPolicy | None:
+    """The tool policy of a goal's allowlist (``None``: the default applies); goal tools are always allowed.
+
+    Raises:
+        InvalidGoal: a malformed entry.
+    """
+    if entries is None:
+        return None
+    try:
+        return ToolPolicy.from_entries(entries).allowing(*GOAL_TOOL_NAMES)
+    except ValueError as exc:
+        raise InvalidGoal(f"tools: {exc}") from None
+
+
+def policy_for_session(row_config: dict[str, Any], default: ToolPolicy | None = None) -> ToolPolicy | None:
+    """The tool policy of a session: its own (a goal's allowlist), else ``default``.
+
+    A goal's session may always use the goal tools, whatever the default says: without them it
+    could never report progress or claim completion.
+    """
+    stored = row_config.get("policy")
+    policy = ToolPolicy.model_validate(stored) if stored is not None else default
+    if policy is not None and row_config.get("goal"):
+        policy = policy.allowing(*GOAL_TOOL_NAMES)
+    return policy

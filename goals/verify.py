@@ -276,96 +276,121 @@ def fingerprint(
         top = os.open(root, _DIR_FLAGS)
     except OSError:
         return None
-    h = hashlib.sha256()
-    old = _CACHE.take(root)
-    new: _DirCache = {}
-    racy_after = time.time_ns() - _RACY_NS
-    seen = 0
-    truncated = False
-    # Depth first, each directory's entries sorted by name: the order (and so a cut at the bound)
-    # does not depend on the file system's listing order. Each level is walked through its own
-    # descriptor, opened relative to its parent's without following a link, so a directory swapped
-    # for a link during the walk leads nowhere outside the work directory.
-    frames: list[tuple[int, bytes, list[bytes]]] = []
+    walk = _Walk(_CACHE.take(root), max_entries=max_entries, max_file_bytes=max_file_bytes, stats=stats)
+    walk.run(top)
+    _CACHE.put(root, walk.new)
+    return walk.h.hexdigest()[:32]
 
-    def enter(fd: int, rel: bytes) -> None:
-        nonlocal seen, truncated
+
+class _Walk:
+    """One fingerprint walk.
+
+    Depth first, each directory's entries sorted by name: the order (and so a cut at the bound)
+    does not depend on the file system's listing order. Each level is walked through its own
+    descriptor, opened relative to its parent's without following a link, so a directory swapped
+    for a link during the walk leads nowhere outside the work directory.
+    """
+
+    def __init__(self, old: _DirCache, *, max_entries: int, max_file_bytes: int, stats: WalkStats) -> None:
+        self.h = hashlib.sha256()
+        self.old = old
+        #: The file digests to keep for the next walk.
+        self.new: _DirCache = {}
+        self.racy_after = time.time_ns() - _RACY_NS
+        self.max_entries = max_entries
+        self.max_file_bytes = max_file_bytes
+        self.stats = stats
+        self.seen = 0
+        self.truncated = False
+        #: The open levels: (descriptor, relative path, subdirectories still to walk).
+        self.frames: list[tuple[int, bytes, list[bytes]]] = []
+
+    def run(self, top: int) -> None:
+        """Walk from the work directory's descriptor ``top`` (closed, with every other, at the end)."""
+        h, frames = self.h, self.frames
+        try:
+            self._enter(top, b"")
+            while frames and not self.truncated:
+                fd, rel, pending = frames[-1]
+                if not pending:
+                    os.close(fd)
+                    frames.pop()
+                    continue
+                name = pending.pop()
+                child = rel + b"/" + name if rel else name
+                if len(frames) >= MAX_FINGERPRINT_DEPTH:
+                    h.update(b"...deep\0%s\0" % child)
+                    continue
+                try:
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    h.update(b"?" + child + b"\0")  # gone, or no longer a directory, since listed
+                    continue
+                self._enter(sub, child)
+        finally:
+            for fd, _, _ in frames:
+                os.close(fd)
+
+    def _enter(self, fd: int, rel: bytes) -> None:
+        """Hash one directory's entries; its subdirectories are walked next."""
         subdirs: list[bytes] = []
-        frames.append((fd, rel, subdirs))  # first, so the descriptor is closed whatever happens
+        self.frames.append((fd, rel, subdirs))  # first, so the descriptor is closed whatever happens
         try:
             with os.scandir(fd) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError:
-            h.update(b"?" + rel + b"\0")  # unreadable: recorded as such
+            self.h.update(b"?" + rel + b"\0")  # unreadable: recorded as such
             entries = []
         for entry in entries:
-            if seen >= max_entries:
-                truncated = True
+            if self.seen >= self.max_entries:
+                self.truncated = True
                 break
-            seen += 1
+            self.seen += 1
             name = os.fsencode(entry.name)
             child = rel + b"/" + name if rel else name
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            mode = st.st_mode
-            if stat.S_ISDIR(mode):
-                # No modification time: a file replaced by rename (as write_file does) changes
-                # its directory's, and the directory's names and contents are hashed anyway.
-                h.update(b"d\0%s\0" % child)
-                if not (name in _GIT_SKIP and (rel == b".git" or rel.endswith(b"/.git"))):
-                    subdirs.append(name)
-            elif stat.S_ISLNK(mode):
-                try:
-                    target = os.readlink(name, dir_fd=fd)
-                except OSError:
-                    target = b"?"
-                h.update(b"l\0%s\0%s\0" % (child, target))
-            elif stat.S_ISREG(mode):
-                key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-                cached = old.get(child)
-                digest = cached[1] if cached is not None and cached[0] == key else None
-                if digest is None and st.st_size <= max_file_bytes:
-                    read = _file_digest(fd, name, max_file_bytes, stats)
-                    if read is not None:
-                        key, digest = read
-                if digest is None:
-                    h.update(b"F\0%s\0%d\0%d\0" % (child, st.st_size, st.st_mtime_ns))
-                    continue
-                h.update(b"f\0%s\0%s\0" % (child, digest))
-                # A file changed within the last moments may change again within the same clock
-                # tick, leaving its key as it was: it is read again next time, not trusted.
-                if max(key[1], key[2]) < racy_after:
-                    new[child] = (key, digest)
-            else:
-                # A FIFO, a socket, a device node: never opened.
-                h.update(b"o\0%s\0" % child)
-        if truncated:
-            h.update(b"...truncated\0")
+            self._entry(fd, rel, name, child, st, subdirs)
+        if self.truncated:
+            self.h.update(b"...truncated\0")
         subdirs.reverse()  # popped from the end: first name first
 
-    try:
-        enter(top, b"")
-        while frames and not truncated:
-            fd, rel, pending = frames[-1]
-            if not pending:
-                os.close(fd)
-                frames.pop()
-                continue
-            name = pending.pop()
-            child = rel + b"/" + name if rel else name
-            if len(frames) >= MAX_FINGERPRINT_DEPTH:
-                h.update(b"...deep\0%s\0" % child)
-                continue
+    def _entry(self, fd: int, rel: bytes, name: bytes, child: bytes, st: os.stat_result, subdirs: list[bytes]) -> None:
+        h = self.h
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            # No modification time: a file replaced by rename (as write_file does) changes
+            # its directory's, and the directory's names and contents are hashed anyway.
+            h.update(b"d\0%s\0" % child)
+            if not (name in _GIT_SKIP and (rel == b".git" or rel.endswith(b"/.git"))):
+                subdirs.append(name)
+        elif stat.S_ISLNK(mode):
             try:
-                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                target = os.readlink(name, dir_fd=fd)
             except OSError:
-                h.update(b"?" + child + b"\0")  # gone, or no longer a directory, since listed
-                continue
-            enter(sub, child)
-    finally:
-        for fd, _, _ in frames:
-            os.close(fd)
-    _CACHE.put(root, new)
-    return h.hexdigest()[:32]
+                target = b"?"
+            h.update(b"l\0%s\0%s\0" % (child, target))
+        elif stat.S_ISREG(mode):
+            self._file(fd, name, child, st)
+        else:
+            # A FIFO, a socket, a device node: never opened.
+            h.update(b"o\0%s\0" % child)
+
+    def _file(self, fd: int, name: bytes, child: bytes, st: os.stat_result) -> None:
+        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        cached = self.old.get(child)
+        digest = cached[1] if cached is not None and cached[0] == key else None
+        if digest is None and st.st_size <= self.max_file_bytes:
+            read = _file_digest(fd, name, self.max_file_bytes, self.stats)
+            if read is not None:
+                key, digest = read
+        if digest is None:
+            self.h.update(b"F\0%s\0%d\0%d\0" % (child, st.st_size, st.st_mtime_ns))
+            return
+        self.h.update(b"f\0%s\0%s\0" % (child, digest))
+        # A file changed within the last moments may change again within the same clock
+        # tick, leaving its key as it was: it is read again next time, not trusted.
+        if max(key[1], key[2]) < self.racy_after:
+            self.new[child] = (key, digest)

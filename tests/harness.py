@@ -288,7 +288,7 @@ class Daemon:
 
 async def rpc(path: Path, method: str, params: dict[str, Any] | None = None) -> Any:
     """One call on a fresh connection."""
-    from daemon.client import Client
+    from daemon.client import Connection as Client
 
     client = await Client.connect(path)
     try:
@@ -299,7 +299,7 @@ async def rpc(path: Path, method: str, params: dict[str, Any] | None = None) -> 
 
 async def wait_goal(path: Path, goal_id: str, statuses: set[str], limit: float = 60.0) -> dict[str, Any]:
     """Subscribe to the goal's session and wait (with a timeout) until the goal is in ``statuses``."""
-    from daemon.client import Client
+    from daemon.client import Connection as Client
 
     client = await Client.connect(path)
     try:
@@ -317,7 +317,7 @@ async def wait_goal(path: Path, goal_id: str, statuses: set[str], limit: float =
 
 async def all_events(path: Path, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
     """Every event of a session after ``after_seq`` (``session/events``, page by page)."""
-    from daemon.client import Client
+    from daemon.client import Connection as Client
 
     out: list[dict[str, Any]] = []
     async with await Client.connect(path) as client:

@@ -52,7 +52,7 @@ from harness import all_events, child_env, goald_argv, toml_text
 
 from agent import Event
 from daemon.acp import AdmittingTurn, PromptSlot, goal_command, stop_reason
-from daemon.client import Client as ControlClient
+from daemon.client import Connection as ControlClient
 
 LIMIT = 60.0
 

@@ -50,8 +50,8 @@ from agent import (
 )
 from agent.models.health import GuardedModel, ProviderHealth
 from agent.models.openai import OpenAIModel
-from daemon.client import Client
-from daemon.commands import provider_line
+from daemon.cli.status import provider_line
+from daemon.client import Connection as Client
 from goals import (
     Decision,
     DecisionKind,

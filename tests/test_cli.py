@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from harness import TEST_MODELS, Daemon, all_events, child_env, goald_argv, wait_goal
 
-from daemon.client import Client
+from daemon.client import Connection as Client
 
 LIMIT = 30.0
 EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT = 2, 3, 4

@@ -14,7 +14,9 @@ from agent.tools.policy import ToolPolicy
 from daemon.settings import (
     GoalSandbox,
     McpServerSettings,
+    ModelLimits,
     ProviderSettings,
+    RetentionSettings,
     SecretRef,
     Settings,
     load_settings,
@@ -40,8 +42,10 @@ def test_every_settings_key_is_documented_in_the_example() -> None:
         Settings,
         ProviderSettings,
         McpServerSettings,
+        ModelLimits,
         SecretRef,
         GoalSandbox,
+        RetentionSettings,
         ToolPolicy,
         Price,
     ]

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from loguru import logger
 
-from daemon.protocol import Dispatcher, Peer, encode
-from daemon.server import ConnectionLimits, RateLimitedLog, UnixServer, raise_nofile_limit
+from daemon.rpc.protocol import Dispatcher, Peer, encode
+from daemon.rpc.server import ConnectionLimits, RateLimitedLog, UnixServer, raise_nofile_limit
 
 WAIT = 10.0
 
@@ -86,9 +86,7 @@ class Harness:
         @d.method("subscribe")
         async def subscribe(peer: Peer) -> dict[str, Any]:
             # What session/subscribe does: a task that streams until the connection closes.
-            task = asyncio.get_running_loop().create_task(peer.closed.wait())
-            peer.tasks.add(task)
-            task.add_done_callback(peer.tasks.discard)
+            peer.tasks.spawn(peer.closed.wait())
             return {}
 
     async def connect(self) -> Client:

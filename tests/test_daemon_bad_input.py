@@ -35,8 +35,8 @@ import pytest
 from harness import Daemon, child_env, goald_argv
 
 from agent import ModelRequest, Reply, ScriptedModel, ToolCall
-from daemon.client import Client
-from daemon.protocol import ErrorCode, RpcError, encode
+from daemon.client import Connection as Client
+from daemon.rpc.protocol import ErrorCode, RpcError, encode
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from harness import TEST_MODELS, Daemon, all_events, continuation_ids, rpc, spend_of, wait_goal
 
-from daemon.client import Client
+from daemon.client import Connection as Client
 
 TERMINAL = {"completed", "failed", "cancelled", "paused", "exhausted"}
 LIMIT = 30.0

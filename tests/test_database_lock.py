@@ -35,6 +35,20 @@ def store_facts(db: Path) -> tuple[int, int, int]:
     return int(count), int(top), int(interrupted)
 
 
+def serve_to_exit(config: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``goald --config CONFIG serve`` to its exit, and how long it took."""
+    began = time.monotonic()
+    done = subprocess.run(
+        [*goald_argv(), "--config", str(config), "serve"],
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+    )
+    return done, time.monotonic() - began
+
+
 @pytest.mark.parametrize("where", ["outside both state directories", "the first's default database"])
 async def test_two_state_directories_on_one_database_the_second_exits_75(tmp_path: Path, where: str) -> None:
     if where == "outside both state directories":
@@ -52,16 +66,7 @@ async def test_two_state_directories_on_one_database_the_second_exits_75(tmp_pat
         first.calls.wait("worker round=2 step=0", LIMIT)
         before = store_facts(db)
 
-        began = time.monotonic()
-        done = subprocess.run(
-            [*goald_argv(), "--config", str(second.config_path), "serve"],
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=LIMIT,
-        )
-        took = time.monotonic() - began
+        done, took = serve_to_exit(second.config_path)
 
         assert done.returncode == 75, done.stderr
         lines = done.stderr.strip().splitlines()

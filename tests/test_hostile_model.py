@@ -40,7 +40,7 @@ from harness import TEST_MODELS, Daemon, all_events, rpc, spend_of, wait_goal
 from providers_server import ProviderServer, Respond, oa_call, oa_chunk, oa_usage, openai_stream, openai_text
 
 from agent import SandboxUnavailable, detect_bwrap
-from daemon.client import Client
+from daemon.client import Connection as Client
 
 try:
     detect_bwrap()

@@ -147,11 +147,6 @@ def test_no_import_cycle_inside_the_package(graph: Graph, package: str) -> None:
     assert cycles(graph, package) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon/ still has import cycles (host ↔ models ↔ demo, methods ↔ schedule_methods, "
-    "cli ↔ commands ↔ schedule_commands); they go when daemon/ is laid out by subsystem",
-)
 def test_no_import_cycle_inside_daemon(graph: Graph) -> None:
     assert cycles(graph, "daemon") == []
 

@@ -17,7 +17,7 @@ from harness import Daemon, all_events
 from agent import EventType, Reply, ScriptedModel, ToolContext, ToolRegistry
 from agent.sandbox import Sandbox, SandboxUnavailable, detect_bwrap
 from agent.tools.mcp import McpServer, McpServers, McpTool, tool_name
-from daemon.client import Client
+from daemon.client import Connection as Client
 from daemon.host import build_mcp_servers
 from daemon.settings import ConfigError, load_settings
 

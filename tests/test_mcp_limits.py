@@ -159,7 +159,7 @@ async def test_an_mcp_server_runs_in_a_group_of_its_own_under_the_caps(tmp_path:
 
 
 def test_an_mcp_servers_caps_are_checked_like_a_goals(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="max_processes"):
+    with pytest.raises(ConfigError, match=r"mcp_servers\.x\.max_processes.*at least 8"):
         load_settings(
             None,
             state_dir=tmp_path,

@@ -27,9 +27,9 @@ from pydantic.alias_generators import to_camel
 
 from agent import Conflict, InvalidInput, InvalidTransition, NotFound, SessionId
 from daemon.host import Host
-from daemon.methods import build_dispatcher
-from daemon.protocol import Dispatcher, ErrorCode, Peer, RpcError, encode, read_frames
-from daemon.server import serve_connection
+from daemon.rpc.methods import build_dispatcher
+from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, RpcError, encode, read_frames
+from daemon.rpc.server import serve_connection
 from daemon.settings import load_settings
 
 WAIT = 10.0

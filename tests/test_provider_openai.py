@@ -58,7 +58,8 @@ from agent import (
     Usage,
 )
 from agent.models.openai import TOOL_ERROR_PREFIX, OpenAIModel
-from daemon.client import Client, RpcError
+from daemon.client import Connection as Client
+from daemon.client import RpcError
 
 KEY = "sk-test-0123456789abcdef"
 USER_HI = ConvMessage(role="user", content=[TextBlock(text="hi")])

@@ -28,7 +28,7 @@ from agent import (
     SandboxUnavailable,
     detect_bwrap,
 )
-from agent.sandbox import _Capture
+from agent.sandbox.capture import Capture as _Capture
 
 try:
     BWRAP = detect_bwrap()

@@ -20,7 +20,7 @@ from sandbox_testmodels import FORK_BOMB, MEMORY_HOG
 
 from agent import Sandbox, SandboxPolicy, SandboxUnavailable, Shell, ToolContext, detect_bwrap
 from agent.limits import MIB, CommandLimits, Mechanism, limiter
-from daemon.client import Client
+from daemon.client import Connection as Client
 from daemon.settings import ConfigError, load_settings
 
 try:

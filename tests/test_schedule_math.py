@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent import InvalidInput
-from daemon.schedules import (
+from daemon.schedule import (
     CronTrigger,
     DateTrigger,
     IntervalTrigger,

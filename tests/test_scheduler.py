@@ -34,9 +34,7 @@ from agent import (
     ToolRegistry,
     file_tools,
 )
-from daemon.schedule_glue import cancel_goal, goal_status
-from daemon.scheduler import SCHEDULE_CHANGED, SCHEDULE_RUN, Scheduler
-from daemon.schedules import RunOutcome, Schedule
+from daemon.schedule import SCHEDULE_CHANGED, SCHEDULE_RUN, RunOutcome, Schedule, Scheduler, cancel_goal, goal_status
 from goals import GOAL_CHANGED, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
 #: Far ahead of the real clock: APScheduler sleeps through every job planned from it.

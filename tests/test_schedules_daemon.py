@@ -6,7 +6,7 @@ fire during the previous goal's run is recorded ``skipped_concurrency``, a 1 s i
 within 10 s (its lag printed), and schedule keys of any length work with ``schedule rm|runs``.
 Goals use ``test:worker`` (``goald_testmodels``), whose per-call latency the objective states.
 
-The second part is in-process: :class:`daemon.scheduler.Scheduler` on a real SQLite file with an
+The second part is in-process: :class:`daemon.schedule.Scheduler` on a real SQLite file with an
 injected clock, driven the way APScheduler drives it (wake at the armed job's next run time, hand
 the instant to the job), for a cron schedule in Europe/Berlin across the spring-forward and
 fall-back days of 2071 — far enough ahead that APScheduler's own wall clock never finds the job
@@ -31,9 +31,8 @@ import pytest
 from harness import TEST_MODELS, Daemon
 
 from agent import Store
-from daemon.client import Client
-from daemon.scheduler import SCHEDULE_RUN, Scheduler
-from daemon.schedules import RunOutcome, Schedule
+from daemon.client import Connection as Client
+from daemon.schedule import SCHEDULE_RUN, RunOutcome, Schedule, Scheduler
 
 LIMIT = 30.0
 

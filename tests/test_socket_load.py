@@ -24,8 +24,8 @@ import harness
 import pytest
 from harness import Daemon, goald_argv
 
-from daemon.client import Client
-from daemon.server import raise_nofile_limit
+from daemon.client import Connection as Client
+from daemon.rpc.server import raise_nofile_limit
 
 LIMIT = 60.0
 CAP = 300

@@ -12,13 +12,13 @@ import subprocess
 import sys
 
 # What `goald serve` imports before it serves (the CLI, settings, the host and its services).
-SERVE_PATH = "import daemon.cli, daemon.settings, daemon.host, daemon.scheduler, daemon.methods"
+SERVE_PATH = "import daemon.cli, daemon.settings, daemon.host, daemon.schedule.service, daemon.rpc.methods"
 
 PROBE = f"""
 import json, sys
 {SERVE_PATH}
 from pydantic import BaseModel
-import daemon.methods, daemon.schedules
+import daemon.rpc.params, daemon.schedule.model
 
 def subclasses(cls):
     for sub in cls.__subclasses__():
@@ -27,7 +27,7 @@ def subclasses(cls):
 
 built = sorted(
     {{m.__module__ + "." + m.__qualname__ for m in subclasses(BaseModel)
-      if m.__module__ in ("daemon.methods", "daemon.schedules") and m.__dict__.get("__pydantic_complete__")}}
+      if m.__module__ in ("daemon.rpc.params", "daemon.schedule.model") and m.__dict__.get("__pydantic_complete__")}}
 )
 print(json.dumps({{"modules": sorted(sys.modules), "built": built}}))
 """

@@ -70,7 +70,7 @@ from agent.driver import CANCELLED_TOOL_TEXT
 from agent.redact import Redactor
 from agent.subagents import ORPHANED, session_spend
 from agent.tools import ToolPolicy
-from daemon.client import Client
+from daemon.client import Connection as Client
 from goals import GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from agent import (
 )
 from agent.tools import split_command
 from daemon.host import Host
-from daemon.protocol import ErrorCode, RpcError
+from daemon.rpc.protocol import ErrorCode, RpcError
 from daemon.settings import ConfigError, load_settings
 from goals import (
     GOAL_TOOL_NAMES,

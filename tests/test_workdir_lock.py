@@ -21,7 +21,7 @@ import pytest
 from harness import TEST_MODELS, Daemon, rpc
 
 from agent import Conflict, ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry
-from daemon.protocol import ErrorCode, RpcError
+from daemon.rpc.protocol import ErrorCode, RpcError
 from goals import GOAL_CHANGED, Budgets, Goal, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
 

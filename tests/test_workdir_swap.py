@@ -23,7 +23,7 @@ from harness import TEST_MODELS, Daemon, rpc
 
 from agent import Sandbox, SandboxUnavailable, Shell, ToolContext, detect_bwrap, workdirs
 from agent.tools import ReadFile, WriteFile
-from daemon.protocol import ErrorCode, RpcError
+from daemon.rpc.protocol import ErrorCode, RpcError
 
 try:
     BWRAP = detect_bwrap()

@@ -1,4 +1,4 @@
-"""Model providers: the interface and the shipped scripted model."""
+"""Model providers: the interface, the shipped scripted model, and the registry of models by spec."""
 
 import importlib
 from typing import TYPE_CHECKING, Any
@@ -33,8 +33,10 @@ __all__ = [
 ]
 
 from agent.models.health import CircuitBreaker, GuardedModel, ProviderHealth, RateLimiter
+from agent.models.registry import ModelRegistry, echo_model
 
 __all__ += ["AnthropicModel", "CircuitBreaker", "GuardedModel", "OpenAIModel", "ProviderHealth", "RateLimiter"]
+__all__ += ["ModelRegistry", "echo_model"]
 
 # The provider classes load on first use, not with the package: the daemon reaches READY=1 without
 # them (it imports the configured providers' modules when it builds its model registry), and they

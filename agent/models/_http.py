@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Generic, Protocol, TypeVar
 
 from agent.models.base import DeltaCallback, MessageLog, Model, ModelError, ModelErrorKind, ToolSpec
-from agent.models.health import parse_retry_after, status_kind
+from agent.models.health import error_kind, parse_retry_after
 from agent.redact import redact
 from agent.spend import Price, Usage
 
@@ -230,9 +230,11 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         where = self.base_url or self._default_host
         return ModelError(ModelErrorKind.CONNECTION, self._redact(f"connection to {where} failed: {why}"), usage=usage)
 
-    def _http_error(self, status: int, detail: str, headers: Mapping[str, str], usage: Usage | None) -> ModelError:
+    def _http_error(
+        self, status: int, detail: str, headers: Mapping[str, str], usage: Usage | None, code: str | None = None
+    ) -> ModelError:
         """The server answered with an error status; a retryable one may say when to retry."""
-        kind = status_kind(status)
+        kind = error_kind(status, detail, code)
         return ModelError(
             kind,
             self._redact(f"HTTP {status} from {self.provider}: {detail}")[:1000],

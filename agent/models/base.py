@@ -43,6 +43,9 @@ class ModelErrorKind(enum.StrEnum):
     BAD_REQUEST = "bad_request"
     MALFORMED = "malformed"
     UNEXPECTED_CALL = "unexpected_call"
+    #: The prompt does not fit the model's context window (a 400 ``context_length_exceeded``,
+    #: "prompt is too long"). Not retried as it stands: the driver compacts the view and retries once.
+    CONTEXT_LENGTH = "context_length"
 
     @property
     def retryable(self) -> bool:
@@ -176,6 +179,35 @@ class ModelRequest:
     prompt_bytes: int = 0
     #: The conversation's cache of converted messages (``None``: convert the request in full).
     cache: WireCache | None = field(default=None, compare=False)
+    #: What the call is for: a step of the conversation, or the summary of its older part
+    #: (:mod:`agent.context`), which a scripted model may answer differently.
+    purpose: Literal["turn", "summary"] = "turn"
+
+
+#: Context windows of common models, in tokens, by name prefix (the longest matching prefix wins);
+#: a provider's configuration overrides them. Unknown names get the provider's default.
+KNOWN_WINDOWS: dict[str, int] = {
+    "gpt-4.1": 1_047_576,
+    "gpt-4o": 128_000,
+    "gpt-4-turbo": 128_000,
+    "gpt-5": 400_000,
+    "o1": 200_000,
+    "o3": 200_000,
+    "o4-mini": 200_000,
+    "claude-": 200_000,
+    "deepseek-chat": 128_000,
+    "deepseek-reasoner": 128_000,
+    "llama3.1": 128_000,
+    "llama3.2": 128_000,
+    "qwen2.5": 32_768,
+    "mistral": 32_768,
+}
+
+
+def known_window(name: str) -> int | None:
+    """The context window of a common model by its name, if goald knows it."""
+    best = max((p for p in KNOWN_WINDOWS if name.startswith(p)), key=len, default=None)
+    return KNOWN_WINDOWS[best] if best is not None else None
 
 
 def message_bytes(msg: ConvMessage) -> int:

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import enum
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
@@ -53,6 +54,44 @@ def status_kind(status: int) -> ModelErrorKind:
         # 408 (request timeout) and 409 (conflict/lock) are the statuses the SDKs also retry.
         return ModelErrorKind.SERVER
     return ModelErrorKind.BAD_REQUEST
+
+
+#: Words of the providers' "the prompt does not fit the window" answers (OpenAI-compatible servers:
+#: code ``context_length_exceeded``, vLLM "maximum context length", llama.cpp "exceeds the available
+#: context size"; Anthropic: "prompt is too long").
+_CONTEXT_WORDS = (
+    "context_length_exceeded",
+    "prompt is too long",
+    "maximum context length",
+    "context length",
+    "context size",
+    "context window",
+)
+_REPORTED_TOKENS = (
+    re.compile(r"prompt is too long: (\d+) tokens"),
+    re.compile(r"resulted in (\d+) tokens"),
+    re.compile(r"(\d+) in the messages"),
+    re.compile(r"request \((\d+) tokens\)"),
+)
+
+
+def error_kind(status: int, detail: str, code: str | None = None) -> ModelErrorKind:
+    """The error kind of an HTTP error answer: :func:`status_kind`, except that a 400 saying the
+    prompt does not fit the context window is ``context_length`` (the driver compacts and retries)."""
+    kind = status_kind(status)
+    if kind is ModelErrorKind.BAD_REQUEST and status == 400:
+        text = f"{code or ''} {detail}".lower()
+        if any(word in text for word in _CONTEXT_WORDS):
+            return ModelErrorKind.CONTEXT_LENGTH
+    return kind
+
+
+def reported_prompt_tokens(message: str) -> int | None:
+    """The prompt's size in tokens when a "context length exceeded" answer states it."""
+    for pattern in _REPORTED_TOKENS:
+        if m := pattern.search(message):
+            return int(m.group(1))
+    return None
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None = None) -> float | None:

@@ -403,7 +403,8 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
             return self._unreachable(exc, exc.message, usage)
         if isinstance(exc, openai.APIStatusError):
             detail = _detail(exc.body) or exc.message
-            return self._http_error(exc.status_code, detail, exc.response.headers, usage)
+            code = exc.code if isinstance(exc.code, str) else None
+            return self._http_error(exc.status_code, detail, exc.response.headers, usage, code)
         if isinstance(exc, openai.APIResponseValidationError):
             return ModelError(
                 ModelErrorKind.MALFORMED,

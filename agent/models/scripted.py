@@ -5,11 +5,16 @@ function of the request. It records every call, fails the call (and remembers it
 comes that the script did not expect, and :meth:`ScriptedModel.assert_done` fails when a reply was
 left unconsumed. It can simulate usage, ``max_tokens`` finishes, refusals, errors, latency and
 streamed text.
+
+It counts a prompt's tokens as its measured bytes / 4 (:meth:`Model.measure`, the model-neutral
+size), reports that as the input usage, and enforces its ``context_window`` as a provider does: a
+prompt over it is refused with a ``context_length`` error (before any reply is consumed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import math
@@ -99,10 +104,12 @@ class ScriptedModel(Model):
         price: Price | None = None,
         max_tokens: int = 1024,
         record: bool = True,
+        context_window: int = 200_000,
     ) -> None:
         self.name = name
         self.price = price
         self.max_tokens = max_tokens
+        self.context_window = context_window
         self._rule: Rule | None = None
         self._replies: list[Reply] = []
         if callable(replies):
@@ -150,6 +157,13 @@ class ScriptedModel(Model):
         self.call_count += 1
         if self._record:
             self.calls.append(ScriptedCall(request))
+        prompt_tokens = self.prompt_tokens(request)
+        if prompt_tokens > self.context_window:
+            raise ModelError(
+                ModelErrorKind.CONTEXT_LENGTH,
+                f"prompt is too long: {prompt_tokens} tokens > {self.context_window} maximum",
+                status=400,
+            )
         reply = await self._reply_for(request)
         if reply.delay:
             await asyncio.sleep(reply.delay)
@@ -173,5 +187,9 @@ class ScriptedModel(Model):
         usage = reply.usage
         if usage is None:
             out_bytes = len(reply.text) + sum(len(json.dumps(c.args)) + len(c.name) for c in reply.tool_calls)
-            usage = Usage(input_tokens=max(1, request.prompt_bytes // 4), output_tokens=max(1, out_bytes // 4))
+            usage = Usage(input_tokens=max(1, prompt_tokens), output_tokens=max(1, out_bytes // 4))
         return ModelResponse(content=content, finish_reason=finish, usage=usage)
+
+    def prompt_tokens(self, request: ModelRequest) -> int:
+        """The prompt's tokens by this model's rule: measured bytes / 4 (as the driver measured them)."""
+        return (request.prompt_bytes or self.measure(dataclasses.replace(request, cache=None))) // 4

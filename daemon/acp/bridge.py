@@ -16,11 +16,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from acp import PROTOCOL_VERSION, RequestError
 from acp.interfaces import Client
@@ -52,9 +51,11 @@ from agent import (
     InvalidTransition,
     MessageId,
     NotFound,
+    Runtime,
     Source,
     SourceKind,
     StoreClosed,
+    TaskSet,
     ToolContext,
 )
 from daemon import __version__
@@ -63,11 +64,9 @@ from daemon.acp.prompt import PromptSlot
 from daemon.acp.session import AcpSession
 from daemon.acp.updates import ACP_SOURCE_REF, Update, agent_text, goal_commands, tool_kind, tool_title
 from daemon.display import goal_line
+from daemon.ports import HostPort
+from daemon.rpc.views import goal_view
 from goals import Goal, GoalEngine, GoalSpec, GoalStatus, latest_goal_of_session, live_goal_of_session
-
-if TYPE_CHECKING:
-    from agent import Runtime
-    from daemon.host import Host
 
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -113,7 +112,7 @@ def goal_command(text: str) -> str | None:
 class AcpBridge:
     """The ACP ``Agent`` of ``goald acp`` (see the module docstring)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: HostPort) -> None:
         self.host = host
         self.client: Client | None = None
         self.sessions: dict[str, AcpSession] = {}
@@ -121,7 +120,7 @@ class AcpBridge:
         self.asks_permission = True
         #: Tool names the editor allowed always, by session.
         self._always: dict[str, set[str]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._closed = False
 
     def on_connect(self, conn: Client) -> None:
@@ -148,9 +147,7 @@ class AcpBridge:
 
     def _later(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` after the current response is queued (the sender keeps FIFO order)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _quietly(self, session_id: str, update: Update) -> None:
         try:
@@ -190,7 +187,7 @@ class AcpBridge:
         if self.host.settings.workdir_roots:
             # Configured roots bind editors too.
             try:
-                return str(self.host.workdir_for(cwd, "acp"))
+                return str(self.host.workdirs.resolve(cwd, "acp"))
             except ValueError as exc:
                 raise invalid(str(exc)) from None
         if not path.is_dir():
@@ -202,11 +199,7 @@ class AcpBridge:
         self._closed = True
         for view in list(self.sessions.values()):
             await view.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.cancel()
 
     # -- ACP methods -----------------------------------------------------------------------
 
@@ -370,8 +363,6 @@ class AcpBridge:
             goal = await self._session_goal(view.session_id, live=False)
             if goal is None:
                 return "This session has no goal. Start one with /goal OBJECTIVE."
-            from daemon.methods import goal_view
-
             lines = [goal_line(goal_view(goal))]
             lines += [f"- {note}" for note in goal.memory.notes[-5:]]
             if goal.result_summary:

@@ -20,8 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+from acp.agent.connection import AgentSideConnection
+from acp.interfaces import Agent
 from loguru import logger
 
+from daemon.acp.bridge import AcpBridge
+from daemon.host import Host
 from daemon.settings import Settings, load_settings
 
 
@@ -63,12 +67,6 @@ async def _streams(proto_in: int, proto_out: int) -> tuple[asyncio.StreamReader,
 
 async def run_acp(settings: Settings, proto_in: int, proto_out: int) -> int:
     """Serve ACP on the given descriptors until the client closes its end; returns an exit code."""
-    from acp.agent.connection import AgentSideConnection
-    from acp.interfaces import Agent
-
-    from daemon.acp.bridge import AcpBridge
-    from daemon.host import Host
-
     host = Host(settings)
     host_task = asyncio.get_running_loop().create_task(host.run(), name="goald host")
     ready = asyncio.get_running_loop().create_task(host.ready.wait())

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from daemon.protocol import Dispatcher, FrameTimeout, Peer, encode, frame_too_large, read_frames
+from daemon.rpc.protocol import Dispatcher, FrameTimeout, Peer, encode, frame_too_large, read_frames
 
 if TYPE_CHECKING:
     from daemon.settings import Settings
@@ -80,7 +80,7 @@ class ConnectionState:
     @property
     def subscribed(self) -> bool:
         """Whether the connection holds a subscription (a task streaming notifications)."""
-        return self.peer is not None and any(not t.done() for t in self.peer.tasks)
+        return self.peer is not None and self.peer.tasks.busy()
 
     def drop(self, *, flush: bool = False) -> None:
         """Close the connection (its serving task then ends on end-of-file): at once, or after
@@ -185,11 +185,7 @@ async def serve_connection(
         pass
     finally:
         peer.closed.set()
-        for task in list(peer.tasks):
-            task.cancel()
-        for task in list(peer.tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await peer.tasks.cancel()
         with contextlib.suppress(Exception):
             writer.close()
 

@@ -4,7 +4,7 @@ Low level, the client mirrors the protocol: :meth:`Client.prompt` answers a ``Me
 the enqueue is durable (never a result), and :meth:`Client.notifications` yields the
 ``session.event`` / ``session.status`` notifications of the client's subscriptions.
 
-High level, :meth:`Client.run` owns an interval (see :mod:`daemon.sdk.interval`): it opens a
+High level, :meth:`Client.run` owns an interval (see :mod:`daemon.client.interval`): it opens a
 notification stream and subscribes *before* it prompts, then finds its own message's receipt,
 ignores everything before it, and collects until the first idle after it. It subscribes to every
 session (live) rather than to the one session, so that subagent sessions created during the
@@ -30,18 +30,18 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel
 
 from agent import AgentStatus, MessageId, SessionId
-from daemon.client import Client as Connection
-from daemon.client import DaemonUnavailable
+from daemon.client.connection import Connection, DaemonUnavailable
+from daemon.client.interval import Interval, RunResult, SessionEvent, find_receipt
 from daemon.errors import DaemonError
-from daemon.sdk.interval import Interval, RunResult, SessionEvent, find_receipt
-
-if TYPE_CHECKING:
-    from daemon.host import Host
+from daemon.ports import HostPort
+from daemon.rpc.methods import build_dispatcher
+from daemon.rpc.server import serve_connection
+from daemon.settings import load_settings
 
 
 class StatusChange(BaseModel):
@@ -167,8 +167,6 @@ class Client:
             DaemonUnavailable: nothing answers on the socket.
         """
         if socket_path is None:
-            from daemon.settings import load_settings
-
             socket_path = load_settings(None).socket_path
         return cls(await Connection.connect(socket_path))
 
@@ -225,14 +223,12 @@ class Client:
         return client
 
     @classmethod
-    async def in_process(cls, host: Host) -> Client:
+    async def in_process(cls, host: HostPort) -> Client:
         """A connection to a :class:`~daemon.host.Host` running in this process (a socket pair).
 
         The connection is not the host's socket: it outlives the host's control server, so a run
         sees the events the host's graceful stop commits (a turn ending ``interrupted``).
         """
-        from daemon.methods import build_dispatcher
-        from daemon.server import serve_connection
 
         ours, theirs = socket.socketpair()
         s_reader, s_writer = await asyncio.open_unix_connection(sock=theirs, limit=2**16)
@@ -314,7 +310,7 @@ class Client:
     # -- low level -------------------------------------------------------------------------
 
     async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        """Call any protocol method (raises :class:`daemon.protocol.RpcError` with the server's code)."""
+        """Call any protocol method (raises :class:`daemon.rpc.protocol.RpcError` with the server's code)."""
         return await self._conn.call(method, params)
 
     async def initialize(self) -> dict[str, Any]:

@@ -19,12 +19,12 @@ import enum
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from loguru import logger
 from pydantic import BaseModel, ValidationError
 
-from agent import Conflict, InvalidInput, InvalidTransition, NotFound, StorageUnavailable
+from agent import Conflict, InvalidInput, InvalidTransition, NotFound, StorageUnavailable, TaskSet
 from daemon.errors import DaemonError
 
 PROTOCOL_VERSION = 1
@@ -113,6 +113,9 @@ def map_exception(exc: BaseException) -> RpcError:
             return RpcError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
 
 
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R")
+
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -121,7 +124,8 @@ class Peer:
     """One connected client: how to send it messages, and what it subscribed to."""
 
     send: Send
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: The connection's subscriptions (streaming tasks), cancelled when it closes.
+    tasks: TaskSet = field(default_factory=TaskSet)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
@@ -130,6 +134,10 @@ class Peer:
 
 
 Handler = Callable[[dict[str, Any], Peer], Awaitable[Any]]
+#: A handler of a method with params: ``fn(params, peer)``.
+WithParams = Callable[[P, Peer], Awaitable[R]]
+#: A handler of a method without params: ``fn(peer)``.
+WithoutParams = Callable[[Peer], Awaitable[R]]
 
 
 class Dispatcher:
@@ -138,10 +146,24 @@ class Dispatcher:
     def __init__(self) -> None:
         self._handlers: dict[str, tuple[type[BaseModel] | None, Callable[..., Awaitable[Any]]]] = {}
 
+    @overload
+    def method(
+        self, name: str, params: type[P]
+    ) -> Callable[[Callable[[P, Peer], Awaitable[R]]], Callable[[P, Peer], Awaitable[R]]]: ...
+
+    @overload
+    def method(
+        self, name: str, params: None = None
+    ) -> Callable[[Callable[[Peer], Awaitable[R]]], Callable[[Peer], Awaitable[R]]]: ...
+
     def method(
         self, name: str, params: type[BaseModel] | None = None
     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
-        """Register a handler ``fn(params_model, peer)`` (or ``fn(peer)`` without a params model)."""
+        """Register a handler ``fn(params_model, peer)`` (or ``fn(peer)`` without a params model).
+
+        The overloads tie a handler's first argument to its params model, so every handler is
+        type-checked against the params it is given.
+        """
 
         def register(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             self._handlers[name] = (params, fn)

@@ -4,7 +4,7 @@ The rows are the single source of truth. APScheduler 3's ``AsyncIOScheduler`` ho
 jobs rebuilt from the rows at start and after every change, with ``misfire_grace_time=None``
 (a late fire is never dropped by APScheduler) and without its own coalescing: every instant it
 hands over reaches :meth:`Scheduler._run_due`, which records what became of it. Its job triggers
-wrap :func:`daemon.schedules.next_fire`, so the times a job fires at and the next fire time that
+wrap :func:`daemon.schedule.timing.next_fire`, so the times a job fires at and the next fire time that
 ``schedule list`` shows come from the same arithmetic.
 
 Every scheduled instant ends as exactly one ``schedule_runs`` row (``fired``,
@@ -16,7 +16,7 @@ itself is created by the ``fire`` callback before that transaction, with the ide
 start and firing it again finds the goal it already made.
 
 At start, fires that came due while goald was down are settled from ``last_fire_at`` and the
-injected clock (:func:`daemon.schedules.missed_runs`). The clock is also the authority for
+injected clock (:func:`daemon.schedule.timing.missed_runs`). The clock is also the authority for
 deadlines; APScheduler's own wall clock only decides when to wake up.
 """
 
@@ -36,7 +36,7 @@ from apscheduler.triggers.base import BaseTrigger  # type: ignore[import-untyped
 from loguru import logger
 
 from agent import AgentError, InvalidInput, Migration, NotFound, Store, TaskSet, Tx, create_session
-from daemon.schedules import (
+from daemon.schedule.model import (
     AnyTrigger,
     DateTrigger,
     IntervalTrigger,
@@ -45,10 +45,9 @@ from daemon.schedules import (
     ScheduleId,
     ScheduleRun,
     ScheduleSpec,
-    missed_runs,
-    next_fire,
     zone,
 )
+from daemon.schedule.timing import missed_runs, next_fire
 
 SCHEDULE_RUN = "schedule/run"
 SCHEDULE_CHANGED = "schedule/changed"
@@ -185,7 +184,7 @@ def _record(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun]:
 
 
 class _AtFireTimes(BaseTrigger):  # type: ignore[misc]
-    """An APScheduler trigger over :func:`daemon.schedules.next_fire`."""
+    """An APScheduler trigger over :func:`daemon.schedule.timing.next_fire`."""
 
     __slots__ = ("_trigger", "_tz")
 

@@ -1,26 +1,18 @@
-"""The ``goald`` command. Thin: parse arguments, call the daemon (or the packages), map outcomes to
-exit codes. All logic lives in the packages; ``main(argv) -> int`` never calls ``sys.exit``.
+"""The ``goald`` command's arguments and exit codes.
 
 Exit codes (also in the README): 0 success; 1 failure; 2 usage error or invalid input; 3 not
-found; 4 conflict or a transition that is not allowed; 69 no daemon answers; 78 invalid
-configuration.
+found; 4 conflict or a transition that is not allowed; 69 no daemon answers; 75 another goald
+holds the state directory; 78 invalid configuration.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
-import sys
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from daemon import __version__
 from daemon.errors import DaemonError
-from daemon.logs import setup_logging
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -172,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     sruns.add_argument("--limit", type=int, default=20)
     sruns.add_argument("--json", action="store_true")
 
+    store = sub.add_parser("store", help="the database: sizes, retention, space")
+    stsub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    ststats = stsub.add_parser("stats", help="database size, rows per table, the largest sessions")
+    ststats.add_argument("--top", type=int, default=10, help="how many of the largest sessions")
+    ststats.add_argument("--json", action="store_true")
+    stcompact = stsub.add_parser("compact", help="run retention now and give free space back")
+    stcompact.add_argument("--json", action="store_true")
+    stsub.add_parser("vacuum", help="offline full VACUUM (refused while a daemon runs)")
+
     config = sub.add_parser("config", help="configuration")
     csub = config.add_subparsers(dest="config_command", metavar="ACTION")
     check = csub.add_parser("check", help="validate and print the effective settings (secrets masked)")
@@ -204,178 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    try:
-        return _dispatch(args)
-    except UsageError as exc:
-        print(f"goald: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
-
-
-def _settings(args: argparse.Namespace) -> Any:
-    from daemon.settings import load_settings
-
-    path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
-    return load_settings(path)
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    from daemon.settings import ConfigError
-
-    cmd = args.command
-    if cmd in ("serve", "run", "demo", "acp"):
-        # The daemon's files (database, WAL, work directories, logs of tools) are its own: 0600 and
-        # 0700, outside systemd (whose units set UMask=0077) too.
-        os.umask(0o077)
-    if cmd == "demo":
-        setup_logging(args.log_level or "WARNING")
-        from daemon.demo import run_demo
-
-        return asyncio.run(run_demo(args.state_dir, sys.stdout, plain=args.plain))
-    if cmd == "config":
-        return _config_check(args)
-    if cmd == "acp":
-        return _acp(args)
-    try:
-        settings = _settings(args)
-    except ConfigError as exc:
-        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    if cmd == "run":
-        return _run(settings, args)
-    if cmd == "serve":
-        setup_logging(args.log_level or settings.log_level, settings.log_format)
-        from daemon.host import Host
-        from daemon.lock import StateDirLocked
-
-        try:
-            return asyncio.run(Host(settings).run(stdio=args.stdio))
-        except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
-            print(f"goald: {exc}", file=sys.stderr)
-            return EXIT_LOCKED
-        except ConfigError as exc:  # e.g. an invalid goals file: the file, entry and field are named
-            print(f"goald: invalid configuration: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
-        except RuntimeError as exc:
-            print(f"goald: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-    setup_logging(args.log_level or "WARNING")
-    socket_path = args.socket or settings.socket_path
-    from daemon.commands import COMMANDS
-
-    handler: Callable[[Any, argparse.Namespace], Awaitable[int]] | None = COMMANDS.get(cmd)
-    if handler is None:
-        raise UsageError(f"unknown command {cmd}")
-    return asyncio.run(_with_client(socket_path, handler, args))
-
-
-async def _with_client(
-    socket_path: Path, handler: Callable[[Any, argparse.Namespace], Awaitable[int]], args: argparse.Namespace
-) -> int:
-    from daemon.client import Client, DaemonUnavailable
-    from daemon.protocol import ErrorCode, RpcError
-
-    try:
-        client = await Client.connect(socket_path)
-    except DaemonUnavailable as exc:
-        print(f"goald: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    try:
-        return await handler(client, args)
-    except RpcError as exc:
-        print(f"goald: {exc.message}", file=sys.stderr)
-        codes: dict[int, int] = {
-            ErrorCode.NOT_FOUND: EXIT_NOT_FOUND,
-            ErrorCode.CONFLICT: EXIT_CONFLICT,
-            ErrorCode.INVALID_TRANSITION: EXIT_CONFLICT,
-            ErrorCode.INVALID_PARAMS: EXIT_USAGE,
-        }
-        return codes.get(exc.code, EXIT_FAILURE)
-    except ConnectionError as exc:
-        print(f"goald: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    finally:
-        await client.close()
-
-
-def _acp(args: argparse.Namespace) -> int:
-    from daemon.acp import acp_settings, claim_stdio, run_acp
-    from daemon.settings import ConfigError
-
-    path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
-    try:
-        settings = acp_settings(path, args.state_dir)
-    except ConfigError as exc:
-        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    setup_logging(args.log_level or settings.log_level, settings.log_format)
-    # From here on stdout carries ACP messages only (see daemon.acp.serve).
-    proto_in, proto_out = claim_stdio()
-    return asyncio.run(run_acp(settings, proto_in, proto_out))
-
-
-def _run(settings: Any, args: argparse.Namespace) -> int:
-    from daemon.oneshot import RunOptions, read_text, run_oneshot
-
-    setup_logging(args.log_level or "WARNING")
-    for name in ("max_tokens", "max_steps"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    text = read_text(args.text)
-    if not text.strip():
-        raise UsageError("goald run needs a non-empty TEXT (or - and text on stdin)")
-    opts = RunOptions(
-        text=text,
-        model=args.model,
-        workdir=args.workdir,
-        state_dir=args.state_dir,
-        as_json=args.json,
-        max_tokens=args.max_tokens,
-        max_steps=args.max_steps,
-    )
-    try:
-        return asyncio.run(run_oneshot(settings, opts, sys.stdout, sys.stderr))
-    except BrokenPipeError:
-        # Whoever read stdout went away (`goald run ... | head`): not worth a traceback.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILURE
-
-
-def _config_check(args: argparse.Namespace) -> int:
-    from daemon.settings import ConfigError, load_settings
-
-    if args.config_command != "check":
-        raise UsageError("usage: goald config check [--config FILE]")
-    path = args.check_config or args.config
-    if path is None and os.environ.get("GOALD_CONFIG"):
-        path = Path(os.environ["GOALD_CONFIG"])
-    try:
-        settings = load_settings(path)
-        if settings.goals_file is not None:
-            # The declared goals and schedules are configuration too: checked as the daemon would
-            # at start (nothing is written; the store is not opened).
-            from daemon.declared import check_declared
-            from daemon.host import Host
-
-            check_declared(settings.goals_file, Host(settings))
-    except ConfigError as exc:
-        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    print(json.dumps(settings.masked(), indent=2, sort_keys=True))
-    return EXIT_OK
-
-
 def parse_deadline(raw: str | None) -> str | None:
     """Validate an ISO 8601 instant with a time zone."""
     if raw is None:
@@ -387,8 +216,3 @@ def parse_deadline(raw: str | None) -> str | None:
     if value.tzinfo is None:
         raise UsageError(f"--deadline {raw!r} needs a time zone (e.g. Z or +01:00)")
     return value.isoformat()
-
-
-def entrypoint() -> None:
-    """Console-script entry point."""
-    sys.exit(main())

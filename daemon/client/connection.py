@@ -1,7 +1,9 @@
-"""An async client of the control protocol, over the daemon's unix socket.
+"""The JSON-RPC connection to a daemon: requests matched to responses, notifications queued.
 
-Responses are matched to requests by id; notifications (``session.event``, ``session.status``)
-go to a queue that :meth:`Client.notifications` iterates.
+:class:`Connection` is the protocol as it is on the wire (dicts in, dicts out): the CLI and the
+tests use it directly, and the SDK's :class:`~daemon.client.sdk.Client` is built on it. Responses
+are matched to requests by id; notifications (``session.event``, ``session.status``) go to a
+queue that :meth:`Connection.notifications` iterates.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from daemon.errors import DaemonError
-from daemon.protocol import RpcError, encode
+from daemon.rpc.protocol import RpcError, encode
 
 
 class DaemonUnavailable(DaemonError, ConnectionError):
     """No daemon answers on the socket."""
 
 
-class Client:
-    """A connection to a running daemon."""
+class Connection:
+    """A JSON-RPC connection to a running daemon (its socket, or a child daemon's stdio)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
@@ -35,7 +37,7 @@ class Client:
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def connect(cls, path: str | Path) -> Client:
+    async def connect(cls, path: str | Path) -> Connection:
         """Connect to the daemon's socket."""
         try:
             reader, writer = await asyncio.open_unix_connection(str(path), limit=2**24)
@@ -46,7 +48,7 @@ class Client:
             ) from None
         return cls(reader, writer)
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> Connection:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

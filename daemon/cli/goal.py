@@ -1,4 +1,5 @@
-"""The CLI's commands that talk to a running daemon, one coroutine each."""
+"""``goald goal add|list|show|pause|resume|cancel|edit|logs``, through the daemon; and the params
+from the command line that goals and schedules share (budgets, verification, progress, sandbox)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,22 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent import parse_payload
-from daemon.client import Client
+from daemon.cli.parser import EXIT_OK, UsageError, parse_deadline
+from daemon.client import Connection
 from daemon.display import TERMINAL, GoalDisplay, describe_event, goal_line, goal_lines, watch_goal
-from daemon.protocol import ErrorCode, RpcError
+from daemon.rpc.protocol import ErrorCode, RpcError
 from goals import GOAL_CHANGED, GoalChanged
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
 #: Length of a whole session id (``ses_`` and 26 characters); anything shorter is a prefix.
 _SESSION_ID_LEN = 30
 
 
-def _print_json(data: Any) -> None:
+def print_json(data: Any) -> None:
+    """Print ``data`` as indented JSON."""
     print(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
 def _budgets(args: argparse.Namespace) -> dict[str, Any] | None:
-    from daemon.cli import parse_deadline
-
     b = {
         "maxRounds": getattr(args, "max_rounds", None),
         "maxTokensTotal": getattr(args, "max_tokens", None),
@@ -38,7 +37,7 @@ def _budgets(args: argparse.Namespace) -> dict[str, Any] | None:
     return b or None
 
 
-async def _changed_budgets(client: Client, args: argparse.Namespace) -> dict[str, Any] | None:
+async def _changed_budgets(client: Connection, args: argparse.Namespace) -> dict[str, Any] | None:
     """The goal's budgets with those given on the command line changed, the others kept.
 
     ``goal/update`` and ``goal/resume`` replace a goal's budgets as a whole; ``--max-rounds 20`` on
@@ -78,8 +77,6 @@ def sandbox_params(args: argparse.Namespace) -> dict[str, Any] | None:
         name, _, where = item.partition("=")
         kind, _, ref = where.partition(":")
         if not name or kind not in ("env", "credential") or not ref:
-            from daemon.cli import UsageError
-
             raise UsageError(f"--secret {item!r}: expected NAME=env:VARIABLE or NAME=credential:FILE")
         out.setdefault("secrets", {})[name] = {kind: ref}
     return out or None
@@ -91,7 +88,8 @@ def progress_params(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"cmd": cmd, "timeout": args.progress_timeout} if cmd else None
 
 
-async def _goal_session(client: Client, target: str) -> str:
+async def goal_session(client: Connection, target: str) -> str:
+    """The session a ``goal_…`` id, a session id prefix or a whole session id names."""
     if target.startswith("goal_"):
         goal = await client.call("goal/get", {"goalId": target})
         return str(goal["sessionId"])
@@ -106,48 +104,15 @@ async def _goal_session(client: Client, target: str) -> str:
     return target
 
 
-async def status(client: Client, args: argparse.Namespace) -> int:
-    health = await client.call("daemon/health")
-    if args.json:
-        _print_json(health)
-    else:
-        goals = ", ".join(f"{k} {v}" for k, v in health["goals"].items() if v)
-        print(f"goald {health['version']}: {health['status']}, up {health['uptimeSeconds']:.0f}s")
-        print(f"goals: {goals or 'none'}; sessions running: {health['sessionsRunning']}")
-        providers = health.get("providers") or {}
-        if providers:
-            print("providers: " + "; ".join(provider_line(name, p) for name, p in sorted(providers.items())))
-    return EXIT_OK
-
-
-def provider_line(name: str, snapshot: dict[str, Any]) -> str:
-    """One provider's health in a few words: its breaker, and who waits on it while it is open."""
-    breaker = snapshot.get("breaker") or {}
-    state = str(snapshot.get("state", "unknown")).replace("_", "-")
-    text = f"{name} {state}"
-    if state == "closed":
-        failures = breaker.get("consecutiveFailures") or 0
-        return text + (f" ({failures} failure(s) in a row)" if failures else "")
-    parts = []
-    if breaker.get("retryIn") is not None:
-        parts.append(f"probe in {breaker['retryIn']:.0f}s")
-    parts.append(f"{breaker.get('waiting', 0)} call(s) waiting")
-    if snapshot.get("lastError"):
-        parts.append(f"last error: {str(snapshot['lastError'])[:80]}")
-    return f"{text} ({', '.join(parts)})"
-
-
-async def goal(client: Client, args: argparse.Namespace) -> int:
+async def goal(client: Connection, args: argparse.Namespace) -> int:
     action = args.goal_command
     if action is None:
-        from daemon.cli import UsageError
-
         raise UsageError("usage: goald goal add|list|show|pause|resume|cancel|edit|logs")
-    handler: Callable[[Client, argparse.Namespace], Awaitable[int]] = GOAL_ACTIONS[action]
+    handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] = GOAL_ACTIONS[action]
     return await handler(client, args)
 
 
-async def goal_add(client: Client, args: argparse.Namespace) -> int:
+async def goal_add(client: Connection, args: argparse.Namespace) -> int:
     params = {
         "objective": args.objective,
         "title": args.title,
@@ -165,16 +130,16 @@ async def goal_add(client: Client, args: argparse.Namespace) -> int:
     }
     created = await client.call("goal/create", params)
     if args.json:
-        _print_json(created)
+        print_json(created)
     else:
         print(f"{created['goalId']} on session {created['sessionId']}")
     return EXIT_OK
 
 
-async def goal_list(client: Client, args: argparse.Namespace) -> int:
+async def goal_list(client: Connection, args: argparse.Namespace) -> int:
     result = await client.call("goal/list", {"status": args.status})
     if args.json:
-        _print_json(result["goals"])
+        print_json(result["goals"])
         return EXIT_OK
     for g in result["goals"]:
         print(goal_line(g))
@@ -183,25 +148,25 @@ async def goal_list(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def goal_show(client: Client, args: argparse.Namespace) -> int:
+async def goal_show(client: Connection, args: argparse.Namespace) -> int:
     g = await client.call("goal/get", {"goalId": args.goal})
     if args.watch:
         return await watch_goal(client, g, as_json=args.json)
     if args.json:
-        _print_json(g)
+        print_json(g)
     else:
         print("\n".join(goal_lines(g)))
     return EXIT_OK
 
 
-def _status_change(method: str) -> Callable[[Client, argparse.Namespace], Awaitable[int]]:
-    async def run(client: Client, args: argparse.Namespace) -> int:
+def _status_change(method: str) -> Callable[[Connection, argparse.Namespace], Awaitable[int]]:
+    async def run(client: Connection, args: argparse.Namespace) -> int:
         params: dict[str, Any] = {"goalId": args.goal}
         if method == "goal/resume":
             params["budgets"] = await _changed_budgets(client, args)
         g = await client.call(method, params)
         if args.json:
-            _print_json(g)
+            print_json(g)
         else:
             print(goal_line(g))
         return EXIT_OK
@@ -209,7 +174,7 @@ def _status_change(method: str) -> Callable[[Client, argparse.Namespace], Awaita
     return run
 
 
-async def goal_edit(client: Client, args: argparse.Namespace) -> int:
+async def goal_edit(client: Connection, args: argparse.Namespace) -> int:
     g = await client.call(
         "goal/update",
         {
@@ -221,13 +186,13 @@ async def goal_edit(client: Client, args: argparse.Namespace) -> int:
         },
     )
     if args.json:
-        _print_json(g)
+        print_json(g)
     else:
         print(goal_line(g))
     return EXIT_OK
 
 
-async def goal_logs(client: Client, args: argparse.Namespace) -> int:
+async def goal_logs(client: Connection, args: argparse.Namespace) -> int:
     """The goal's session events; with ``--follow``, new ones as they commit, until the goal ends.
 
     Following also shows the goal (status, reason, rounds, tokens and cost against its budgets) as
@@ -278,24 +243,7 @@ def _event_text(sid: str, seq: int, ev: dict[str, Any], as_json: bool) -> str:
     return f"[{seq:>5}] {ev['at'][11:23]} {describe_event(ev['type'], ev['data'])}"
 
 
-async def send(client: Client, args: argparse.Namespace) -> int:
-    sid = await _goal_session(client, args.target)
-    delivery = "steer" if args.steer else "context" if args.context else "followup"
-    result = await client.call("session/prompt", {"sessionId": sid, "text": args.text, "delivery": delivery})
-    if args.json:
-        _print_json({"sessionId": sid, **result})
-    else:
-        print(result["messageId"])
-    return EXIT_OK
-
-
-async def schedule(client: Client, args: argparse.Namespace) -> int:
-    from daemon.schedule_commands import schedule_command
-
-    return await schedule_command(client, args)
-
-
-GOAL_ACTIONS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
+GOAL_ACTIONS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] = {
     "add": goal_add,
     "list": goal_list,
     "show": goal_show,
@@ -304,11 +252,4 @@ GOAL_ACTIONS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] 
     "cancel": _status_change("goal/cancel"),
     "edit": goal_edit,
     "logs": goal_logs,
-}
-
-COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
-    "status": status,
-    "goal": goal,
-    "send": send,
-    "schedule": schedule,
 }

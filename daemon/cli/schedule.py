@@ -6,12 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from daemon.client import Client
+from daemon.cli.goal import progress_params, sandbox_params
+from daemon.cli.parser import UsageError, parse_deadline
+from daemon.client import Connection
 
 
 def _trigger(args: argparse.Namespace) -> dict[str, Any]:
-    from daemon.cli import parse_deadline
-
     if args.cron is not None:
         return {"kind": "cron", "expr": args.cron}
     if args.every is not None:
@@ -29,7 +29,7 @@ def _line(s: dict[str, Any]) -> str:
     )
 
 
-async def schedule_command(client: Client, args: argparse.Namespace) -> int:
+async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
     """Run one schedule action."""
     action = args.schedule_command
     if action == "add":
@@ -45,8 +45,6 @@ async def schedule_command(client: Client, args: argparse.Namespace) -> int:
             goal["verify"] = [{"cmd": c} for c in args.verify]
         if args.tool:
             goal["tools"] = args.tool
-        from daemon.commands import progress_params, sandbox_params
-
         if (progress := progress_params(args)) is not None:
             goal["progress"] = progress
         if (sandbox := sandbox_params(args)) is not None:
@@ -83,6 +81,4 @@ async def schedule_command(client: Client, args: argparse.Namespace) -> int:
                 goal_ref = f" -> {r['goalId']}" if r.get("goalId") else ""
                 print(f"{r['scheduledFor']}  {r['outcome']}  {r['reason']}{goal_ref}")
         return 0
-    from daemon.cli import UsageError
-
     raise UsageError("usage: goald schedule add|list|rm|runs")

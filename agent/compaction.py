@@ -1,0 +1,244 @@
+"""The compaction step of a running turn: summarize the older view, else elide and drop.
+
+:mod:`agent.context` holds the rules (the view, the estimate, where to cut, the fallback plan) as
+pure functions; this module carries them out for one :class:`~agent.driver.Agent` before a model
+call, with the driver's own writes, reservations and call machinery, so a summary call is checked,
+reserved, time-bound and charged exactly like a turn's call. It is a separate module so that the
+driver stays about turns; it reaches into the driver only through the few methods named here.
+
+Decisions, and why:
+
+* **Down to a target, not just under the trigger.** A compaction aims at ``compact_to`` of the
+  window for the whole prompt (system prompt and tools included), leaving the room between it and
+  ``compact_at`` for the turns that follow: compacting just under the trigger would compact again a
+  round or two later, and every compaction breaks the provider's prompt cache. The verbatim part
+  gets what the target leaves after the fixed part and the summary's limit (``summary_share`` of the
+  window), and at least the newest user message and what follows it.
+* **Fallback to the same target** when the summary call fails or would not fit.
+* **One transaction** writes the ``context/compacted`` event and settles the summary call, so a
+  crash leaves the compaction whole or absent; the driver then reloads its view from the store,
+  exactly as a restart would, and starts a fresh wire cache (the prompt's prefix changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from agent.calls import CallId, OutOfTime, settle_call
+from agent.context import (
+    COMPACTED,
+    DROPPED_NOTE,
+    SUMMARY_INSTRUCTION,
+    Entry,
+    apply,
+    choose_cut,
+    load_view,
+    plan_fallback,
+    tool_ids,
+)
+from agent.messages import TextBlock
+from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, message_bytes, specs_size
+from agent.payloads import ContextCompacted, EndReason
+from agent.spend import Usage, estimator_for
+from agent.store import Tx
+from agent.turns import OpenedTurn, TurnEnd
+
+if TYPE_CHECKING:
+    from agent.driver import Agent
+
+#: Text given to tool calls left without a result when a summary call runs out of time.
+CANCELLED_TOOL_TEXT = "cancelled: the turn was interrupted before this call finished"
+
+
+def _nothing(tx: Tx) -> None:
+    """A write that commits only what the driver deferred (a step's tool result)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary call's outcome."""
+
+    text: str
+    call_id: str
+    usage: Usage
+    cost: float
+    model: Model
+
+
+def summary_limit(agent: Agent, model: Model) -> int:
+    """The output limit of a summary call: the policy's, the model's, and a share of the window."""
+    policy = agent.config.context
+    share = max(16, int(agent.model.context_window * policy.summary_share))
+    return min(policy.summary_max_tokens, model.max_tokens, share)
+
+
+async def compact_view(agent: Agent, turn: OpenedTurn, request: ModelRequest, max_tokens: int) -> TurnEnd | None:
+    """Make the agent's view smaller before a call: summarize its older part, else elide and drop.
+
+    Returns a :class:`TurnEnd` when the turn must end (the guard refused the summary call, its time
+    ran out); otherwise the view is replaced (or left as it is when nothing can shrink it).
+    """
+    policy, window = agent.config.context, agent.model.context_window
+    # A step's tool result is committed with the next write: flush it, the view is read from the store.
+    await agent._write(_nothing)
+    previous, view = await load_view(agent.store, agent.session_id)
+    before = agent._meter.estimate(request.prompt_bytes)
+    fixed = len(agent.config.system or "") + specs_size(request.tools)
+    neutral = fixed + sum(message_bytes(e.msg) for e in view)
+    # Tokens per model-neutral byte, as this model measures and the calibration bounds it.
+    ratio = agent._estimator.ratio * max(1.0, request.prompt_bytes / max(neutral, 1))
+    # The whole prompt after the compaction aims at ``compact_to`` of the window (never past the
+    # room the output limit leaves); the verbatim part gets what the fixed part and the summary leave.
+    target = min(policy.compact_to * window, policy.compact_at * window, window - max_tokens)
+    summary_room = summary_limit(agent, agent.summary_model or agent.model)
+    keep_bytes = max(0, int((target - summary_room) / ratio) - fixed)
+    # The fallback aims at the target when the summary call failed; otherwise it only trims what
+    # still would not leave room below the trigger (the verbatim turns stay whole where they can).
+    fits = min(policy.compact_at * window, window - max_tokens) * 0.75
+    prev_summary = previous.summary if previous is not None else None
+    base = {"turn_id": turn.turn_id, "elide_keep": policy.elide_keep, "tokens_before": before}
+    record: ContextCompacted | None = None
+    # What the summary request may carry of the older part: its model's window less the output
+    # limit, the fixed part and the instruction, at that model's calibrated ratio (with a margin).
+    smodel = agent.summary_model or agent.model
+    sratio = estimator_for(smodel.spec).ratio * ratio / agent._estimator.ratio
+    room = (smodel.context_window - summary_room - 64) / (sratio * 1.1)
+    older_bytes = max(0, int(room) - fixed - len(SUMMARY_INSTRUCTION))
+    cut = choose_cut(view, keep_bytes, older_bytes=older_bytes)
+    if cut is not None:
+        done = await summarize(agent, turn, view[:cut])
+        if isinstance(done, TurnEnd):
+            return done
+        if done is not None:
+            kept = view[cut:]
+            elided = [i for i in (previous.elided if previous else []) if i in tool_ids(kept)]
+            record = ContextCompacted(
+                **base,
+                mode="summary",
+                through_seq=view[cut - 1].seq,
+                summary=done.text,
+                elided=elided,
+                messages=sum(1 for e in view[:cut] if not e.summary),
+                model=done.model.spec,
+                call_id=done.call_id,
+                usage=done.usage,
+                cost=done.cost,
+            )
+            view = apply(view, record)
+            prev_summary = done.text
+    failed = cut is not None and record is None
+    budget_bytes = int((target if failed else max(target, fits)) / ratio) - fixed
+    if sum(message_bytes(e.msg) for e in view) > budget_bytes:
+        record, view = _fall_back(view, budget_bytes, agent, base, previous, record, prev_summary)
+    if record is None:
+        logger.warning("session {}: the view cannot be compacted further (~{} tokens)", agent.session_id, before)
+        return None
+    after = int((fixed + sum(message_bytes(e.msg) for e in view)) * ratio)
+    record = record.model_copy(update={"tokens_after": after})
+    await agent._write(partial(commit, agent, record=record))
+    logger.info(
+        "session {}: context compacted ({}): {} message(s) through seq {}, ~{} -> ~{} tokens",
+        agent.session_id,
+        record.mode,
+        record.messages,
+        record.through_seq,
+        before,
+        after,
+    )
+    # The view as a restart rebuilds it; the prefix changed, so the wire form starts afresh.
+    await agent._load_history()
+    return None
+
+
+def _fall_back(
+    view: list[Entry],
+    budget_bytes: int,
+    agent: Agent,
+    base: dict[str, Any],
+    previous: ContextCompacted | None,
+    record: ContextCompacted | None,
+    prev_summary: str | None,
+) -> tuple[ContextCompacted | None, list[Entry]]:
+    """Elide large tool results, then drop the oldest turns, until the view fits ``budget_bytes``."""
+    fb = plan_fallback(view, budget_bytes, agent.config.context)
+    if not fb.elided and fb.cut is None:
+        return record, view
+    start = record if record is not None else previous
+    elided = [i for i in (start.elided if start else []) if i in tool_ids(view)] + fb.elided
+    update: dict[str, Any] = {"elided": elided}
+    dropped = 0
+    if fb.cut is not None:
+        dropped = sum(1 for e in view[: fb.cut] if not e.summary)
+        note = DROPPED_NOTE.format(n=dropped)
+        update |= {
+            "mode": "dropped",
+            "through_seq": view[fb.cut - 1].seq,
+            "summary": f"{prev_summary}\n\n{note}" if prev_summary else note,
+        }
+    if record is not None:
+        record = record.model_copy(update=update)
+    else:
+        through = previous.through_seq if previous else 0
+        fields: dict[str, Any] = {"mode": "elided", "through_seq": through, "summary": prev_summary}
+        record = ContextCompacted(**(base | fields | update))
+    if dropped:
+        record = record.model_copy(update={"messages": record.messages + dropped})
+    return record, apply(view, record)
+
+
+def commit(agent: Agent, tx: Tx, *, record: ContextCompacted) -> None:
+    """Write the ``context/compacted`` event and settle its summary call, in one transaction."""
+    data = record.model_dump(by_alias=True, exclude={"type"}, exclude_none=True, mode="json")
+    if record.call_id is not None:
+        usage, cost, call_id, guard = record.usage or Usage(), record.cost, record.call_id, agent.guard
+        settle_call(tx, call_id, usage, cost)
+        tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
+    tx.emit(agent.session_id, COMPACTED, data)
+
+
+async def summarize(agent: Agent, turn: OpenedTurn, older: list[Entry]) -> Summary | TurnEnd | None:
+    """The summary of ``older`` by a model call, charged like any other; ``None`` when it failed or
+    would not fit the summarizing model's window (the caller falls back)."""
+    model = agent.summary_model or agent.model
+    limit = summary_limit(agent, model)
+    ask = ConvMessage(role="user", content=[TextBlock(text=SUMMARY_INSTRUCTION)])
+    request = ModelRequest(
+        agent.config.system, tuple([e.msg for e in older] + [ask]), agent.tools.specs(), limit, purpose="summary"
+    )
+    request = dataclasses.replace(request, prompt_bytes=model.measure(request))
+    estimator = estimator_for(model.spec)
+    bound = estimator.bound(request.prompt_bytes)
+    if bound + limit > model.context_window:
+        logger.info("session {}: the summary request (~{} tokens) would not fit", agent.session_id, bound)
+        return None
+    call_id = CallId.new()
+    held = await agent._reserve(turn, model, bound, limit, 1, call_id)
+    if isinstance(held, TurnEnd):
+        return held
+    try:
+        response = await agent._complete_in_time(request, turn.turn_id, model, quiet=True)
+    except OutOfTime as cut:
+        await agent._cleanup(turn, CANCELLED_TOOL_TEXT, error_class="deadline")
+        return TurnEnd(reason=EndReason.BUDGET, error=str(cut))
+    except ModelError as exc:
+        logger.warning("session {}: the summary call failed ({}); falling back", agent.session_id, exc)
+        await agent._settle_failed(turn, call_id, exc, 1, False)
+        return None
+    usage = response.usage
+    cost = model.price.cost(usage) if model.price else 0.0
+    estimator.observe(request.prompt_bytes, usage.prompt_tokens)
+    text = "".join(b.text for b in response.content if isinstance(b, TextBlock)).strip()
+    if not text or response.finish_reason is not FinishReason.END_TURN:
+        guard = agent.guard
+
+        def settle(tx: Tx) -> None:
+            settle_call(tx, call_id, usage, cost, error_class="summary", error="no usable summary")
+            tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
+
+        await agent._write(settle)
+        return None
+    return Summary(text, call_id, usage, cost, model)

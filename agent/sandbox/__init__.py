@@ -1,0 +1,47 @@
+"""The sandbox every tool command runs in: bubblewrap, or nothing when the config says so.
+
+A :class:`Sandbox` is a small value: the work directory (the only writable place besides a private
+``/tmp``), extra read-only paths (a toolchain), the paths to hide (the state directory, the
+database, the control socket, the credentials, other work directories), whether the network is on,
+the environment, secrets included, and caps on the command's processes and memory
+(:class:`~agent.limits.CommandLimits`). :meth:`Sandbox.argv` is the bubblewrap command line;
+:meth:`Sandbox.run` runs a command and returns its exit code, both output streams and the limit it
+hit, if any.
+
+**The daemon reads a work directory as data, never as configuration.** A work directory belongs
+to the model: nothing in it (a ``.git/config`` with an fsmonitor or a pager, hooks, attributes, an
+rc file, a ``.env``) may decide what the daemon runs outside the sandbox. Whatever executes on a
+goal's behalf runs through a :class:`Sandbox`; the daemon itself only lists, stats and reads files
+there.
+
+The package, one module per concern (every public name is re-exported here, so callers import
+from ``agent.sandbox`` or ``agent``):
+
+* :mod:`~agent.sandbox.base` — :class:`SandboxUnavailable`, :class:`SandboxResult`, the fixed
+  environment (``PATH`` and the variables no one may replace).
+* :mod:`~agent.sandbox.command` — :class:`Sandbox`, the value, and the bubblewrap command line it
+  builds (namespaces, the allowlisted mounts of :mod:`agent.allowlist`, environment, secrets
+  through a pipe, the launcher for spawners that pass no descriptor).
+* :mod:`~agent.sandbox.process` — running one command: starting bwrap under its limits
+  (:mod:`agent.limits`), the timeout, killing every process of the command, the result.
+* :mod:`~agent.sandbox.capture` — reading both output streams as they come and keeping their
+  head and tail, secrets redacted.
+* :mod:`~agent.sandbox.profile` — what a daemon decides once (:class:`SandboxProfile`, the
+  detected :class:`Bwrap`) and per goal (:class:`SandboxPolicy`).
+"""
+
+from agent.sandbox.base import BASE_VARIABLES, DEFAULT_PATH, SandboxResult, SandboxUnavailable
+from agent.sandbox.command import Sandbox
+from agent.sandbox.profile import Bwrap, SandboxPolicy, SandboxProfile, detect_bwrap
+
+__all__ = [
+    "BASE_VARIABLES",
+    "DEFAULT_PATH",
+    "Bwrap",
+    "Sandbox",
+    "SandboxPolicy",
+    "SandboxProfile",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "detect_bwrap",
+]

@@ -1,0 +1,420 @@
+"""Running one command in its sandbox: start it under its limits, wait, kill all of it, report.
+
+``--die-with-parent`` and the PID namespace make the sandbox end as one: when bwrap's process
+1 in the namespace dies, the kernel kills every other process in it before process 1 may
+finish exiting. bwrap outside exits when the command's main process does; process 1 then dies
+of ``--die-with-parent``, taking background processes with it, and :meth:`Sandbox.run` returns
+only once process 1 has exited (a pidfd reads ready): nothing of the command is left running.
+
+A timeout first sends SIGTERM to every process of the command (found by its PID namespace, as
+bwrap reports it on ``--info-fd``), waits :attr:`Sandbox.kill_grace` seconds, then SIGKILLs the
+namespace's process 1, which takes every process in it, one that ignores SIGTERM included.
+Signals go through pidfds, so a recycled PID is never hit. ``Sandbox.none`` (``sandbox = "none"``)
+runs the command unconfined in its own process group, killed the same way (SIGTERM, then SIGKILL
+to the group); a process that leaves the group (``setsid``) escapes it — one more reason to run
+with bubblewrap.
+
+Limits: bwrap waits on its ``--args`` pipe before it does anything, which is when the daemon puts
+it into the command's cgroup (:mod:`agent.limits`); everything it starts inherits the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from loguru import logger
+
+from agent import workdirs
+from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
+from agent.sandbox.base import DEFAULT_PATH, SandboxResult, SandboxUnavailable
+from agent.sandbox.capture import Capture, pump
+
+if TYPE_CHECKING:
+    from agent.sandbox.command import Sandbox
+
+
+async def run(
+    sandbox: Sandbox,
+    cmd: Sequence[str],
+    *,
+    timeout: float,  # noqa: ASYNC109
+    output_cap: int,
+    merge_stderr: bool,
+) -> SandboxResult:
+    """:meth:`Sandbox.run <agent.sandbox.command.Sandbox.run>`: run ``cmd``, on timeout kill all of it."""
+    try:
+        # Checked now, bound by descriptor below: a work directory swapped for a symlink (or
+        # another directory) since the session was set up is refused, never followed.
+        workdir_fd = workdirs.open_workdir(sandbox.workdir)
+    except OSError as exc:
+        raise SandboxUnavailable(str(exc)) from None
+    info = _Info() if sandbox.kind == "bwrap" else None
+    proc, group, started = await _start(sandbox, cmd, workdir_fd, info, merge_stderr=merge_stderr)
+    if info is not None:
+        info.started()
+    redactor = sandbox.redactor
+    out = Capture(output_cap, redactor.longest)
+    err = Capture(output_cap, redactor.longest)
+    timed_out = False
+    verdict: str | None = None
+    try:
+        timed_out = await _supervise(proc, info, out, err, timeout=timeout, kill_grace=sandbox.kill_grace)
+    finally:
+        if info is not None:
+            try:
+                await asyncio.shield(_end(info))
+            finally:
+                info.close()
+        if group is not None:
+            verdict = group.verdict()
+            await asyncio.shield(group.remove())
+    code = proc.returncode
+    assert code is not None
+    return SandboxResult(
+        exit_code=None if timed_out else (128 - code if code < 0 else code),
+        stdout=out.text(redactor),
+        stderr=err.text(redactor),
+        timed_out=timed_out,
+        seconds=round(time.monotonic() - started, 3),
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        limit=verdict,
+    )
+
+
+async def _start(
+    sandbox: Sandbox, cmd: Sequence[str], workdir_fd: int, info: _Info | None, *, merge_stderr: bool
+) -> tuple[asyncio.subprocess.Process, Group | None, float]:
+    """Start the command (bwrap held on its arguments until it is in its cgroup); closes ``workdir_fd``.
+
+    Returns the process, its cgroup (if any) and when it started. On failure nothing is left: no
+    process, no descriptor, no group.
+    """
+    group: Group | None = None
+    args = _ArgsPipe()
+    fds: tuple[int, ...] = ()
+    try:
+        if info is None:
+            argv = sandbox.argv(cmd)
+        else:
+            if sandbox.limits.active:
+                group = _new_group(sandbox.limits)
+            # bwrap waits for these arguments: the time to put it into its cgroup.
+            args.open(sandbox.setup_args(workdir_fd), hold=group is not None)
+            argv = sandbox.argv(cmd, setup_fd=args.read_fd)
+            argv[1:1] = ["--info-fd", str(info.write_fd)]
+            fds = (info.write_fd, args.read_fd, workdir_fd)
+        started = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=str(sandbox.workdir) if info is None else "/",
+                env=sandbox.environment() if info is None else {"PATH": DEFAULT_PATH},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=fds,
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+        finally:
+            args.close_read()
+            os.close(workdir_fd)
+            workdir_fd = -1
+        if group is not None:
+            await _enter(group, proc, args)
+        args.release()
+    except BaseException:
+        args.close()
+        if workdir_fd >= 0:
+            os.close(workdir_fd)
+        if info is not None:
+            info.close()
+        if group is not None:
+            await asyncio.shield(group.remove())
+        raise
+    return proc, group, started
+
+
+def _new_group(limits: CommandLimits) -> Group:
+    try:
+        return limiter().group(limits)
+    except LimitsUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from None
+
+
+async def _enter(group: Group, proc: asyncio.subprocess.Process, args: _ArgsPipe) -> None:
+    """Put the waiting bwrap into ``group``; failing that, kill it before it gets its arguments and
+    runs unlimited."""
+    try:
+        group.enter(proc.pid)
+    except LimitsUnavailable as exc:
+        _killpg(proc.pid, signal.SIGKILL)
+        args.close()
+        await proc.wait()
+        raise SandboxUnavailable(str(exc)) from None
+
+
+async def _supervise(
+    proc: asyncio.subprocess.Process,
+    info: _Info | None,
+    out: Capture,
+    err: Capture,
+    *,
+    timeout: float,  # noqa: ASYNC109
+    kill_grace: float,
+) -> bool:
+    """Read both streams until the command ends or ``timeout`` passes (then kill all of it); whether
+    it timed out. Cancelled, it kills the command at once."""
+    pumps = [asyncio.ensure_future(pump(proc.stdout, out)), asyncio.ensure_future(pump(proc.stderr, err))]
+    waiter = asyncio.ensure_future(proc.wait())
+    try:
+        _, pending = await asyncio.wait([waiter, *pumps], timeout=timeout)
+        if pending:
+            await _stop(proc, info, polite=True, kill_grace=kill_grace)
+            # Unconfined, an escaped process may still hold the pipes: give up on them.
+            await asyncio.wait(pumps, timeout=2.0)
+            return True
+        if info is None:
+            _killpg(proc.pid, signal.SIGKILL)  # what the command left behind in its group
+        return False
+    except BaseException:
+        await asyncio.shield(_stop(proc, info, polite=False, kill_grace=kill_grace))
+        raise
+    finally:
+        for task in (waiter, *pumps):
+            task.cancel()
+        await asyncio.gather(waiter, *pumps, return_exceptions=True)
+
+
+async def _stop(proc: asyncio.subprocess.Process, info: _Info | None, *, polite: bool, kill_grace: float) -> None:
+    """End every process of the command: SIGTERM, up to ``kill_grace`` seconds, then SIGKILL."""
+    if info is None:  # unconfined: the process group
+        if polite and proc.returncode is None:
+            _killpg(proc.pid, signal.SIGTERM)
+            await _wait(proc, kill_grace)
+        _killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        return
+    if proc.returncode is not None:
+        return
+    ns = await info.namespace()
+    if ns is None:
+        # bwrap never made its namespace: killing bwrap ends whatever it started (--die-with-parent).
+        _killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        return
+    init, inode = ns
+    if polite:
+        for pid in _members(inode, exclude=init):
+            _signal_in(pid, inode, signal.SIGTERM)
+        await _wait(proc, kill_grace)
+    if proc.returncode is None:
+        info.kill()
+        if not await _wait(proc, 10.0):
+            logger.error("sandbox {} did not end after SIGKILL of its namespace; killing bwrap", proc.pid)
+            _killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+async def _end(info: _Info) -> None:
+    """Return only once the sandbox's PID namespace is empty.
+
+    bwrap outside exits as soon as the command's main process has (its process 1 tells it so);
+    process 1 then dies of ``--die-with-parent``, and the kernel kills the rest of the namespace
+    before it lets process 1 finish exiting. Waiting for that makes "the call returned" mean
+    "nothing of the command runs".
+    """
+    if not await info.gone(5.0):
+        info.kill()
+        if not await info.gone(10.0):
+            logger.error("a sandbox's PID namespace outlived SIGKILL of its process 1")
+
+
+async def _wait(proc: asyncio.subprocess.Process, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``proc`` to exit; whether it did."""
+    try:
+        async with asyncio.timeout(seconds):
+            await proc.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+class _Info:
+    """bwrap's ``--info-fd``: the sandbox's process 1 (held by a pidfd) and its PID namespace."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        self._buf = b""
+        self._done = asyncio.Event()
+        self._value: tuple[int, int] | None = None
+        self._pidfd = -1
+        self._watching = False
+
+    def started(self) -> None:
+        os.close(self.write_fd)
+        self.write_fd = -1
+        asyncio.get_running_loop().add_reader(self.read_fd, self._readable)
+        self._watching = True
+
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self.read_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        self._buf += chunk
+        if chunk:
+            with contextlib.suppress(ValueError):
+                data = json.loads(self._buf)
+                self._value = (int(data["child-pid"]), int(data["pid-namespace"]))
+                self._pin()
+                self._finish()
+        else:
+            self._finish()
+
+    def _pin(self) -> None:
+        # A pidfd, checked against the namespace after it is opened, is process 1 itself even if
+        # its PID is reused later; failing either, process 1 is gone already.
+        assert self._value is not None
+        init, inode = self._value
+        try:
+            fd = os.pidfd_open(init)
+        except OSError:
+            return
+        if _ns_of(init) == inode:
+            self._pidfd = fd
+        else:
+            os.close(fd)
+
+    def _finish(self) -> None:
+        if self._watching:
+            asyncio.get_running_loop().remove_reader(self.read_fd)
+            self._watching = False
+        self._done.set()
+
+    async def namespace(self) -> tuple[int, int] | None:
+        """``(pid of process 1, PID namespace inode)``; ``None`` if bwrap never got that far."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await self._done.wait()
+        return self._value
+
+    def kill(self) -> None:
+        """SIGKILL process 1: the kernel then kills every process of the namespace."""
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def gone(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` until process 1 has exited, which the kernel lets it do only once
+        every other process of the namespace is gone; whether it has."""
+        await self.namespace()
+        if self._pidfd < 0:
+            return True
+        ended = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._pidfd, ended.set)  # a pidfd reads ready once its process has exited
+        try:
+            async with asyncio.timeout(seconds):
+                await ended.wait()
+        except TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(self._pidfd)
+        return True
+
+    def close(self) -> None:
+        if self._watching:
+            self._finish()
+        for fd in (self.read_fd, self.write_fd, self._pidfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.read_fd = self.write_fd = self._pidfd = -1
+
+
+class _ArgsPipe:
+    """bwrap's ``--args`` pipe: written at once, or held (bwrap waits on it) until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.read_fd = self.write_fd = -1
+        self._data = b""
+
+    def open(self, data: bytes, *, hold: bool) -> None:
+        if len(data) > 60_000:  # a pipe's buffer; more would block before bwrap reads it
+            raise SandboxUnavailable("the sandbox's arguments (its secrets and mounts) are over 60 kB")
+        self.read_fd, self.write_fd = os.pipe()
+        self._data = data
+        if not hold:
+            self.release()
+
+    def release(self) -> None:
+        """Write the arguments and close the pipe: bwrap goes on."""
+        if self.write_fd >= 0:
+            try:
+                if self._data:
+                    os.write(self.write_fd, self._data)
+            finally:
+                os.close(self.write_fd)
+                self.write_fd = -1
+
+    def close_read(self) -> None:
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+    def close(self) -> None:
+        """Close both ends without writing anything."""
+        self.close_read()
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _ns_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _members(ns: int, *, exclude: int) -> list[int]:
+    """PIDs of the processes in the PID namespace ``ns``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != exclude and _ns_of(int(entry)) == ns:
+            pids.append(int(entry))
+    return pids
+
+
+def _signal_in(pid: int, ns: int, sig: signal.Signals) -> None:
+    """Signal ``pid`` if it is (still) a process of namespace ``ns``; a pidfd pins it while we check."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if _ns_of(pid) == ns:
+            signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,217 @@
+"""The ``goald`` command. Thin: parse arguments, call the daemon (or the packages), map outcomes to
+exit codes (:mod:`daemon.cli.parser`). All logic lives in the packages; ``main(argv) -> int`` never
+calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from daemon.cli.goal import goal
+from daemon.cli.parser import (
+    EXIT_CONFIG,
+    EXIT_CONFLICT,
+    EXIT_FAILURE,
+    EXIT_LOCKED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    UsageError,
+    build_parser,
+)
+from daemon.cli.schedule import schedule_command
+from daemon.cli.session import send
+from daemon.cli.status import status
+from daemon.cli.store import store_command, vacuum
+from daemon.client import Connection, DaemonUnavailable
+from daemon.declared import check_declared
+from daemon.demo import run_demo
+from daemon.host import Host
+from daemon.lock import StateDirLocked
+from daemon.logs import setup_logging
+from daemon.oneshot import RunOptions, read_text, run_oneshot
+from daemon.rpc.protocol import ErrorCode, RpcError
+from daemon.settings import ConfigError, Settings, load_settings
+
+#: The commands that talk to a running daemon, by name.
+COMMANDS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] = {
+    "status": status,
+    "goal": goal,
+    "send": send,
+    "schedule": schedule_command,
+    "store": store_command,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _dispatch(args)
+    except UsageError as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+
+    path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
+    return load_settings(path)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+
+    cmd = args.command
+    if cmd in ("serve", "run", "demo", "acp"):
+        # The daemon's files (database, WAL, work directories, logs of tools) are its own: 0600 and
+        # 0700, outside systemd (whose units set UMask=0077) too.
+        os.umask(0o077)
+    if cmd == "demo":
+        setup_logging(args.log_level or "WARNING")
+
+        return asyncio.run(run_demo(args.state_dir, sys.stdout, plain=args.plain))
+    if cmd == "config":
+        return _config_check(args)
+    if cmd == "acp":
+        return _acp(args)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if cmd == "run":
+        return _run(settings, args)
+    if cmd == "store" and args.store_command == "vacuum":
+        return vacuum(settings)
+    if cmd == "serve":
+        setup_logging(args.log_level or settings.log_level, settings.log_format)
+
+        try:
+            return asyncio.run(Host(settings).run(stdio=args.stdio))
+        except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
+            print(f"goald: {exc}", file=sys.stderr)
+            return EXIT_LOCKED
+        except ConfigError as exc:  # e.g. an invalid goals file: the file, entry and field are named
+            print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        except RuntimeError as exc:
+            print(f"goald: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    setup_logging(args.log_level or "WARNING")
+    socket_path = args.socket or settings.socket_path
+
+    handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] | None = COMMANDS.get(cmd)
+    if handler is None:
+        raise UsageError(f"unknown command {cmd}")
+    return asyncio.run(_with_client(socket_path, handler, args))
+
+
+async def _with_client(
+    socket_path: Path, handler: Callable[[Connection, argparse.Namespace], Awaitable[int]], args: argparse.Namespace
+) -> int:
+
+    try:
+        client = await Connection.connect(socket_path)
+    except DaemonUnavailable as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        return await handler(client, args)
+    except RpcError as exc:
+        print(f"goald: {exc.message}", file=sys.stderr)
+        codes: dict[int, int] = {
+            ErrorCode.NOT_FOUND: EXIT_NOT_FOUND,
+            ErrorCode.CONFLICT: EXIT_CONFLICT,
+            ErrorCode.INVALID_TRANSITION: EXIT_CONFLICT,
+            ErrorCode.INVALID_PARAMS: EXIT_USAGE,
+        }
+        return codes.get(exc.code, EXIT_FAILURE)
+    except ConnectionError as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    finally:
+        await client.close()
+
+
+def _acp(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: the ACP SDK takes about half a second to import, and only
+    # ``goald acp`` needs it (every other command would pay for it).
+    from daemon.acp import acp_settings, claim_stdio, run_acp
+
+    path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
+    try:
+        settings = acp_settings(path, args.state_dir)
+    except ConfigError as exc:
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(args.log_level or settings.log_level, settings.log_format)
+    # From here on stdout carries ACP messages only (see daemon.acp.serve).
+    proto_in, proto_out = claim_stdio()
+    return asyncio.run(run_acp(settings, proto_in, proto_out))
+
+
+def _run(settings: Settings, args: argparse.Namespace) -> int:
+
+    setup_logging(args.log_level or "WARNING")
+    for name in ("max_tokens", "max_steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    text = read_text(args.text)
+    if not text.strip():
+        raise UsageError("goald run needs a non-empty TEXT (or - and text on stdin)")
+    opts = RunOptions(
+        text=text,
+        model=args.model,
+        workdir=args.workdir,
+        state_dir=args.state_dir,
+        as_json=args.json,
+        max_tokens=args.max_tokens,
+        max_steps=args.max_steps,
+    )
+    try:
+        return asyncio.run(run_oneshot(settings, opts, sys.stdout, sys.stderr))
+    except BrokenPipeError:
+        # Whoever read stdout went away (`goald run ... | head`): not worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+
+
+def _config_check(args: argparse.Namespace) -> int:
+
+    if args.config_command != "check":
+        raise UsageError("usage: goald config check [--config FILE]")
+    path = args.check_config or args.config
+    if path is None and os.environ.get("GOALD_CONFIG"):
+        path = Path(os.environ["GOALD_CONFIG"])
+    try:
+        settings = load_settings(path)
+        if settings.goals_file is not None:
+            # The declared goals and schedules are configuration too: checked as the daemon would
+            # at start (nothing is written; the store is not opened).
+            check_declared(settings.goals_file, Host(settings))
+    except ConfigError as exc:
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(settings.masked(), indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def entrypoint() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The CLI's ``goald store stats|compact`` (through the daemon) and ``goald store vacuum`` (offline).
+
+``vacuum`` rewrites the whole database with a full ``VACUUM``, which holds the writer for its whole
+run; it is therefore offline only: it takes the state directory's lock (:mod:`daemon.lock`) first
+and refuses, changing nothing, while a daemon holds it. It is also how a database created before
+incremental auto-vacuum switches to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from agent import retention
+from daemon.client import Connection
+from daemon.lock import StateDirLocked, StateLock
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def print_stats(s: dict[str, Any]) -> None:
+    """The ``store/stats`` answer, for a person."""
+    print(f"database {s['path']}: {_mib(s['fileBytes'])} (with its WAL), auto_vacuum {s['autoVacuum']}")
+    print(f"pages {s['pages']} of {s['pageSize']} B, free {s['freePages']} ({_mib(s['freeBytes'])})")
+    print("rows per table:")
+    for table, n in sorted(s["rows"].items()):
+        print(f"  {table:<16} {n:>10}")
+    print("largest sessions (bytes of stored events):")
+    for r in s["largestSessions"]:
+        seqs = f"seq {r['firstSeq']}..{r['lastSeq']}"
+        print(f"  {r['sessionId']}  {r['events']:>8} events  {_mib(r['eventBytes']):>12}  {seqs}")
+
+
+async def store_command(client: Connection, args: argparse.Namespace) -> int:
+    """Run ``store stats`` or ``store compact`` against the daemon."""
+    if args.store_command == "stats":
+        stats = await client.call("store/stats", {"top": args.top})
+        if args.json:
+            print(json.dumps(stats, indent=2))
+        else:
+            print_stats(stats)
+        return 0
+    report = await client.call("store/compact", {})
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"pruned {report['goalsPruned']} ended goals ({report['events']} events, {_mib(report['eventBytes'])}),"
+            f" removed {len(report['workdirsRemoved'])} work directories; freed {report['pagesFreed']} pages;"
+            f" {_mib(report['bytesBefore'])} -> {_mib(report['bytesAfter'])};"
+            f" {report['steps']} steps, longest {report['longestHoldSeconds'] * 1000:.1f} ms"
+        )
+    return 0
+
+
+def vacuum(settings: Any) -> int:
+    """``goald store vacuum``: the offline full ``VACUUM`` (exit 75 while a daemon holds the state dir)."""
+    state_dir = settings.state_dir.expanduser()
+    lock = StateLock(state_dir, settings.database_path)
+    try:
+        lock.acquire()
+    except StateDirLocked as exc:
+        print(f"goald: {exc}; stop the daemon first (a full VACUUM holds the database for its whole run)",
+              file=sys.stderr)  # fmt: skip
+        return 75
+    try:
+        try:
+            result = retention.vacuum_offline(settings.database_path)
+        except FileNotFoundError as exc:
+            print(f"goald: {exc}", file=sys.stderr)
+            return 1
+    finally:
+        lock.release()
+    print(
+        f"vacuumed {result['path']}: {_mib(result['bytesBefore'])} -> {_mib(result['bytesAfter'])},"
+        f" auto_vacuum {result['autoVacuumBefore']} -> {result['autoVacuum']}"
+    )
+    return 0

@@ -1,0 +1,225 @@
+"""The params of every control-protocol method: pydantic models, camelCase on the wire.
+
+Every method validates its params with one of these before it touches anything, so bad input is
+answered with an error naming the field and changes nothing. Unknown fields are refused.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from agent import MessageId, SessionId
+from goals import Budgets, GoalId, GoalStatus, SandboxSpec
+
+
+class Params(BaseModel):
+    """Base of every params model: camelCase on the wire, unknown fields refused."""
+
+    # Built on first use, not at import: most methods are never called before READY=1.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", defer_build=True)
+
+
+class BudgetsIn(Params):
+    """Goal budgets on the wire."""
+
+    max_rounds: int | None = Field(default=None, ge=1)
+    max_tokens_total: int | None = Field(default=None, ge=1)
+    max_cost: float | None = Field(default=None, gt=0)
+    max_wall_seconds: float | None = Field(default=None, gt=0)
+    deadline: datetime | None = None
+
+    def to_budgets(self) -> Budgets:
+        """As the goal model's budgets."""
+        return Budgets.model_validate(self.model_dump())
+
+
+class VerifyIn(Params):
+    """One verification command on the wire."""
+
+    cmd: str = Field(min_length=1)
+    timeout: float = Field(default=300.0, gt=0, le=86_400)
+
+
+class SecretIn(Params):
+    """Where the daemon reads one secret of a goal's sandbox (never its value)."""
+
+    credential: str | None = None
+    env: str | None = None
+
+
+class SandboxIn(Params):
+    """A goal's own sandbox settings on the wire (merged with ``[goal_sandbox.<key>]``; see the README)."""
+
+    network: bool | None = None
+    read_only_paths: list[str] = []
+    max_processes: int | None = None
+    max_memory_mb: int | None = None
+    secrets: dict[str, SecretIn] = {}
+
+    def to_spec(self) -> SandboxSpec:
+        """As the goal model's sandbox spec."""
+        return SandboxSpec.model_validate(self.model_dump(exclude_unset=True))
+
+    @model_validator(mode="after")
+    def _valid(self) -> SandboxIn:
+        try:
+            self.to_spec()
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(to_camel(str(p)) if isinstance(p, str) else str(p) for p in first["loc"])
+            raise ValueError(f"{where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
+        return self
+
+
+class NoParams(Params):
+    """No params."""
+
+
+class SessionNew(Params):
+    """``session/new``."""
+
+    model: str | None = None
+    workdir: str | None = None
+
+
+class SessionRef(Params):
+    """A session id."""
+
+    session_id: SessionId
+
+
+class Prompt(Params):
+    """``session/prompt``."""
+
+    session_id: SessionId
+    text: str | None = None
+    content: list[dict[str, Any]] | None = None
+    delivery: Literal["followup", "steer", "context"] = "followup"
+    message_id: MessageId | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Prompt:
+        if (self.text is None) == (self.content is None):
+            raise ValueError("give exactly one of text or content")
+        return self
+
+
+class CancelMessage(Params):
+    """``session/cancelMessage``."""
+
+    session_id: SessionId
+    message_id: MessageId
+
+
+class Interrupt(Params):
+    """``session/interrupt``."""
+
+    session_id: SessionId
+    discard_queued: bool = False
+
+
+class Subscribe(Params):
+    """``session/subscribe`` (no session: every session, live only)."""
+
+    session_id: SessionId | None = None
+    after_seq: int | None = Field(default=None, ge=0)
+    #: Also send the session's streamed text as ephemeral ``session.delta`` notifications.
+    deltas: bool = False
+
+    @model_validator(mode="after")
+    def _deltas_need_a_session(self) -> Subscribe:
+        if self.deltas and self.session_id is None:
+            raise ValueError("deltas are sent for one session: give sessionId")
+        return self
+
+
+class SessionList(Params):
+    """``session/list``."""
+
+    prefix: str | None = None
+    limit: int = Field(default=100, ge=1, le=10_000)
+
+
+class EventsPage(Params):
+    """``session/events``."""
+
+    session_id: SessionId
+    after_seq: int = Field(default=0, ge=0)
+    limit: int = Field(default=200, ge=1, le=10_000)
+
+
+class GoalCreate(Params):
+    """``goal/create``."""
+
+    objective: str
+    title: str | None = None
+    key: str | None = None
+    budgets: BudgetsIn | None = None
+    verify: list[VerifyIn] = []
+    model: str | None = None
+    workdir: str | None = None
+    tools: list[str] | None = None
+    session_id: SessionId | None = None
+    idempotency_key: str | None = None
+    stall_rounds: int | None = Field(default=None, ge=1)
+    #: A command whose changed output counts as the goal's progress (run in its sandbox).
+    progress: VerifyIn | None = None
+    sandbox: SandboxIn | None = None
+
+
+class GoalRef(Params):
+    """A goal id (or a unique prefix of one)."""
+
+    goal_id: str = Field(min_length=len(GoalId.prefix))
+
+
+class GoalResume(GoalRef):
+    """``goal/resume``."""
+
+    budgets: BudgetsIn | None = None
+
+
+class GoalUpdate(GoalRef):
+    """``goal/update``."""
+
+    objective: str | None = None
+    title: str | None = None
+    budgets: BudgetsIn | None = None
+    verify: list[VerifyIn] | None = None
+
+
+class GoalList(Params):
+    """``goal/list``."""
+
+    status: GoalStatus | None = None
+
+
+# -- schedule/* --------------------------------------------------------------------------
+
+
+class ScheduleAdd(Params):
+    """``schedule/add``."""
+
+    key: str | None = None
+    trigger: dict[str, Any]
+    timezone: str = "UTC"
+    goal: dict[str, Any]
+    misfire: str = "coalesce"
+    concurrency: str = "forbid"
+    starting_deadline_seconds: float | None = None
+
+
+class ScheduleRef(Params):
+    """A schedule id, a unique prefix of one, or a schedule key (any length, e.g. ``ev``)."""
+
+    schedule_id: str = Field(min_length=1, max_length=200)
+
+
+class ScheduleRuns(ScheduleRef):
+    """``schedule/runs``."""
+
+    limit: int = Field(default=20, ge=1, le=10_000)

@@ -1,0 +1,292 @@
+"""The ``session/*`` and ``agent/status`` methods, and the subscription pumps that stream events.
+
+``session/prompt`` answers ``{messageId}`` as soon as the enqueue is durable — never a result;
+there is no ``session.finished``: a client that wants a result subscribes and owns the interval
+from its message's receipt to the next whole-agent idle.
+
+A subscription may also ask for streamed text (``deltas: true``): ephemeral ``session.delta``
+notifications, with no sequence number, sent only once the subscription is live (after the stored
+events it asked for were replayed). They come from the session's live agent (its delta listener)
+and go through the same queue as the committed events, so a step's text arrives before the
+committed ``assistant/message`` that is the durable fact (the text of a failed attempt is followed
+by a ``model/error`` event instead). Deltas are opt-in: most subscribers only want durable facts.
+A subscription is a task of the connection (``peer.tasks``), cancelled when the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypedDict
+
+from agent import (
+    Agent,
+    Event,
+    EventType,
+    MessageId,
+    Runtime,
+    SessionId,
+    StatusChanged,
+    Subscription,
+    Tx,
+    create_session,
+)
+from daemon.rpc.context import HostPort, runtime, taking_work
+from daemon.rpc.params import (
+    CancelMessage,
+    EventsPage,
+    Interrupt,
+    Prompt,
+    SessionList,
+    SessionNew,
+    SessionRef,
+    Subscribe,
+)
+from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, RpcError
+from daemon.rpc.views import Empty, JsonObject, event_view
+from goals import check_nesting
+
+
+class SessionCreated(TypedDict):
+    """``session/new``'s answer."""
+
+    sessionId: str
+    workdir: str
+
+
+class Enqueued(TypedDict):
+    """``session/prompt``'s answer: the message is durably queued (never a result)."""
+
+    messageId: str
+
+
+class SessionInfo(TypedDict):
+    """One session of ``session/list``."""
+
+    sessionId: str
+    model: str | None
+    workdir: str | None
+    parentSessionId: str | None
+    createdAt: str
+
+
+class SessionListing(TypedDict):
+    """``session/list``'s answer."""
+
+    sessions: list[SessionInfo]
+
+
+class AgentStatusView(TypedDict):
+    """``agent/status``'s answer."""
+
+    sessionId: str
+    status: str
+    seq: int
+    lastSeq: int
+
+
+class EventsPageView(TypedDict):
+    """``session/events``'s answer."""
+
+    sessionId: str
+    events: list[JsonObject]
+    lastSeq: int
+
+
+class Subscribed(TypedDict, total=False):
+    """``session/subscribe``'s answer (``live`` for every session; ``afterSeq`` for one)."""
+
+    sessionId: str | None
+    live: bool
+    afterSeq: int
+
+
+def register(d: Dispatcher, host: HostPort) -> None:
+    """Add the ``session/*`` and ``agent/status`` methods to ``d``."""
+
+    @d.method("session/new", SessionNew)
+    async def session_new(p: SessionNew, peer: Peer) -> SessionCreated:
+        taking_work(host)
+        host.models.get(p.model)
+        rt = runtime(host)
+        sid = SessionId.new()
+        workdir = host.workdirs.resolve(p.workdir, sid)
+
+        def create(tx: Tx) -> None:
+            check_nesting(tx, str(workdir))  # no session in (or around) another's work directory
+            create_session(tx, model=p.model, workdir=str(workdir), session_id=sid)
+
+        await rt.store.transact(create)
+        return {"sessionId": sid, "workdir": str(workdir)}
+
+    @d.method("session/prompt", Prompt)
+    async def session_prompt(p: Prompt, peer: Peer) -> Enqueued:
+        taking_work(host)
+        agent = await runtime(host).agent(p.session_id)
+        content = p.text if p.text is not None else p.content
+        assert content is not None  # the params model requires one of them
+        mid: MessageId = await agent.enqueue(content, delivery=p.delivery, message_id=p.message_id)
+        return {"messageId": mid}
+
+    @d.method("session/cancelMessage", CancelMessage)
+    async def cancel_message(p: CancelMessage, peer: Peer) -> Empty:
+        agent = await runtime(host).agent(p.session_id)
+        await agent.cancel_message(p.message_id)
+        return {}
+
+    @d.method("session/interrupt", Interrupt)
+    async def interrupt(p: Interrupt, peer: Peer) -> Empty:
+        agent = await runtime(host).agent(p.session_id)
+        await agent.interrupt(discard_queued=p.discard_queued)
+        return {}
+
+    @d.method("session/list", SessionList)
+    async def session_list(p: SessionList, peer: Peer) -> SessionListing:
+        rows = await runtime(host).sessions(p.prefix or SessionId.prefix, p.limit)
+        return {
+            "sessions": [
+                {
+                    "sessionId": r.id,
+                    "model": r.model,
+                    "workdir": r.workdir,
+                    "parentSessionId": r.parent_session_id,
+                    "createdAt": r.created_at,
+                }
+                for r in rows
+            ]
+        }
+
+    @d.method("agent/status", SessionRef)
+    async def agent_status(p: SessionRef, peer: Peer) -> AgentStatusView:
+        rt = runtime(host)
+        await rt.session(p.session_id)
+        st = await rt.store.session_state(p.session_id)
+        return {"sessionId": p.session_id, "status": st.status, "seq": st.status_seq, "lastSeq": st.last_seq}
+
+    @d.method("session/events", EventsPage)
+    async def session_events(p: EventsPage, peer: Peer) -> EventsPageView:
+        rt = runtime(host)
+        await rt.session(p.session_id)
+        events = await rt.store.events_after(p.session_id, p.after_seq, limit=p.limit)
+        return {
+            "sessionId": p.session_id,
+            "events": [{"seq": e.seq, **event_view(e)} for e in events],
+            "lastSeq": events[-1].seq if events else p.after_seq,
+        }
+
+    @d.method("session/subscribe", Subscribe)
+    async def subscribe(p: Subscribe, peer: Peer) -> Subscribed:
+        rt = runtime(host)
+        if p.session_id is None:
+            sub = rt.store.hub.open(None)
+            peer.tasks.spawn(_pump_all(sub, peer))
+            return {"sessionId": None, "live": True}
+        await rt.session(p.session_id)
+        st = await rt.store.session_state(p.session_id)
+        first = await rt.store.first_kept_seq(p.session_id)
+        after = p.after_seq if p.after_seq is not None else st.last_seq
+        if first is not None and after < first - 1:
+            raise RpcError(
+                ErrorCode.EVENTS_PRUNED, f"events before seq {first} are no longer kept", {"firstSeq": int(first)}
+            )
+        pump = _pump_with_deltas if p.deltas else _pump_session
+        peer.tasks.spawn(pump(rt, p.session_id, after, peer))
+        return {"sessionId": p.session_id, "afterSeq": after}
+
+
+async def _send_event(peer: Peer, event: Event) -> None:
+    await peer.notify("session.event", {"sessionId": event.session_id, "seq": event.seq, "event": event_view(event)})
+    if event.type == EventType.STATUS and isinstance(changed := event.payload, StatusChanged):
+        await peer.notify(
+            "session.status", {"sessionId": event.session_id, "seq": event.seq, "status": changed.status.value}
+        )
+
+
+async def _pump_session(rt: Runtime, session_id: str, after: int, peer: Peer) -> None:
+    # Let the subscribe response go out first.
+    await asyncio.sleep(0)
+    async for event in rt.store.hub.subscribe(rt.store, session_id, after):
+        await _send_event(peer, event)
+
+
+@dataclass(frozen=True)
+class _Delta:
+    """Streamed text of a turn (ephemeral)."""
+
+    turn_id: str
+    text: str
+
+
+async def _pump_with_deltas(rt: Runtime, session_id: str, after: int, peer: Peer) -> None:
+    """Like :func:`_pump_session`, and the session's streamed text as ``session.delta`` once live.
+
+    Committed events (a store listener, in commit order) and deltas (the live agent's delta
+    listener) share one queue, so text is sent in the order it was streamed relative to commits.
+    The agent of a session can change (it is loaded when it has work, unloaded after): the delta
+    listener follows it at each ``turn/start``, which only a loaded agent commits.
+    """
+    await asyncio.sleep(0)  # let the subscribe response go out first
+    queue: asyncio.Queue[Event | _Delta] = asyncio.Queue()
+    live = False
+    attached: tuple[Agent, Callable[[], None]] | None = None
+
+    def on_delta(turn_id: str, text: str) -> None:
+        queue.put_nowait(_Delta(turn_id, text))
+
+    def attach() -> None:
+        nonlocal attached
+        agent = rt.live_agents.get(session_id)
+        if attached is not None and attached[0] is agent:
+            return
+        if attached is not None:
+            attached[1]()
+            attached = None
+        if agent is not None:
+            attached = (agent, agent.add_delta_listener(on_delta))
+
+    def on_event(event: Event) -> None:
+        if event.session_id != session_id:
+            return
+        queue.put_nowait(event)
+        if live and event.type == EventType.TURN_START:
+            attach()
+
+    remove = rt.store.hub.add_listener(on_event)
+    try:
+        last = after
+        while True:  # the replay: stored events only
+            page = await rt.store.events_after(session_id, last, limit=1000)
+            for event in page:
+                await _send_event(peer, event)
+                last = event.seq
+            if len(page) < 1000:
+                break
+        live = True
+        attach()
+        while True:
+            item = await queue.get()
+            if isinstance(item, _Delta):
+                await peer.notify("session.delta", {"sessionId": session_id, "turnId": item.turn_id, "text": item.text})
+                continue
+            if item.seq <= last:
+                continue
+            if item.seq != last + 1:
+                # Never expected (the listener sees every commit in order); refill from the store.
+                for missed in await rt.store.events_after(session_id, last, limit=item.seq - last - 1):
+                    await _send_event(peer, missed)
+                    last = missed.seq
+            await _send_event(peer, item)
+            last = item.seq
+    finally:
+        remove()
+        if attached is not None:
+            attached[1]()
+
+
+async def _pump_all(sub: Subscription, peer: Peer) -> None:
+    try:
+        while True:
+            await _send_event(peer, await sub.queue.get())
+    finally:
+        sub.close()

@@ -1,0 +1,64 @@
+"""How the scheduler reaches the goal engine: a fire creates a goal from the schedule's template.
+
+The goal's idempotency key is ``<schedule id>@<scheduled instant>``, so a fire is exactly-once
+even when the daemon dies between creating the goal and recording the run: the retried fire
+finds the goal it already made. Firing needs the engine, the work-directory service, the default
+model and the secret redaction hook, and nothing else of the host: it is given exactly those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from daemon.schedule.model import Schedule
+from daemon.workdirs import Workdirs
+from goals import GoalEngine, GoalSpec, SandboxSpec
+
+
+@dataclass(frozen=True)
+class GoalFiring:
+    """What a fire needs to create its goal."""
+
+    engine: GoalEngine
+    workdirs: Workdirs
+    default_model: str
+    #: Redact a goal sandbox's secrets from the new session's tool output.
+    learn_secrets: Callable[[SandboxSpec], None]
+
+    async def fire(self, schedule: Schedule, at: datetime) -> str:
+        """Create the goal of one fire; returns its id."""
+        template: dict[str, Any] = dict(schedule.goal)
+        stamp = at.strftime("%Y%m%dT%H%M%S")
+        workdir = self.workdirs.resolve(template.pop("workdir", None), f"{schedule.id}-{stamp}")
+        template.setdefault("title", f"{schedule.key or schedule.id} {stamp}")
+        template.setdefault("model", self.default_model)
+        spec = GoalSpec.model_validate(
+            {**template, "workdir": str(workdir), "idempotency_key": f"{schedule.id}@{at.isoformat()}"}
+        )
+        self.learn_secrets(spec.sandbox)
+        goal = await self.engine.create(spec)
+        return str(goal.id)
+
+    async def goal_status(self, goal_id: str) -> str | None:
+        """The status of a schedule's previous goal."""
+        return await goal_status(self.engine, goal_id)
+
+    async def cancel_goal(self, goal_id: str) -> None:
+        """Cancel a schedule's previous goal."""
+        await cancel_goal(self.engine, goal_id)
+
+
+async def goal_status(engine: GoalEngine, goal_id: str) -> str | None:
+    """The status of a schedule's previous goal (``None`` if it is gone)."""
+    try:
+        return str((await engine.get(goal_id)).status.value)
+    except LookupError:
+        return None
+
+
+async def cancel_goal(engine: GoalEngine, goal_id: str) -> None:
+    """Cancel a schedule's previous goal (concurrency ``replace``)."""
+    await engine.cancel(goal_id, reason="replaced by the next scheduled run")

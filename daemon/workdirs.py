@@ -1,0 +1,52 @@
+"""Work directories: where a session or goal works, always inside the allowed roots.
+
+A directory named by a caller is checked (absolute, inside a root, an existing directory); without
+one a new directory named after the session, goal or fire is made in the first root. Either way it
+is pinned (:mod:`agent.workdirs`): every later use must still find the same directory. This is its
+own small service so that the RPC methods, declared goals and schedule firing need only it, not
+the daemon's host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent import workdirs
+from daemon.rpc.protocol import InvalidField
+
+
+class Workdirs:
+    """Resolves work directories inside ``roots`` (the first is where new ones are made)."""
+
+    def __init__(self, roots: Sequence[Path]) -> None:
+        self._roots = tuple(roots)
+
+    def resolve(self, raw: str | None, name: str) -> Path:
+        """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``.
+
+        Raises:
+            InvalidField: ``raw`` is relative, outside the roots, or not a directory (field ``workdir``).
+        """
+        roots = [r.resolve() for r in self._roots]
+        if raw is None:
+            path = roots[0] / name
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            workdirs.pin(path)
+            return path
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            raise InvalidField(f"workdir {raw!r} must be an absolute path", field="workdir")
+        # A root itself is allowed (``goald run --workdir``, an editor's project): what keeps one
+        # session from swapping another's directory is the nesting check at ``session/new`` and
+        # ``goal/create`` and the pin below, checked at every use.
+        path = path.resolve()
+        if not any(path.is_relative_to(r) for r in roots):
+            raise InvalidField(
+                f"workdir {raw!r} is outside the allowed work-directory roots ({', '.join(map(str, roots))})",
+                field="workdir",
+            )
+        if not path.is_dir():
+            raise InvalidField(f"workdir {raw!r} does not exist or is not a directory", field="workdir")
+        workdirs.pin(path)  # the directory every later use must still be
+        return path
