@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.errors import AgentError
 from agent.events import EventType
 from agent.ids import TypedId
 from agent.messages import Block
@@ -17,7 +18,7 @@ class CallId(TypedId):
     prefix = "mc_"
 
 
-class OutOfTime(Exception):
+class OutOfTime(AgentError):
     """Control flow: the spend guard's time ran out during a model call, which was cancelled."""
 
 

@@ -105,9 +105,18 @@ def _goal_changed(changed: GoalChanged) -> str:
     before = changed.from_.value if changed.from_ is not None else "new"
     return (
         f"goal {changed.goal_id}: {before} -> {changed.status.value}"
-        + (f" ({changed.reason})" if changed.reason else "")
+        + (f" ({reason_text(changed.reason)})" if changed.reason else "")
         + counters
     )
+
+
+#: How a reason reads where its enum value alone would mislead (``completed (no_verification)``).
+_REASON_TEXT = {"no_verification": "unverified: no verification"}
+
+
+def reason_text(reason: str) -> str:
+    """A goal's status reason as the CLI shows it."""
+    return _REASON_TEXT.get(reason, reason)
 
 
 def _budget(used: float, limit: float | None, fmt: str = "{:,.0f}") -> str:
@@ -117,7 +126,7 @@ def _budget(used: float, limit: float | None, fmt: str = "{:,.0f}") -> str:
 def goal_line(g: dict[str, Any]) -> str:
     """A one-line summary of a goal."""
     b = g.get("budgets", {})
-    reason = f" ({g['statusReason']})" if g.get("statusReason") else ""
+    reason = f" ({reason_text(g['statusReason'])})" if g.get("statusReason") else ""
     return (
         f"{g['id']}  {g['status']}{reason}  rounds {_budget(g['rounds'], b.get('maxRounds'))}  "
         f"tokens {_budget(g['tokens'], b.get('maxTokensTotal'))}  cost {_budget(g['cost'], b.get('maxCost'), '{:.4f}')}"

@@ -390,7 +390,11 @@ class Host:
             tools.unavailable["shell"] = self.sandboxing.unavailable
         agent_config = {
             "min_call_seconds": self.settings.model_call_min_seconds,
-            "context": {"compact_at": self.settings.context_compact_at},
+            "context": {
+                "compact_at": self.settings.context_compact_at,
+                "compact_to": self.settings.context_compact_to,
+                "summary_share": self.settings.context_summary_share,
+            },
             **row.config.get("agent", {}),
         }
         config = AgentConfig.model_validate(agent_config)

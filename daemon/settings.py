@@ -24,6 +24,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -288,6 +289,11 @@ class Settings(BaseSettings):
     mcp_servers: dict[str, McpServerSettings] = {}
     #: Compact a session's view when its estimated prompt passes this share of the model's window.
     context_compact_at: float = Field(default=0.8, gt=0.1, le=1)
+    #: Share of the window the whole prompt aims at right after a compaction (below ``context_compact_at``,
+    #: so the next compaction is many turns away and the provider's prompt cache holds between them).
+    context_compact_to: float = Field(default=0.4, gt=0, lt=1)
+    #: Share of the window one compaction summary may take (below ``context_compact_to``).
+    context_summary_share: float = Field(default=0.1, gt=0, lt=1)
     #: A (cheaper) model that writes compaction summaries, ``PROVIDER:MODEL`` (default: the session's own).
     summary_model: str | None = None
     #: Retention of ended goals' history and work directories.
@@ -300,6 +306,22 @@ class Settings(BaseSettings):
             return value
         if ":" not in value or not all(value.split(":", 1)):
             raise ValueError("must be PROVIDER:MODEL, e.g. openai:gpt-4o-mini or scripted:demo")
+        if value.split(":", 1)[0] == PLACEHOLDER_PROVIDER:
+            # The example config ships a placeholder so that a forgotten model is refused rather
+            # than replaced by the demo's scripted model (which completes goals on its own word).
+            raise ValueError(f"is the example's placeholder {value!r}: set the model goals use, PROVIDER:MODEL")
+        return value
+
+    @field_validator("context_compact_to", "context_summary_share")
+    @classmethod
+    def _context_shares(cls, value: float, info: ValidationInfo) -> float:
+        # A target at or above the trigger would compact again at once; a summary as large as the
+        # target would leave no room for the newest turns. (Fields are validated in order, so the
+        # key each is checked against is in ``info.data`` unless it was itself invalid.)
+        above = "context_compact_at" if info.field_name == "context_compact_to" else "context_compact_to"
+        bound = info.data.get(above)
+        if bound is not None and value >= bound:
+            raise ValueError(f"must be below {above} ({bound}), got {value}")
         return value
 
     @field_validator("state_dir", "database", "socket", "goals_file")
@@ -394,6 +416,10 @@ def _describe(exc: ValidationError) -> str:
             msg = "unknown key"
         lines.append(f"key {key!r}: {msg}")
     return "; ".join(lines)
+
+
+#: The provider part of the example config's placeholder ``default_model``: refused until it is set.
+PLACEHOLDER_PROVIDER = "CHANGE-ME"
 
 
 def load_settings(path: Path | str | None = None, **overrides: Any) -> Settings:

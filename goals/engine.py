@@ -229,8 +229,12 @@ class GoalEngine:
             await agent.interrupt()
         return goal
 
-    async def resume(self, goal_ref: str, budgets: Budgets | None = None) -> Goal:
-        """Resume a paused or exhausted goal (an exhausted one needs budgets that are not spent)."""
+    async def resume(self, goal_ref: str, budgets: Budgets | None = None, *, reopen: bool = False) -> Goal:
+        """Resume a paused or exhausted goal (an exhausted one needs budgets that are not spent).
+
+        ``reopen``: an ended goal (completed, failed, cancelled) may be resumed too, with its own
+        budgets (which must not be spent): a person's message to it asked for that explicitly.
+        """
         now = self.clock()
 
         def run(tx: Tx) -> Goal:
@@ -245,13 +249,13 @@ class GoalEngine:
                 goal = decide(PolicyInput(goal, interval_facts(goal, events, st.last_seq), now)).goal
             if budgets is not None:
                 goal = goal.model_copy(update={"budgets": budgets})
-            if before is GoalStatus.EXHAUSTED:
+            if before is GoalStatus.EXHAUSTED or (reopen and not before.live):
                 spent = budget_spent(goal, now)
                 if spent is not None:
                     raise InvalidGoal(f"the goal is still out of budget ({spent.value}): raise that budget to resume")
                 # An ended goal let go of its work directory; another may have taken it since.
                 claim_workdir(tx, goal)
-            goal = set_status(tx, goal, GoalStatus.ACTIVE, None, now)
+            goal = set_status(tx, goal, GoalStatus.ACTIVE, None, now, reopen=reopen)
             goal = goal.model_copy(
                 update={
                     "stall_streak": 0,

@@ -32,7 +32,8 @@ class GoalStatus(enum.StrEnum):
     ACTIVE = "active"
     #: Held: by a person, or by a stop rule (stalled, blocked, unverified, model_error, ...).
     PAUSED = "paused"
-    #: Done, with its verification commands (if any) passing.
+    #: Done: its verification commands passed (reason ``verified``), or it has none (reason
+    #: ``no_verification``).
     COMPLETED = "completed"
     #: An unrecoverable fault (an unknown model, a vanished work directory).
     FAILED = "failed"
@@ -47,9 +48,18 @@ class GoalStatus(enum.StrEnum):
         return self in (GoalStatus.ACTIVE, GoalStatus.PAUSED)
 
 
-def transition(current: GoalStatus, target: GoalStatus) -> GoalStatus:
-    """Perform one goal status transition, or raise :class:`~goals.errors.InvalidGoalTransition`."""
+def transition(current: GoalStatus, target: GoalStatus, *, reopen: bool = False) -> GoalStatus:
+    """Perform one goal status transition, or raise :class:`~goals.errors.InvalidGoalTransition`.
+
+    ``reopen``: a person's explicit reopening (a message sent to an ended goal with ``reopen``): an
+    ended goal (completed, failed, cancelled) may become active again. Nothing else reopens one.
+    """
     allowed: tuple[GoalStatus, ...]
+    if reopen and current in (GoalStatus.COMPLETED, GoalStatus.FAILED, GoalStatus.CANCELLED):
+        allowed = (GoalStatus.ACTIVE,)
+        if target not in allowed:
+            raise InvalidGoalTransition(f"a goal that is {current.value} can only be reopened as active")
+        return target
     match current:
         case GoalStatus.ACTIVE:
             allowed = (
@@ -94,7 +104,11 @@ class StopReason(enum.StrEnum):
     COST_BUDGET = "cost_budget"
     DEADLINE = "deadline"
     WALL_TIME = "wall_time"
+    #: Completed: the goal's verification commands ran and all passed.
     VERIFIED = "verified"
+    #: Completed on the model's word alone: the goal has no verification command. The CLI shows it
+    #: as ``completed (unverified: no verification)``; never labelled verified.
+    NO_VERIFICATION = "no_verification"
     WORKDIR_MISSING = "workdir_missing"
 
 

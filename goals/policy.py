@@ -19,7 +19,9 @@ even when a person's follow-up superseded the continuation in the same interval.
    Its own continuation still queued cannot happen at a real idle (a queued waking message keeps
    the session running): nothing is decided, and the interval is read again, whole, at the next.
 2. A completion claim whose verification passed (or that has no verification commands):
-   completed. It beats every other fact: the objective is met.
+   completed. It beats every other fact: the objective is met. The reason is ``verified`` only when
+   verification commands ran and passed; a goal without any completes ``no_verification`` (shown
+   as ``completed (unverified: no verification)``): the model's word alone is never "verified".
 3. An unrecoverable fault (the goal's model is no longer known, the work directory vanished): failed.
    A claim in the same interval is counted as refused (it could not be verified).
 4. The continuation cancelled other than ``superseded``: paused, with the reason.
@@ -199,10 +201,10 @@ def backoff(goal: Goal, errors: int) -> float:
     return float(min(r.error_backoff_max_seconds, r.error_backoff_seconds * (2 ** max(errors - 1, 0))))
 
 
-def _with_status(goal: Goal, status: GoalStatus, reason: str | None, now: datetime) -> Goal:
+def _with_status(goal: Goal, status: GoalStatus, reason: str | None, now: datetime, *, reopen: bool = False) -> Goal:
     if status is goal.status:
         return goal.model_copy(update={"status_reason": reason})
-    transition(goal.status, status)
+    transition(goal.status, status, reopen=reopen)
     wall = goal.wall_used
     if goal.status is GoalStatus.ACTIVE and goal.active_since is not None:
         wall += max((now - goal.active_since).total_seconds(), 0.0)
@@ -381,7 +383,9 @@ def _completed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
     """Rule 2: a verified claim completes the goal."""
     if not facts.verified:
         return None
-    return Decision(DecisionKind.COMPLETE, _with_status(g, GoalStatus.COMPLETED, StopReason.VERIFIED, inp.now))
+    # Truthful labels: ``verified`` only when verification commands ran and passed.
+    reason = StopReason.VERIFIED if g.memory.verify_results else StopReason.NO_VERIFICATION
+    return Decision(DecisionKind.COMPLETE, _with_status(g, GoalStatus.COMPLETED, reason, inp.now))
 
 
 def _failed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:

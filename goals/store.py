@@ -402,10 +402,12 @@ def continuation_queued(tx_or_conn: Tx | sqlite3.Connection, goal: Goal) -> bool
     return is_pending(tx_or_conn, pending_key(goal.id))
 
 
-def set_status(tx: Tx, goal: Goal, status: GoalStatus, reason: str | None, now: datetime) -> Goal:
-    """Apply a person's status change (pause/resume/cancel) through the one transition function."""
-    transition(goal.status, status)
-    return _with_status(goal, status, reason, now)
+def set_status(
+    tx: Tx, goal: Goal, status: GoalStatus, reason: str | None, now: datetime, *, reopen: bool = False
+) -> Goal:
+    """Apply a person's status change (pause/resume/cancel/reopen) through the one transition function."""
+    transition(goal.status, status, reopen=reopen)
+    return _with_status(goal, status, reason, now, reopen=reopen)
 
 
 # -- retention (what :mod:`goals.retention` asks of the goal rows) -----------------------------

@@ -456,3 +456,13 @@ async def run_turn(
         calls = await rt.store.read(read_calls)
         tokens, cost = await rt.store.transact(lambda tx: usage_of_guard(tx, gid))
     return TurnRecord(events=events, calls=calls, charged_tokens=tokens, charged_cost=cost)
+
+
+def context_length_refusal(window: int, tokens: int) -> Respond:
+    """OpenAI's (and vLLM's) 400 answer to a prompt of ``tokens`` tokens past a ``window``-token context."""
+    message = (
+        f"This model's maximum context length is {window} tokens. However, your messages resulted in "
+        f"{tokens} tokens. Please reduce the length of the messages."
+    )
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    return Respond.json(400, body)

@@ -222,7 +222,8 @@ async def test_ids_by_unique_prefix_and_clear_errors_for_ambiguous_or_unknown_on
     assert code == EXIT_USAGE and f"session id prefix {shared_ses!r} is ambiguous" in err
     code, _, err = await d.acli("send", "ses_ZZZZZZ", "hello")
     assert code == EXIT_NOT_FOUND and "no session ses_ZZZZZZ" in err
-    sent = await d.acli_json("send", ses_b[: len(shared_ses) + 1], "hello [rounds=1]")
+    # (Goal b has completed: a message to its session reopens it, or is refused.)
+    sent = await d.acli_json("send", ses_b[: len(shared_ses) + 1], "hello [rounds=1]", "--reopen")
     assert sent["sessionId"] == ses_b
 
     # Schedules: by unique prefix, or by key.

@@ -1,12 +1,15 @@
-"""The shipped example configuration documents every settings key, and it loads as it stands and
-with every commented-out key switched on."""
+"""The shipped example configuration documents every settings key, and it loads (once its placeholder
+``default_model`` is set) as it stands and with every commented-out key switched on; as shipped,
+``goald config check`` refuses it, naming the placeholder."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
+from harness import child_env, goald_argv
 from pydantic import BaseModel
 
 from agent.spend import Price
@@ -23,6 +26,8 @@ from daemon.settings import (
 )
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "goald.example.toml"
+#: What an operator sets in place of the example's placeholder.
+MODEL = 'default_model = "openai:gpt-4o-mini"'
 _TABLE = re.compile(r'\[([A-Za-z_][A-Za-z0-9_."-]*)\]\s*(#.*)?$')
 
 
@@ -53,10 +58,29 @@ def test_every_settings_key_is_documented_in_the_example() -> None:
     assert not missing, f"keys the example does not document: {sorted(missing)}"
 
 
-def test_the_example_loads_as_it_stands(tmp_path: Path) -> None:
-    settings = load_settings(EXAMPLE, state_dir=tmp_path)
+def _with_model(text: str) -> str:
+    """The example with its placeholder model set, as the operator is told to."""
+    placeholder = 'default_model = "CHANGE-ME:model"'
+    assert text.count(placeholder) == 1
+    return text.replace(placeholder, MODEL)
+
+
+def test_the_example_loads_as_it_stands_once_its_model_is_set(tmp_path: Path) -> None:
+    path = tmp_path / "goald.toml"
+    path.write_text(_with_model(EXAMPLE.read_text()))
+    settings = load_settings(path, state_dir=tmp_path)
     assert settings.durability == "normal"
     assert settings.max_concurrent_turns == 4
+    assert settings.default_model == "openai:gpt-4o-mini"
+
+
+def test_config_check_refuses_the_example_until_its_model_is_set(tmp_path: Path) -> None:
+    argv = [*goald_argv(), "config", "check", "--config", str(EXAMPLE)]
+    done = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78 and done.stdout == "", done
+    assert "default_model" in done.stderr and "placeholder 'CHANGE-ME:model'" in done.stderr, done.stderr
+    assert "set the model goals use" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_the_example_loads_with_every_commented_key_switched_on(tmp_path: Path) -> None:
@@ -68,7 +92,7 @@ def test_the_example_loads_with_every_commented_key_switched_on(tmp_path: Path) 
             lines.append(body)
         else:
             lines.append(line)
-    text = "\n".join(lines)
+    text = _with_model("\n".join(lines))
     tomllib.loads(text)  # valid TOML first, so a failure below is about the settings
     full = tmp_path / "full.toml"
     full.write_text(text)

@@ -37,7 +37,8 @@ def host_for(tmp_path: Path, root: Path) -> Host:
 
 def test_the_example_goals_file_passes_the_loader_when_its_workdirs_exist_under_the_roots(tmp_path: Path) -> None:
     # The example's work directories lie under the roots of the example settings file...
-    roots = load_settings(CONFIG / "goald.example.toml", state_dir=tmp_path).workdir_roots
+    example = load_settings(CONFIG / "goald.example.toml", state_dir=tmp_path, default_model="scripted:demo")
+    roots = example.workdir_roots
     assert [str(r) for r in roots] == ["/srv/goald/work"]
     text = (CONFIG / "goals.example.toml").read_text()
     # ...which this test moves into tmp_path.

@@ -201,12 +201,13 @@ async def _run_campaign(db: Path, plan: Path, stderr: IO[bytes], kills: int) -> 
     return out
 
 
-async def _run_to_the_end(db: Path, plan: Path, stderr: IO[bytes]) -> tuple[int, bytes]:
-    """One last run without a kill: it exits by itself once no goal is active."""
+async def _run_to_the_end(db: Path, plan: Path, stderr: IO[bytes], kills: int) -> tuple[int, bytes]:
+    """One last run without a kill: it exits by itself once no goal is active (its time limit grows
+    with the campaign, whose goals' targets do)."""
     async with _child(db, plan, stderr) as proc:
         assert proc.stdout is not None
         try:
-            async with asyncio.timeout(FINAL_TIMEOUT):
+            async with asyncio.timeout(FINAL_TIMEOUT * max(1, kills // KILLS)):
                 rest = await proc.stdout.read()
                 return await proc.wait(), rest
         except TimeoutError:
@@ -366,7 +367,7 @@ async def test_kills_leave_every_goal_completed_exactly_once(tmp_path: Path, kil
     with log_path.open("wb") as log:
         try:
             campaign = await _run_campaign(db, plan, log, kills)
-            rc, out = await _run_to_the_end(db, plan, log)
+            rc, out = await _run_to_the_end(db, plan, log, kills)
         except BaseException:
             failed = [line for line in log_path.read_text().splitlines() if "DEBUG" not in line]
             print("\n".join(failed[-60:]))

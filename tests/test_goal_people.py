@@ -226,7 +226,7 @@ async def test_a_persons_followup_supersedes_the_queued_continuation_and_runs_fi
         events = await rt.store.events_after(sid, 0, limit=100_000)
     model.assert_done()
 
-    assert final.status is GoalStatus.COMPLETED and changed["reason"] == "verified"
+    assert final.status is GoalStatus.COMPLETED and changed["reason"] == "no_verification"
     # The person's message ran before the goal's round; the round was re-issued with number 1.
     assert answered == ["Do the slow task first.", "A person asks: how is it going?", "round 1"]
     assert goal_messages(db_path, goal) == [

@@ -372,12 +372,12 @@ TABLE = [
     ),
     # -- 4. completion claims -------------------------------------------------------------------------
     row(
-        "4 claim with no verification commands: completed",
+        "4 claim with no verification commands: completed, labelled no_verification (never verified)",
         K.COMPLETE,
         interval={"claims": [CLAIM]},
         expect={
             "status": S.COMPLETED,
-            "status_reason": StopReason.VERIFIED,
+            "status_reason": StopReason.NO_VERIFICATION,
             "rounds": 3,
             "result_summary": "report written",
             "evidence": "report.md has 120 lines",
@@ -404,7 +404,7 @@ TABLE = [
         interval={"claims": [Claim(summary="draft", evidence="none"), CLAIM]},
         expect={
             "status": S.COMPLETED,
-            "status_reason": StopReason.VERIFIED,
+            "status_reason": StopReason.NO_VERIFICATION,
             "rounds": 3,
             "result_summary": "report written",
         },

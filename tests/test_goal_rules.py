@@ -486,7 +486,7 @@ async def test_model_errors_back_off_then_pause_and_resume_works(db_path: Path, 
 
     # Resumed, the streak starts over, the next round is issued at once and completes.
     assert resumed.status is GoalStatus.ACTIVE and resumed.error_streak == 0 and resumed.not_before is None
-    assert done["reason"] == "verified"
+    assert done["reason"] == "no_verification"
     assert final.status is GoalStatus.COMPLETED and final.rounds == m + 1 and final.error_streak == 0
     assert [r["source_ref"] for r in rows] == [f"{goal.id}#{i}" for i in range(1, m + 2)]
 

@@ -86,10 +86,16 @@ async def test_compact_prunes_ended_goals_shrinks_the_file_and_clients_see_the_b
         note = await asyncio.wait_for(client.next_notification(), 30)
         assert note["params"]["seq"] == first
 
-    # New events of the pruned session continue its numbering.
-    await rpc(sock, "session/prompt", {"sessionId": done["sessionId"], "text": "a note", "delivery": "context"})
+    # New events of the pruned session continue its numbering. (A message to its ended goal is
+    # refused and changes nothing; with ``reopen`` the goal is reopened first.)
+    note = {"sessionId": done["sessionId"], "text": "a note", "delivery": "context"}
+    with pytest.raises(RpcError) as not_sent:
+        await rpc(sock, "session/prompt", note)
+    assert not_sent.value.code == -32002 and await all_events(sock, done["sessionId"], last_seq) == []
+    await rpc(sock, "session/prompt", {**note, "reopen": True})
     new = await all_events(sock, done["sessionId"], last_seq)
-    assert new[0]["seq"] == last_seq + 1 and new[0]["type"] == "message/queued"
+    assert new[0]["seq"] == last_seq + 1
+    assert {"goal/changed", "message/queued"} <= {e["type"] for e in new}
 
     # The offline full VACUUM refuses while the daemon holds the state directory, and changes nothing.
     code, out, err = await daemon.acli("store", "vacuum")

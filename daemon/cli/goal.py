@@ -133,6 +133,12 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
         print_json(created)
     else:
         print(f"{created['goalId']} on session {created['sessionId']}")
+    if not params["verify"]:
+        # Once, on stderr (stdout stays the ids): its completion will rest on the model's word alone.
+        print(
+            "note: no --verify command: the goal will complete unverified (its completion is the model's word)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

@@ -133,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--steer", action="store_true")
     send.add_argument("--context", action="store_true")
     send.add_argument("--json", action="store_true")
+    send.add_argument(
+        "--reopen",
+        action="store_true",
+        help="to an ended goal (completed, failed, cancelled, exhausted): resume it with its budgets first"
+        " (without it such a message is refused)",
+    )
+    send.add_argument(
+        "--resume",
+        action="store_true",
+        help="to a paused goal: resume it as well (without it the message runs one turn and the goal stays paused)",
+    )
 
     sched = sub.add_parser("schedule", help="manage schedules")
     ssub = sched.add_subparsers(dest="schedule_command", metavar="ACTION")

@@ -1,8 +1,14 @@
-"""``goald send``: a message to a session, or to a goal's session."""
+"""``goald send``: a message to a session, or to a goal's session.
+
+A message to an ended goal is refused by the daemon unless ``--reopen``; to a paused goal it runs
+one turn and the goal stays paused unless ``--resume``: the CLI says so (on stderr, so that stdout
+stays the message id alone).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from daemon.cli.goal import goal_session, print_json
 from daemon.cli.parser import EXIT_OK
@@ -12,9 +18,20 @@ from daemon.client import Connection
 async def send(client: Connection, args: argparse.Namespace) -> int:
     sid = await goal_session(client, args.target)
     delivery = "steer" if args.steer else "context" if args.context else "followup"
-    result = await client.call("session/prompt", {"sessionId": sid, "text": args.text, "delivery": delivery})
+    params = {"sessionId": sid, "text": args.text, "delivery": delivery, "reopen": args.reopen, "resume": args.resume}
+    result = await client.call("session/prompt", params)
     if args.json:
         print_json({"sessionId": sid, **result})
-    else:
-        print(result["messageId"])
+        return EXIT_OK
+    print(result["messageId"])
+    gid = result.get("goalId")
+    if result.get("goalStatus") == "paused":
+        # On stderr: stdout stays the message id alone, for scripts.
+        print(
+            f"goal {gid} is paused: this message runs one turn now, charged to the goal and not counted as a"
+            f" round; the goal stays paused (--resume, or goald goal resume {gid}, resumes it)",
+            file=sys.stderr,
+        )
+    elif gid is not None and args.reopen:
+        print(f"goal {gid} reopened: {result.get('goalStatus')}", file=sys.stderr)
     return EXIT_OK

@@ -100,6 +100,12 @@ class Prompt(Params):
     content: list[dict[str, Any]] | None = None
     delivery: Literal["followup", "steer", "context"] = "followup"
     message_id: MessageId | None = None
+    #: To a goal's session whose goal has ended (completed, failed, cancelled, exhausted): resume
+    #: the goal with its budgets first; without it such a message is refused.
+    reopen: bool = False
+    #: To a paused goal's session: resume the goal as well (without it the message runs one turn,
+    #: charged to the goal, and the goal stays paused).
+    resume: bool = False
 
     @model_validator(mode="after")
     def _one_of(self) -> Prompt:

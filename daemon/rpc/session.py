@@ -32,7 +32,7 @@ from agent import (
     Tx,
     create_session,
 )
-from daemon.rpc.context import HostPort, runtime, taking_work
+from daemon.rpc.context import HostPort, engine, runtime, taking_work
 from daemon.rpc.params import (
     CancelMessage,
     EventsPage,
@@ -45,7 +45,7 @@ from daemon.rpc.params import (
 )
 from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, RpcError
 from daemon.rpc.views import Empty, JsonObject, event_view
-from goals import check_nesting
+from goals import Goal, GoalStatus, check_nesting, latest_goal_of_session
 
 
 class SessionCreated(TypedDict):
@@ -55,10 +55,16 @@ class SessionCreated(TypedDict):
     workdir: str
 
 
-class Enqueued(TypedDict):
-    """``session/prompt``'s answer: the message is durably queued (never a result)."""
+class Enqueued(TypedDict, total=False):
+    """``session/prompt``'s answer: the message is durably queued (never a result).
+
+    To a goal's session it also names the goal and its status once the message is queued
+    (``paused``: the message runs one turn, charged to the goal, not counted as a round).
+    """
 
     messageId: str
+    goalId: str
+    goalStatus: str
 
 
 class SessionInfo(TypedDict):
@@ -123,11 +129,16 @@ def register(d: Dispatcher, host: HostPort) -> None:
     @d.method("session/prompt", Prompt)
     async def session_prompt(p: Prompt, peer: Peer) -> Enqueued:
         taking_work(host)
-        agent = await runtime(host).agent(p.session_id)
+        rt = runtime(host)
+        await rt.session(p.session_id)
+        goal = await _goal_for_message(host, p)
+        agent = await rt.agent(p.session_id)
         content = p.text if p.text is not None else p.content
         assert content is not None  # the params model requires one of them
         mid: MessageId = await agent.enqueue(content, delivery=p.delivery, message_id=p.message_id)
-        return {"messageId": mid}
+        if goal is None:
+            return {"messageId": mid}
+        return {"messageId": mid, "goalId": goal.id, "goalStatus": goal.status.value}
 
     @d.method("session/cancelMessage", CancelMessage)
     async def cancel_message(p: CancelMessage, peer: Peer) -> Empty:
@@ -193,6 +204,34 @@ def register(d: Dispatcher, host: HostPort) -> None:
         pump = _pump_with_deltas if p.deltas else _pump_session
         peer.tasks.spawn(pump(rt, p.session_id, after, peer))
         return {"sessionId": p.session_id, "afterSeq": after}
+
+
+async def _goal_for_message(host: HostPort, p: Prompt) -> Goal | None:
+    """The goal of the session a message goes to, after what the message asked of it.
+
+    A message to a goal whose status is ended (completed, failed, cancelled, exhausted) is refused
+    (``-32002``, naming the status): it would run the model in the goal's work directory and spend
+    against no budget. With ``reopen`` the goal is resumed with its budgets first. A paused goal
+    stays paused (its one turn is charged to it at the next idle, not counted as a round) unless
+    ``resume`` is given. The check runs before the enqueue, so a refused message changes nothing.
+    """
+    eng = engine(host)
+    goal = await runtime(host).store.read(lambda conn: latest_goal_of_session(conn, p.session_id))
+    if goal is None:
+        return None
+    if not goal.status.live:
+        if not p.reopen:
+            reason = f" ({goal.status_reason})" if goal.status_reason else ""
+            raise RpcError(
+                ErrorCode.INVALID_TRANSITION,
+                f"goal {goal.id} of this session is {goal.status.value}{reason}: the message was not sent;"
+                " give reopen (goald send --reopen) to resume the goal with its budgets first",
+                {"goalId": goal.id, "status": goal.status.value, "reason": goal.status_reason},
+            )
+        return await eng.resume(goal.id, reopen=True)
+    if goal.status is GoalStatus.PAUSED and p.resume:
+        return await eng.resume(goal.id)
+    return goal
 
 
 async def _send_event(peer: Peer, event: Event) -> None:
