@@ -41,7 +41,16 @@ from agent.context import (
     tool_ids,
 )
 from agent.messages import TextBlock
-from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelRequest, message_bytes, specs_size
+from agent.models.base import (
+    ConvMessage,
+    FinishReason,
+    Model,
+    ModelError,
+    ModelErrorKind,
+    ModelRequest,
+    message_bytes,
+    specs_size,
+)
 from agent.payloads import ContextCompacted, EndReason
 from agent.spend import Usage, estimator_for
 from agent.store import Tx
@@ -233,12 +242,9 @@ async def summarize(agent: Agent, turn: OpenedTurn, older: list[Entry]) -> Summa
     estimator.observe(request.prompt_bytes, usage.prompt_tokens)
     text = "".join(b.text for b in response.content if isinstance(b, TextBlock)).strip()
     if not text or response.finish_reason is not FinishReason.END_TURN:
-        guard = agent.guard
-
-        def settle(tx: Tx) -> None:
-            settle_call(tx, call_id, usage, cost, error_class="summary", error="no usable summary")
-            tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
-
-        await agent._write(settle)
+        # Settled with a ``model/error`` event like any failed attempt, so whoever counts the session's
+        # spend from its events (a goal) sees these tokens too, not only the guard.
+        unusable = ModelError(ModelErrorKind.MALFORMED, "the summary call gave no usable summary", usage=usage)
+        await agent._settle_failed(turn, call_id, unusable, 1, False)
         return None
     return Summary(text, call_id, usage, cost, model)
