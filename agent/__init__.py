@@ -24,6 +24,7 @@ from agent.errors import (
     StorageUnavailable,
     StoreClosed,
 )
+from agent.eventlog import first_kept_seq, read_events
 from agent.events import HISTORY_TYPES, Event, EventHub, EventType, Subscription
 from agent.guards import create_guard, update_guard
 from agent.ids import GuardId, MessageId, SessionId, TurnId, TypedId
@@ -106,10 +107,19 @@ from agent.sandbox import (
     detect_bwrap,
 )
 from agent.schema import Migration
-from agent.sessions import SessionRow, create_session, list_sessions, load_session, session_chain, update_session
+from agent.sessions import (
+    SessionRow,
+    create_session,
+    delete_session,
+    list_sessions,
+    load_session,
+    session_chain,
+    sessions_with_workdir,
+    update_session,
+)
 from agent.setup import Resolver, SessionSetup
 from agent.spend import Limits, Price, PromptEstimator, Refusal, Reservation, SpendGuard, Usage, estimator_for
-from agent.store import Durability, SessionState, Store, Tx, first_kept_seq, read_events, utcnow
+from agent.store import Durability, SessionState, Store, Tx, utcnow
 from agent.subagents import DEFAULT_MAX_DEPTH, Delegate, DelegateArgs
 from agent.tools import (
     FunctionTool,
@@ -249,6 +259,7 @@ __all__ = [
     "content_text",
     "create_guard",
     "create_session",
+    "delete_session",
     "detect_bwrap",
     "echo_model",
     "end_turn",
@@ -271,6 +282,7 @@ __all__ = [
     "repair",
     "retention",
     "session_chain",
+    "sessions_with_workdir",
     "settle_idle",
     "take_or_idle",
     "transition_fate",

@@ -1,4 +1,13 @@
-"""The ``model_calls`` table: one row per model attempt, written before the attempt is made."""
+"""The ``model_calls`` table: one row per model attempt, written before the attempt is made.
+
+A failed attempt is settled to the usage it reported. One whose answer had started (a stream
+dropped, timed out or malformed after a successful status) but that reported no usage — an
+OpenAI-compatible stream reports it only in its last chunk — is settled to its prompt's estimate
+instead (:func:`failed_usage`): the provider has likely billed the prompt, and charging nothing
+would let a flaky stream spend a budget unseen. The estimate is the reservation's prompt part, an
+upper bound; the row's error and the ``model/error`` event say it is an estimate. An attempt that
+failed before any answer (a refused connection, an error status) is charged nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,7 @@ from agent.errors import AgentError
 from agent.events import EventType
 from agent.ids import TypedId
 from agent.messages import Block
+from agent.models.base import ModelError
 from agent.spend import Usage
 from agent.store import Tx
 
@@ -62,6 +72,22 @@ def settle_call(
             call_id,
         ),
     )
+
+
+#: Appended to the row's error when its usage is the prompt's estimate (see :func:`failed_usage`).
+ESTIMATED_NOTE = " [no usage reported after the answer started: charged the prompt's estimate]"
+
+
+def failed_usage(exc: ModelError, prompt_bound: int) -> tuple[Usage, bool]:
+    """What a failed attempt is charged, and whether it is an estimate (see the module docstring).
+
+    ``prompt_bound`` is the reservation's prompt part: the upper bound of the prompt's tokens.
+    """
+    if exc.usage is not None:
+        return exc.usage, False
+    if exc.response_started:
+        return Usage(input_tokens=prompt_bound), True
+    return Usage(), False
 
 
 def commit_assistant(

@@ -1,10 +1,11 @@
 """The compaction step of a running turn: summarize the older view, else elide and drop.
 
 :mod:`agent.context` holds the rules (the view, the estimate, where to cut, the fallback plan) as
-pure functions; this module carries them out for one :class:`~agent.driver.Agent` before a model
-call, with the driver's own writes, reservations and call machinery, so a summary call is checked,
-reserved, time-bound and charged exactly like a turn's call. It is a separate module so that the
-driver stays about turns; it reaches into the driver only through the few methods named here.
+pure functions; this module carries them out for one session's driver before a model call, with
+the driver's own writes, reservations and call machinery, so a summary call is checked, reserved,
+time-bound and charged exactly like a turn's call. It is a separate module so that the driver stays
+about turns; what it needs of the driver is the narrow :class:`CompactionHost` (which the model-call
+path, :class:`agent.step.ModelStep`, provides), never the driver's private parts.
 
 Decisions, and why:
 
@@ -23,12 +24,15 @@ Decisions, and why:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from loguru import logger
 
 from agent.calls import CallId, OutOfTime, settle_call
+from agent.config import AgentConfig
 from agent.context import (
     COMPACTED,
     DROPPED_NOTE,
@@ -40,6 +44,7 @@ from agent.context import (
     plan_fallback,
     tool_ids,
 )
+from agent.history import History
 from agent.messages import TextBlock
 from agent.models.base import (
     ConvMessage,
@@ -48,19 +53,75 @@ from agent.models.base import (
     ModelError,
     ModelErrorKind,
     ModelRequest,
+    ModelResponse,
     message_bytes,
     specs_size,
 )
 from agent.payloads import ContextCompacted, EndReason
-from agent.spend import Usage, estimator_for
-from agent.store import Tx
+from agent.spend import Reservation, SpendGuard, Usage, estimator_for
+from agent.store import Store, Tx
+from agent.tools.base import ToolRegistry
+from agent.turns import CANCELLED_TOOL_TEXT as CANCELLED_TOOL_TEXT  # re-exported: its home moved
 from agent.turns import OpenedTurn, TurnEnd
 
-if TYPE_CHECKING:
-    from agent.driver import Agent
+_T = TypeVar("_T")
 
-#: Text given to tool calls left without a result when a summary call runs out of time.
-CANCELLED_TOOL_TEXT = "cancelled: the turn was interrupted before this call finished"
+
+class CompactionHost(Protocol):
+    """What a compaction needs of the running driver: its parts, its view, its call machinery."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def config(self) -> AgentConfig: ...
+    @property
+    def model(self) -> Model: ...
+    @property
+    def summary_model(self) -> Model | None: ...
+    @property
+    def tools(self) -> ToolRegistry: ...
+    @property
+    def guard(self) -> SpendGuard: ...
+    @property
+    def history(self) -> History:
+        """The view as the driver holds it, with its meter and estimator."""
+        ...
+
+    async def write(self, fn: Callable[[Tx], _T]) -> _T:
+        """A write of the running driver (retried while the store cannot write)."""
+        ...
+
+    async def reserve(
+        self, turn: OpenedTurn, model: Model, bound: int, max_tokens: int, attempt: int, call_id: CallId
+    ) -> Reservation | TurnEnd:
+        """Reserve one call with the guard, durably; a refusal ends the turn."""
+        ...
+
+    async def complete_in_time(
+        self, request: ModelRequest, turn_id: str, model: Model | None = None, quiet: bool = False
+    ) -> ModelResponse:
+        """One model attempt bound by the guard's time (raises :class:`OutOfTime`)."""
+        ...
+
+    async def settle_failed(
+        self,
+        turn: OpenedTurn,
+        call_id: str,
+        exc: ModelError,
+        *,
+        attempt: int,
+        retry: bool,
+        prompt_bound: int,
+        breaker_open: bool = False,
+    ) -> None:
+        """Settle a failed attempt with its ``model/error`` event."""
+        ...
+
+    async def cleanup(self, turn: OpenedTurn, tool_text: str, error_class: str = "interrupted") -> None:
+        """Close a turn cut short (open tool calls, open reservations)."""
+        ...
 
 
 def _nothing(tx: Tx) -> None:
@@ -78,80 +139,52 @@ class Summary:
     model: Model
 
 
-def summary_limit(agent: Agent, model: Model) -> int:
+def summary_limit(host: CompactionHost, model: Model) -> int:
     """The output limit of a summary call: the policy's, the model's, and a share of the window."""
-    policy = agent.config.context
-    share = max(16, int(agent.model.context_window * policy.summary_share))
+    policy = host.config.context
+    share = max(16, int(host.model.context_window * policy.summary_share))
     return min(policy.summary_max_tokens, model.max_tokens, share)
 
 
-async def compact_view(agent: Agent, turn: OpenedTurn, request: ModelRequest, max_tokens: int) -> TurnEnd | None:
+async def compact_view(
+    host: CompactionHost, turn: OpenedTurn, request: ModelRequest, max_tokens: int
+) -> TurnEnd | None:
     """Make the agent's view smaller before a call: summarize its older part, else elide and drop.
 
     Returns a :class:`TurnEnd` when the turn must end (the guard refused the summary call, its time
     ran out); otherwise the view is replaced (or left as it is when nothing can shrink it).
     """
-    policy, window = agent.config.context, agent.model.context_window
     # A step's tool result is committed with the next write: flush it, the view is read from the store.
-    await agent._write(_nothing)
-    previous, view = await load_view(agent.store, agent.session_id)
-    before = agent._meter.estimate(request.prompt_bytes)
-    fixed = len(agent.config.system or "") + specs_size(request.tools)
-    neutral = fixed + sum(message_bytes(e.msg) for e in view)
-    # Tokens per model-neutral byte, as this model measures and the calibration bounds it.
-    ratio = agent._estimator.ratio * max(1.0, request.prompt_bytes / max(neutral, 1))
-    # The whole prompt after the compaction aims at ``compact_to`` of the window (never past the
-    # room the output limit leaves); the verbatim part gets what the fixed part and the summary leave.
-    target = min(policy.compact_to * window, policy.compact_at * window, window - max_tokens)
-    summary_room = summary_limit(agent, agent.summary_model or agent.model)
-    keep_bytes = max(0, int((target - summary_room) / ratio) - fixed)
-    # The fallback aims at the target when the summary call failed; otherwise it only trims what
-    # still would not leave room below the trigger (the verbatim turns stay whole where they can).
-    fits = min(policy.compact_at * window, window - max_tokens) * 0.75
+    await host.write(_nothing)
+    previous, view = await load_view(host.store, host.session_id)
+    before = host.history.meter.estimate(request.prompt_bytes)
+    sizes = _sizes(host, request, view, max_tokens)
+    fixed, ratio, target, fits = sizes.fixed, sizes.ratio, sizes.target, sizes.fits
     prev_summary = previous.summary if previous is not None else None
-    base = {"turn_id": turn.turn_id, "elide_keep": policy.elide_keep, "tokens_before": before}
+    base = {"turn_id": turn.turn_id, "elide_keep": host.config.context.elide_keep, "tokens_before": before}
     record: ContextCompacted | None = None
-    # What the summary request may carry of the older part: its model's window less the output
-    # limit, the fixed part and the instruction, at that model's calibrated ratio (with a margin).
-    smodel = agent.summary_model or agent.model
-    sratio = estimator_for(smodel.spec).ratio * ratio / agent._estimator.ratio
-    room = (smodel.context_window - summary_room - 64) / (sratio * 1.1)
-    older_bytes = max(0, int(room) - fixed - len(SUMMARY_INSTRUCTION))
-    cut = choose_cut(view, keep_bytes, older_bytes=older_bytes)
+    cut = choose_cut(view, sizes.keep_bytes, older_bytes=sizes.older_bytes)
     if cut is not None:
-        done = await summarize(agent, turn, view[:cut])
+        done = await summarize(host, turn, view[:cut])
         if isinstance(done, TurnEnd):
             return done
         if done is not None:
-            kept = view[cut:]
-            elided = [i for i in (previous.elided if previous else []) if i in tool_ids(kept)]
-            record = ContextCompacted(
-                **base,
-                mode="summary",
-                through_seq=view[cut - 1].seq,
-                summary=done.text,
-                elided=elided,
-                messages=sum(1 for e in view[:cut] if not e.summary),
-                model=done.model.spec,
-                call_id=done.call_id,
-                usage=done.usage,
-                cost=done.cost,
-            )
+            record = _summary_record(base, view, cut, previous, done)
             view = apply(view, record)
             prev_summary = done.text
     failed = cut is not None and record is None
     budget_bytes = int((target if failed else max(target, fits)) / ratio) - fixed
     if sum(message_bytes(e.msg) for e in view) > budget_bytes:
-        record, view = _fall_back(view, budget_bytes, agent, base, previous, record, prev_summary)
+        record, view = _fall_back(view, budget_bytes, host, base, previous, record, prev_summary)
     if record is None:
-        logger.warning("session {}: the view cannot be compacted further (~{} tokens)", agent.session_id, before)
+        logger.warning("session {}: the view cannot be compacted further (~{} tokens)", host.session_id, before)
         return None
     after = int((fixed + sum(message_bytes(e.msg) for e in view)) * ratio)
     record = record.model_copy(update={"tokens_after": after})
-    await agent._write(partial(commit, agent, record=record))
+    await host.write(partial(commit, host, record=record))
     logger.info(
         "session {}: context compacted ({}): {} message(s) through seq {}, ~{} -> ~{} tokens",
-        agent.session_id,
+        host.session_id,
         record.mode,
         record.messages,
         record.through_seq,
@@ -159,21 +192,76 @@ async def compact_view(agent: Agent, turn: OpenedTurn, request: ModelRequest, ma
         after,
     )
     # The view as a restart rebuilds it; the prefix changed, so the wire form starts afresh.
-    await agent._load_history()
+    await host.history.reload()
     return None
+
+
+def _summary_record(
+    base: dict[str, Any], view: list[Entry], cut: int, previous: ContextCompacted | None, done: Summary
+) -> ContextCompacted:
+    """The record of a compaction that summarized ``view[:cut]``."""
+    kept = view[cut:]
+    elided = [i for i in (previous.elided if previous else []) if i in tool_ids(kept)]
+    return ContextCompacted(
+        **base,
+        mode="summary",
+        through_seq=view[cut - 1].seq,
+        summary=done.text,
+        elided=elided,
+        messages=sum(1 for e in view[:cut] if not e.summary),
+        model=done.model.spec,
+        call_id=done.call_id,
+        usage=done.usage,
+        cost=done.cost,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """What a compaction aims at, in tokens and model-neutral bytes (see :func:`_sizes`)."""
+
+    fixed: int  # bytes of the system prompt and tool specs (never compacted)
+    ratio: float  # tokens per model-neutral byte
+    target: float  # tokens the whole prompt aims at after the compaction
+    fits: float  # tokens below which the fallback leaves the view alone
+    keep_bytes: int  # bytes of the verbatim part
+    older_bytes: int  # bytes of the older part a summary request may carry
+
+
+def _sizes(host: CompactionHost, request: ModelRequest, view: list[Entry], max_tokens: int) -> _Sizes:
+    policy, window = host.config.context, host.model.context_window
+    fixed = len(host.config.system or "") + specs_size(request.tools)
+    neutral = fixed + sum(message_bytes(e.msg) for e in view)
+    # Tokens per model-neutral byte, as this model measures and the calibration bounds it.
+    ratio = host.history.estimator.ratio * max(1.0, request.prompt_bytes / max(neutral, 1))
+    # The whole prompt after the compaction aims at ``compact_to`` of the window (never past the
+    # room the output limit leaves); the verbatim part gets what the fixed part and the summary leave.
+    target = min(policy.compact_to * window, policy.compact_at * window, window - max_tokens)
+    summary_room = summary_limit(host, host.summary_model or host.model)
+    keep_bytes = max(0, int((target - summary_room) / ratio) - fixed)
+    # The fallback aims at the target when the summary call failed; otherwise it only trims what
+    # still would not leave room below the trigger (the verbatim turns stay whole where they can).
+    fits = min(policy.compact_at * window, window - max_tokens) * 0.75
+    # What the summary request may carry of the older part: its model's window less the output
+    # limit, the fixed part and the instruction, at that model's calibrated ratio (with a margin).
+    smodel = host.summary_model or host.model
+    sratio = estimator_for(smodel.spec).ratio * ratio / host.history.estimator.ratio
+    room = (smodel.context_window - summary_room - 64) / (sratio * 1.1)
+    older_bytes = max(0, int(room) - fixed - len(SUMMARY_INSTRUCTION))
+    return _Sizes(fixed, ratio, target, fits, keep_bytes, older_bytes)
 
 
 def _fall_back(
     view: list[Entry],
     budget_bytes: int,
-    agent: Agent,
+    host: CompactionHost,
     base: dict[str, Any],
     previous: ContextCompacted | None,
     record: ContextCompacted | None,
     prev_summary: str | None,
 ) -> tuple[ContextCompacted | None, list[Entry]]:
     """Elide large tool results, then drop the oldest turns, until the view fits ``budget_bytes``."""
-    fb = plan_fallback(view, budget_bytes, agent.config.context)
+    fb = plan_fallback(view, budget_bytes, host.config.context)
     if not fb.elided and fb.cut is None:
         return record, view
     start = record if record is not None else previous
@@ -199,43 +287,43 @@ def _fall_back(
     return record, apply(view, record)
 
 
-def commit(agent: Agent, tx: Tx, *, record: ContextCompacted) -> None:
+def commit(host: CompactionHost, tx: Tx, *, record: ContextCompacted) -> None:
     """Write the ``context/compacted`` event and settle its summary call, in one transaction."""
     data = record.model_dump(by_alias=True, exclude={"type"}, exclude_none=True, mode="json")
     if record.call_id is not None:
-        usage, cost, call_id, guard = record.usage or Usage(), record.cost, record.call_id, agent.guard
+        usage, cost, call_id, guard = record.usage or Usage(), record.cost, record.call_id, host.guard
         settle_call(tx, call_id, usage, cost)
         tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
-    tx.emit(agent.session_id, COMPACTED, data)
+    tx.emit(host.session_id, COMPACTED, data)
 
 
-async def summarize(agent: Agent, turn: OpenedTurn, older: list[Entry]) -> Summary | TurnEnd | None:
+async def summarize(host: CompactionHost, turn: OpenedTurn, older: list[Entry]) -> Summary | TurnEnd | None:
     """The summary of ``older`` by a model call, charged like any other; ``None`` when it failed or
     would not fit the summarizing model's window (the caller falls back)."""
-    model = agent.summary_model or agent.model
-    limit = summary_limit(agent, model)
+    model = host.summary_model or host.model
+    limit = summary_limit(host, model)
     ask = ConvMessage(role="user", content=[TextBlock(text=SUMMARY_INSTRUCTION)])
     request = ModelRequest(
-        agent.config.system, tuple([e.msg for e in older] + [ask]), agent.tools.specs(), limit, purpose="summary"
+        host.config.system, tuple([e.msg for e in older] + [ask]), host.tools.specs(), limit, purpose="summary"
     )
     request = dataclasses.replace(request, prompt_bytes=model.measure(request))
     estimator = estimator_for(model.spec)
     bound = estimator.bound(request.prompt_bytes)
     if bound + limit > model.context_window:
-        logger.info("session {}: the summary request (~{} tokens) would not fit", agent.session_id, bound)
+        logger.info("session {}: the summary request (~{} tokens) would not fit", host.session_id, bound)
         return None
     call_id = CallId.new()
-    held = await agent._reserve(turn, model, bound, limit, 1, call_id)
+    held = await host.reserve(turn, model, bound, limit, 1, call_id)
     if isinstance(held, TurnEnd):
         return held
     try:
-        response = await agent._complete_in_time(request, turn.turn_id, model, quiet=True)
+        response = await host.complete_in_time(request, turn.turn_id, model, quiet=True)
     except OutOfTime as cut:
-        await agent._cleanup(turn, CANCELLED_TOOL_TEXT, error_class="deadline")
+        await host.cleanup(turn, CANCELLED_TOOL_TEXT, error_class="deadline")
         return TurnEnd(reason=EndReason.BUDGET, error=str(cut))
     except ModelError as exc:
-        logger.warning("session {}: the summary call failed ({}); falling back", agent.session_id, exc)
-        await agent._settle_failed(turn, call_id, exc, 1, False)
+        logger.warning("session {}: the summary call failed ({}); falling back", host.session_id, exc)
+        await host.settle_failed(turn, call_id, exc, attempt=1, retry=False, prompt_bound=bound)
         return None
     usage = response.usage
     cost = model.price.cost(usage) if model.price else 0.0
@@ -245,6 +333,6 @@ async def summarize(agent: Agent, turn: OpenedTurn, older: list[Entry]) -> Summa
         # Settled with a ``model/error`` event like any failed attempt, so whoever counts the session's
         # spend from its events (a goal) sees these tokens too, not only the guard.
         unusable = ModelError(ModelErrorKind.MALFORMED, "the summary call gave no usable summary", usage=usage)
-        await agent._settle_failed(turn, call_id, unusable, 1, False)
+        await host.settle_failed(turn, call_id, unusable, attempt=1, retry=False, prompt_bound=bound)
         return None
     return Summary(text, call_id, usage, cost, model)

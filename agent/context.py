@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.events import HISTORY_TYPES, Event, EventType
 from agent.messages import TextBlock, ToolResultBlock, content_from_python
 from agent.models.base import ConvMessage, message_bytes
-from agent.models.health import reported_prompt_tokens
+from agent.models.classify import reported_prompt_tokens
 from agent.payloads import ContextCompacted
 from agent.spend import PromptEstimator, Usage
 from agent.store import Store

@@ -95,6 +95,26 @@ def enqueue(
     if pending_key is not None:
         data["pendingKey"] = pending_key
     event = tx.emit(session_id, EventType.MESSAGE_QUEUED, data)
+    _insert(tx, mid, session_id, content, delivery, source, pending_key, yields_to_followup, event.seq)
+    if delivery is Delivery.FOLLOWUP and not yields_to_followup:
+        _supersede(tx, session_id, by=mid)
+    if delivery.wakes:
+        tx.set_status(session_id, AgentStatus.RUNNING)
+    return Enqueued(message_id=mid, seq=event.seq, created=True)
+
+
+def _insert(
+    tx: Tx,
+    mid: MessageId,
+    session_id: str,
+    content: Content,
+    delivery: Delivery,
+    source: Source,
+    pending_key: str | None,
+    yields_to_followup: bool,
+    queued_seq: int,
+) -> None:
+    """The inbox row of a message queued at ``queued_seq``; a second queued ``pending_key`` is a Conflict."""
     try:
         tx.execute(
             "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
@@ -108,7 +128,7 @@ def enqueue(
                 content_json(content),
                 pending_key,
                 int(yields_to_followup),
-                event.seq,
+                queued_seq,
                 tx.now,
             ),
         )
@@ -116,11 +136,6 @@ def enqueue(
         if pending_key is not None and "pending_key" in str(exc):
             raise Conflict(f"a message with pending key {pending_key!r} is already queued") from None
         raise
-    if delivery is Delivery.FOLLOWUP and not yields_to_followup:
-        _supersede(tx, session_id, by=mid)
-    if delivery.wakes:
-        tx.set_status(session_id, AgentStatus.RUNNING)
-    return Enqueued(message_id=mid, seq=event.seq, created=True)
 
 
 def _receipt(tx: Tx, session_id: str, message_id: MessageId) -> Enqueued | None:

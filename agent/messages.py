@@ -84,6 +84,12 @@ class Source(_Frozen):
 
     kind: SourceKind = SourceKind.USER
     ref: str | None = None
+    #: The user and process that sent it through the daemon's control socket (``SO_PEERCRED``);
+    #: recorded in the ``message/queued`` event only (absent from older events and other sources).
+    uid: int | None = None
+    pid: int | None = None
+    #: The name of the status page's token it was sent with (``daemon.web``), where uid/pid are the socket's.
+    web: str | None = None
 
 
 class Fate(enum.StrEnum):

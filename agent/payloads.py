@@ -191,6 +191,9 @@ class ModelFailed(Payload):
     discarded_chars: int = 0
     usage: Usage | None = None
     cost: float = 0.0
+    #: ``usage`` is the prompt's estimate: the answer had started, but no usage was reported
+    #: (:func:`agent.calls.failed_usage`).
+    estimated: bool = False
 
 
 class ModelCharged(Payload):

@@ -113,51 +113,16 @@ def prune_session_step(
     cut = first_seq_to_keep(tx, session_id, keep_events)
     if cut is None:
         return PruneStep(session_id=session_id, outcome="nothing")
-    left = batch
-    # Events first (the bulk of the bytes), oldest first, at most ``batch`` rows and about
-    # ``batch_bytes`` bytes (at least one row): a step's hold of the writer grows with its bytes.
-    sizes = tx.all(
-        "SELECT seq, length(data) AS b FROM events WHERE session_id=? AND seq<? ORDER BY seq LIMIT ?",
-        (session_id, cut, left),
-    )
-    n_events, n_bytes, upto = 0, 0, 0
-    for row in sizes:
-        if n_events and n_bytes + int(row["b"]) > batch_bytes:
-            left = n_events  # the byte bound ends this step; more remain
-            break
-        n_events, n_bytes, upto = n_events + 1, n_bytes + int(row["b"]), int(row["seq"])
-    if n_events:
-        tx.execute("DELETE FROM events WHERE session_id=? AND seq<=?", (session_id, upto))
-    left -= n_events
-    # Then the inbox rows of the pruned turns (and those cancelled before the cut), while the turns
-    # still say which turns are pruned.
-    n_inbox = 0
-    if left > 0:
-        n_inbox = tx.execute(
-            "DELETE FROM inbox WHERE rowid IN (SELECT rowid FROM inbox WHERE session_id=? AND fate!='queued'"
-            " AND queued_seq<? AND (turn_id IS NULL OR turn_id IN"
-            " (SELECT id FROM turns WHERE session_id=? AND end_seq IS NOT NULL AND end_seq<?)) LIMIT ?)",
-            (session_id, cut, session_id, cut, left),
-        ).rowcount
-        left -= n_inbox
-    n_calls = 0
-    if left > 0:
-        n_calls = tx.execute(
-            "DELETE FROM model_calls WHERE rowid IN (SELECT m.rowid FROM model_calls m JOIN turns t ON t.id=m.turn_id"
-            " WHERE t.session_id=? AND t.end_seq IS NOT NULL AND t.end_seq<? AND m.state!='reserved' LIMIT ?)",
-            (session_id, cut, left),
-        ).rowcount
-        left -= n_calls
-    n_turns = 0
-    if left > 0:
-        n_turns = tx.execute(
-            "DELETE FROM turns WHERE rowid IN (SELECT t.rowid FROM turns t WHERE t.session_id=?"
-            " AND t.end_seq IS NOT NULL AND t.end_seq<?"
-            " AND NOT EXISTS (SELECT 1 FROM model_calls m WHERE m.turn_id=t.id AND m.state='reserved')"
-            " LIMIT ?)",
-            (session_id, cut, left),
-        ).rowcount
-        left -= n_turns
+    n_events, n_bytes, left = _prune_events(tx, session_id, cut, batch, batch_bytes)
+    counts: list[int] = []
+    for statement in _PRUNE_AFTER_EVENTS:
+        n = 0
+        if left > 0:
+            params = (session_id, cut, session_id, cut, left) if statement.count("?") == 5 else (session_id, cut, left)
+            n = tx.execute(statement, params).rowcount
+        counts.append(n)
+        left -= n
+    n_inbox, n_calls, n_turns = counts
     deleted = n_events + n_inbox + n_calls + n_turns
     if deleted == 0:
         return PruneStep(session_id=session_id, outcome="nothing", first_kept_seq=cut)
@@ -177,6 +142,42 @@ def prune_session_step(
         model_calls=n_calls,
         done=left > 0,
     )
+
+
+#: After the events, the rows of the pruned turns, in this order (while the turns still say which
+#: turns are pruned): inbox rows (and those cancelled before the cut), model calls (never an open
+#: reservation), then the turns themselves. Parameters: (session, cut[, session, cut], limit).
+_PRUNE_AFTER_EVENTS = (
+    "DELETE FROM inbox WHERE rowid IN (SELECT rowid FROM inbox WHERE session_id=? AND fate!='queued'"
+    " AND queued_seq<? AND (turn_id IS NULL OR turn_id IN"
+    " (SELECT id FROM turns WHERE session_id=? AND end_seq IS NOT NULL AND end_seq<?)) LIMIT ?)",
+    "DELETE FROM model_calls WHERE rowid IN (SELECT m.rowid FROM model_calls m JOIN turns t ON t.id=m.turn_id"
+    " WHERE t.session_id=? AND t.end_seq IS NOT NULL AND t.end_seq<? AND m.state!='reserved' LIMIT ?)",
+    "DELETE FROM turns WHERE rowid IN (SELECT t.rowid FROM turns t WHERE t.session_id=?"
+    " AND t.end_seq IS NOT NULL AND t.end_seq<?"
+    " AND NOT EXISTS (SELECT 1 FROM model_calls m WHERE m.turn_id=t.id AND m.state='reserved')"
+    " LIMIT ?)",
+)
+
+
+def _prune_events(tx: Tx, session_id: str, cut: int, batch: int, batch_bytes: int) -> tuple[int, int, int]:
+    """Delete the session's oldest events below ``cut``: at most ``batch`` rows and about
+    ``batch_bytes`` bytes (at least one row), since a step's hold of the writer grows with its bytes.
+    Returns (events, bytes, rows left of the batch; 0 when the byte bound ended the step)."""
+    sizes = tx.all(
+        "SELECT seq, length(data) AS b FROM events WHERE session_id=? AND seq<? ORDER BY seq LIMIT ?",
+        (session_id, cut, batch),
+    )
+    left = batch
+    n_events, n_bytes, upto = 0, 0, 0
+    for row in sizes:
+        if n_events and n_bytes + int(row["b"]) > batch_bytes:
+            left = n_events  # the byte bound ends this step; more remain
+            break
+        n_events, n_bytes, upto = n_events + 1, n_bytes + int(row["b"]), int(row["seq"])
+    if n_events:
+        tx.execute("DELETE FROM events WHERE session_id=? AND seq<=?", (session_id, upto))
+    return n_events, n_bytes, left - n_events
 
 
 def session_descendants(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> list[str]:

@@ -2,11 +2,18 @@
 
 :class:`Migration` lives here, not in :mod:`agent.store`, so that the store imports its schema and
 the schema imports nothing back (every package's migrations are a list of these).
+
+The list is append-only: a new step is one more :class:`Migration` at the end with the next
+version; a released step is never edited (a database that applied it would not apply the edit).
+A package's pending steps are applied in **one** transaction (:func:`agent.store.upgrade` applies
+every package's at once): a step that fails leaves the database exactly as it was.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
+
+from agent.errors import AgentError
 
 
 class Migration(BaseModel):
@@ -17,6 +24,20 @@ class Migration(BaseModel):
     version: int
     summary: str
     sql: str
+
+
+class MigrationFailed(AgentError, RuntimeError):
+    """A schema migration failed; it was rolled back and the database is as it was before it.
+
+    ``package`` and ``version`` name the step that failed, ``backup`` the copy taken before the
+    upgrade began (``None`` when none was taken).
+    """
+
+    def __init__(self, message: str, *, package: str, version: int, backup: str | None) -> None:
+        super().__init__(message)
+        self.package = package
+        self.version = version
+        self.backup = backup
 
 
 MIGRATIONS: list[Migration] = [
@@ -137,5 +158,46 @@ ALTER TABLE sessions ADD COLUMN pruned_at TEXT;
         # page in the write-ahead log per step. Calls are found by id (settle), by open reservation
         # (crash repair: model_calls_open) and by guard (model_calls_guard); none by session and turn.
         sql="DROP INDEX IF EXISTS model_calls_session;",
+    ),
+    Migration(
+        version=4,
+        summary="the outbox: notifications written with the change they report, their deliveries and attempts",
+        # agent.outbox says why; the tables are the runtime's, written through its functions by any package.
+        sql="""
+CREATE TABLE outbox (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    grp TEXT,
+    payload TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    message_id TEXT
+);
+CREATE INDEX outbox_unsealed ON outbox(id) WHERE message_id IS NULL;
+CREATE INDEX outbox_message ON outbox(message_id) WHERE message_id IS NOT NULL;
+
+CREATE TABLE outbox_deliveries (
+    message_id TEXT NOT NULL,
+    sink TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'failed')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at TEXT NOT NULL,
+    last_error TEXT,
+    delivered_at TEXT,
+    PRIMARY KEY (message_id, sink)
+);
+CREATE INDEX outbox_deliveries_due ON outbox_deliveries(next_at) WHERE state = 'pending';
+
+CREATE TABLE outbox_attempts (
+    message_id TEXT NOT NULL,
+    sink TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    status INTEGER,
+    error TEXT,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (message_id, sink, attempt)
+);
+""",
     ),
 ]

@@ -119,6 +119,24 @@ def update_session(
     return row.model_copy(update={"guard_id": guard_id or row.guard_id, "config": merged})
 
 
+def sessions_with_workdir(
+    tx_or_conn: Tx | sqlite3.Connection, exact: list[str], low: str, high: str
+) -> list[SessionRow]:
+    """Sessions whose work directory is one of ``exact`` or sorts in ``[low, high)`` (a directory
+    and everything under it: ``low = path + "/"``, ``high = path + "0"``), oldest first."""
+    marks = ", ".join("?" * len(exact))
+    rows = (
+        _conn(tx_or_conn)
+        .execute(
+            f"SELECT * FROM sessions WHERE workdir IS NOT NULL"
+            f" AND (workdir IN ({marks}) OR (workdir >= ? AND workdir < ?)) ORDER BY id",
+            (*exact, low, high),
+        )
+        .fetchall()
+    )
+    return [_row(r) for r in rows]
+
+
 def list_sessions(
     tx_or_conn: Tx | sqlite3.Connection, prefix: str = SessionId.prefix, limit: int = 100
 ) -> list[SessionRow]:
@@ -152,3 +170,28 @@ def session_chain(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> list[
         .fetchall()
     )
     return [SessionId(r["id"]) for r in rows]
+
+
+def delete_session(tx: Tx, session_id: str) -> int:
+    """Delete a session with its subagent sessions and everything they hold (events, inbox, turns,
+    model calls); returns how many sessions went. The caller makes sure none of them is live or
+    holds queued work (an ended goal's session, say): this removes history for good.
+
+    Raises:
+        NotFound: no such session.
+    """
+    load_session(tx, session_id)
+    rows = tx.conn.execute(
+        "WITH RECURSIVE tree(id, depth) AS (SELECT id, 0 FROM sessions WHERE id=?"
+        " UNION ALL SELECT s.id, tree.depth + 1 FROM sessions s JOIN tree ON s.parent_session_id = tree.id"
+        " WHERE tree.depth < ?) SELECT id FROM tree",
+        (session_id, MAX_CHAIN),
+    ).fetchall()
+    ids = [str(r["id"]) for r in rows]
+    for sid in ids:
+        tx.execute("DELETE FROM events WHERE session_id=?", (sid,))
+        tx.execute("DELETE FROM inbox WHERE session_id=?", (sid,))
+        tx.execute("DELETE FROM model_calls WHERE session_id=?", (sid,))
+        tx.execute("DELETE FROM turns WHERE session_id=?", (sid,))
+        tx.execute("DELETE FROM sessions WHERE id=?", (sid,))
+    return len(ids)

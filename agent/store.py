@@ -11,11 +11,12 @@ transaction.
 Sequence numbers and each session's status are cached on the connection's thread and only
 changed by transaction functions, which that thread runs one at a time; a transaction's changes
 to the cache are applied only after its ``COMMIT``. Committed events are handed to the event loop
-in commit order from the same thread, before the caller's ``await`` returns.
+in commit order from the same thread, before the caller's ``await`` returns. Reading stored events
+is :mod:`agent.eventlog`'s.
 
 Storage failures (the disk full, an I/O error, a read-only file system) are told apart from
-every other database error: a transaction that meets one rolls back and raises
-:class:`~agent.errors.StorageUnavailable` with a hint of what to do. The store remembers the
+every other database error (:mod:`agent.storage`): a transaction that meets one rolls back and
+raises :class:`~agent.errors.StorageUnavailable` with a hint of what to do. The store remembers the
 condition (:meth:`Store.storage_health`), logs it once at error level, and clears it, logged,
 at the next commit that succeeds; :meth:`Store.wait_writable` lets whoever retries a write wake
 as soon as another write got through. Nothing polls: the writers' own retries are the probes.
@@ -37,10 +38,15 @@ from typing import Any, Literal, TypeVar
 import aiosqlite
 from loguru import logger
 
-from agent.errors import NotFound, SchemaTooNew, StorageUnavailable, StoreClosed
+from agent.errors import NotFound, StorageUnavailable, StoreClosed
+from agent.eventlog import first_kept_seq as first_kept_seq  # re-exported: its home moved
+from agent.eventlog import read_events as read_events  # re-exported: its home moved
 from agent.events import Event, EventHub, EventType
+from agent.migrate import apply_migrations, backup_into
 from agent.payloads import AgentStatus
 from agent.schema import MIGRATIONS, Migration
+from agent.storage import owner_only
+from agent.storage import storage_failure as storage_failure  # re-exported: its home moved
 
 T = TypeVar("T")
 Durability = Literal["normal", "full"]
@@ -133,46 +139,6 @@ class Tx:
         self._after.append(callback)
 
 
-def _owner_only(path: Path) -> None:
-    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        try:
-            if name.stat().st_mode & 0o077:
-                name.chmod(0o600)
-        except FileNotFoundError:
-            pass
-        except PermissionError:
-            logger.warning("{} is readable by others and not ours to change (chmod 600 it)", name)
-
-
-#: SQLite's primary result codes that mean the storage, not the statement, failed.
-_STORAGE_CODES = {
-    13: "the disk is full",  # SQLITE_FULL
-    10: "an I/O error",  # SQLITE_IOERR
-    8: "the database is read-only",  # SQLITE_READONLY
-    14: "a database file cannot be opened",  # SQLITE_CANTOPEN
-}
-
-
-def storage_failure(exc: BaseException, path: Path) -> StorageUnavailable | None:
-    """``exc`` as a :class:`StorageUnavailable` if it is a storage failure of the store at ``path``."""
-    if isinstance(exc, StorageUnavailable):
-        return exc
-    if not isinstance(exc, sqlite3.Error):
-        return None
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None or (code & 0xFF) not in _STORAGE_CODES:
-        return None
-    where = path.parent
-    match code & 0xFF:
-        case 13:
-            hint = f"free space on the file system of {where}; goald continues by itself"
-        case 8:
-            hint = f"make {where} and the database files writable by goald; goald continues by itself"
-        case _:
-            hint = f"check the disk and file system of {where} (dmesg); goald retries by itself"
-    return StorageUnavailable(str(exc), hint)
-
-
 class Store:
     """The goald store. Open with :meth:`open`; close with :meth:`close` (or ``async with``)."""
 
@@ -203,7 +169,7 @@ class Store:
         try:
             # Every prompt and tool output is in here: owner only, whatever the umask. SQLite creates
             # the WAL and SHM files with the database file's mode, so this comes before WAL mode.
-            _owner_only(path)
+            owner_only(path)
             # A new database frees pages back to the file system in bounded steps (retention's
             # ``incremental_vacuum``); the mode can only be chosen before the first table exists
             # (an older database switches with the offline ``goald store vacuum``).
@@ -239,42 +205,36 @@ class Store:
         await self.close()
 
     async def migrate(self, package: str, migrations: Sequence[Migration]) -> int:
-        """Apply ``package``'s migrations newer than the stored version; returns the version."""
+        """Apply ``package``'s migrations newer than the stored version, all in one transaction
+        (one that fails leaves the database as it was); returns the version.
+
+        Raises:
+            SchemaTooNew: a newer goald wrote the database; nothing was changed.
+        """
 
         def run(conn: sqlite3.Connection) -> int:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_versions (package TEXT NOT NULL, version INTEGER NOT NULL,"
-                " summary TEXT NOT NULL, applied_at TEXT NOT NULL, PRIMARY KEY (package, version))"
-            )
-            row = conn.execute(
-                "SELECT COALESCE(MAX(version), 0) FROM schema_versions WHERE package=?", (package,)
-            ).fetchone()
-            current = int(row[0])
-            known = max((m.version for m in migrations), default=0)
-            if current > known:
-                raise SchemaTooNew(
-                    f"the database has {package} schema version {current}; this goald knows up to {known}"
-                )
-            for m in sorted(migrations, key=lambda m: m.version):
-                if m.version <= current:
-                    continue
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in _split_sql(m.sql):
-                        conn.execute(statement)
-                    conn.execute(
-                        "INSERT INTO schema_versions(package, version, summary, applied_at) VALUES (?,?,?,?)",
-                        (package, m.version, m.summary, utcnow()),
-                    )
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                logger.debug("migrated {} schema to version {}: {}", package, m.version, m.summary)
-                current = m.version
-            return current
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = apply_migrations(conn, package, migrations)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return version
 
         return await self._call(lambda: run(self._raw()))
+
+    async def backup(self, dest: str | Path) -> dict[str, Any]:
+        """Write a consistent copy of the database to ``dest`` while the store serves
+        (:func:`backup_into`); returns ``path``, ``bytes`` and ``seconds``."""
+        target = Path(dest)
+
+        def copy(conn: sqlite3.Connection) -> int:
+            backup_into(conn, target)
+            return target.stat().st_size
+
+        size, seconds = await self.maintain(copy)
+        return {"path": str(target), "bytes": size, "seconds": round(seconds, 3)}
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -492,52 +452,3 @@ class Store:
     async def first_kept_seq(self, session_id: str) -> int | None:
         """The lowest sequence number still stored for the session (``None``: it has no events)."""
         return await self.read(lambda conn: first_kept_seq(conn, session_id))
-
-
-def read_events(
-    conn: sqlite3.Connection,
-    session_id: str,
-    after_seq: int,
-    *,
-    limit: int = 1000,
-    types: Sequence[str] | None = None,
-    upto: int | None = None,
-) -> list[Event]:
-    """Stored events of a session with ``after_seq < seq <= upto``, in order, at most ``limit``
-    (on the store thread: in a read, or in a transaction through ``tx.conn``)."""
-    high = upto if upto is not None else 2**62
-    if types:
-        marks = ",".join("?" * len(types))
-        rows = conn.execute(
-            "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=?"
-            f" AND type IN ({marks}) ORDER BY seq LIMIT ?",
-            (session_id, after_seq, high, *types, limit),
-        ).fetchall()
-    else:
-        rows = conn.execute(
-            "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=? ORDER BY seq LIMIT ?",
-            (session_id, after_seq, high, limit),
-        ).fetchall()
-    return [
-        Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"]) for r in rows
-    ]
-
-
-def first_kept_seq(conn: sqlite3.Connection, session_id: str) -> int | None:
-    """The lowest sequence number still stored for the session (``None``: it has no events)."""
-    row = conn.execute("SELECT MIN(seq) FROM events WHERE session_id=?", (session_id,)).fetchone()
-    return int(row[0]) if row is not None and row[0] is not None else None
-
-
-def _split_sql(script: str) -> list[str]:
-    # Split only where a statement is complete: a trigger body or a string literal holds ';' too.
-    statements, pending = [], ""
-    for piece in script.split(";"):
-        pending += piece + ";"
-        if sqlite3.complete_statement(pending):
-            if pending.strip(" \t\r\n;"):
-                statements.append(pending.strip())
-            pending = ""
-    if pending.strip(" \t\r\n;"):
-        statements.append(pending.strip())
-    return statements

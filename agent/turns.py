@@ -21,6 +21,8 @@ from agent.payloads import AgentStatus, AssistantMessage, EndReason, ToolResult,
 from agent.store import Tx
 
 OUTCOME_UNKNOWN = "interrupted: outcome unknown — verify before retrying"
+#: Text given to tool calls left without a result when a turn is cancelled or runs out of time.
+CANCELLED_TOOL_TEXT = "cancelled: the turn was interrupted before this call finished"
 
 
 class TurnEnd(BaseModel):

@@ -167,10 +167,13 @@ async def run_wave(rt: Runtime, engine: GoalEngine, first: int, count: int, roun
     remove = rt.store.hub.add_listener(on_event)
     try:
         for i in range(first, first + count):
+            # One goal at a time works in a directory (the engine refuses a second): one each.
+            own = workdir / f"goal-{i}"
+            own.mkdir(exist_ok=True)
             goal = await engine.create(
                 GoalSpec(
                     objective=f"This is bench goal {i}: run the report every round, {rounds} rounds.",
-                    workdir=str(workdir),
+                    workdir=str(own),
                     budgets=Budgets(max_rounds=rounds + 10),
                     rules=StopRules(stall_rounds=100_000, max_model_errors=5, error_backoff_seconds=0.01),
                 )

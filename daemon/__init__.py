@@ -19,7 +19,7 @@ Laid out by subsystem; the top level holds the process itself:
 Dependencies point down: the host builds the RPC dispatcher, the scheduler and the declared goals,
 which see it only as a :class:`~daemon.ports.HostPort` (or get the small service they use), so no
 module imports the host back. It owns the ``schedules`` and ``schedule_runs`` tables
-(:mod:`daemon.schedule.service`) and reads goals and sessions only through the ``goals`` and
+(:mod:`daemon.schedule.store`) and reads goals and sessions only through the ``goals`` and
 ``agent`` functions. Errors derive from :class:`daemon.errors.DaemonError`.
 """
 

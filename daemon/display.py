@@ -1,4 +1,10 @@
-"""How the CLI shows goals and events: plain lines, or a live panel on a terminal.
+"""How the CLI shows goals and events: plain lines, a table, a describe view, or a live panel on a
+terminal.
+
+Conventions, the same in every command: times in the local zone with its offset
+(``2026-05-01 14:03:07+02:00``; :func:`use_utc` for UTC), ages relative to now ("3m ago",
+"in 1m20s"), and one wording of each status reason (:func:`reason_text`: ``paused (by request)``,
+``completed (unverified: no verification)``), whatever the stored value's spelling.
 
 ``goal show --watch`` and ``goal logs --follow`` read the goal again (``goal/get``) after each event
 of its session rather than trusting ``goal/changed`` alone: a goal's rounds, tokens and cost move
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -73,9 +80,7 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
             return f"completion claimed: {claim.summary}"
         case GoalVerified() as verified:
             verdict = "passed" if verified.passed else "FAILED: the claim is refused"
-            lines = [
-                f"$ {r.cmd} -> {'timed out' if r.timed_out else 'exit ' + str(r.exit_code)}" for r in verified.results
-            ]
+            lines = [f"$ {r.cmd} -> {exit_text(r.model_dump())}" for r in verified.results]
             return f"verification {verdict}" + (f" ({'; '.join(lines)})" if lines else "")
         case GoalBlockedReported() as report:
             return f"blocked: {report.reason}"
@@ -110,13 +115,101 @@ def _goal_changed(changed: GoalChanged) -> str:
     )
 
 
-#: How a reason reads where its enum value alone would mislead (``completed (no_verification)``).
-_REASON_TEXT = {"no_verification": "unverified: no verification"}
+#: How each stored reason reads (one wording everywhere; older spellings map to the same words).
+_REASON_TEXT = {
+    "by_request": "by request",
+    "cancelled by request": "by request",
+    "verified": "verified",
+    "no_verification": "unverified: no verification",
+    "unverified": "unverified: completion claims refused",
+    "auth_error": "authentication failed",
+    "model_error": "model errors",
+    "stalled": "stalled: no progress",
+    "round_limit": "round limit reached",
+    "token_budget": "token budget spent",
+    "cost_budget": "cost budget spent",
+    "deadline": "deadline passed",
+    "wall_time": "wall time used up",
+    "workdir_missing": "work directory missing",
+}
 
 
-def reason_text(reason: str) -> str:
-    """A goal's status reason as the CLI shows it."""
-    return _REASON_TEXT.get(reason, reason)
+def reason_text(reason: str | None) -> str:
+    """A goal's status reason in plain words (``model_error: X`` reads ``model error: X``)."""
+    if not reason:
+        return ""
+    if reason in _REASON_TEXT:
+        return _REASON_TEXT[reason]
+    head, sep, rest = reason.partition(": ")
+    if sep and head in _REASON_TEXT:
+        return f"{head.replace('_', ' ')}: {rest}"
+    return reason
+
+
+def status_text(g: dict[str, Any]) -> str:
+    """``status (reason)`` of a goal as the protocol shows it."""
+    reason = reason_text(g.get("statusReason"))
+    return f"{g['status']} ({reason})" if reason else str(g["status"])
+
+
+# -- times -----------------------------------------------------------------------------------
+
+_UTC = [False]
+
+
+def use_utc(on: bool) -> None:
+    """Show times in UTC (``--utc``) rather than the local zone."""
+    _UTC[0] = on
+
+
+def parse_time(value: str | datetime | None) -> datetime | None:
+    """An ISO 8601 time as an aware datetime (naive ones are UTC)."""
+    if value is None or value == "":
+        return None
+    dt = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+def when(value: str | datetime | None, tz: Any = None) -> str:
+    """A time in the local zone (or ``tz``, or UTC with ``--utc``) with its offset, to the second."""
+    dt = parse_time(value)
+    if dt is None:
+        return "-"
+    zone = UTC if _UTC[0] else tz
+    return dt.astimezone(zone).isoformat(sep=" ", timespec="seconds")
+
+
+def span(seconds: float) -> str:
+    """A duration in a few characters: ``45s``, ``1m20s``, ``12m``, ``3h05m``, ``2d4h``."""
+    s = int(abs(seconds))
+    if s < 60:
+        return f"{s}s"
+    m, sec = divmod(s, 60)
+    if m < 10:
+        return f"{m}m{sec:02d}s" if sec else f"{m}m"
+    if m < 60:
+        return f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m" if m else f"{h}h"
+    d, h = divmod(h, 24)
+    return f"{d}d{h}h" if h else f"{d}d"
+
+
+def age(value: str | datetime | None, now: datetime | None = None) -> str:
+    """How long ago (``3m ago``) or how far ahead (``in 1m20s``) a time is."""
+    dt = parse_time(value)
+    if dt is None:
+        return "-"
+    delta = ((now or datetime.now(UTC)) - dt).total_seconds()
+    if abs(delta) < 1:
+        return "now"
+    return f"{span(delta)} ago" if delta > 0 else f"in {span(delta)}"
+
+
+def when_age(value: str | datetime | None, tz: Any = None) -> str:
+    """A time and its age: ``2026-05-01 14:03:07+02:00 (3m ago)``."""
+    return "-" if parse_time(value) is None else f"{when(value, tz)} ({age(value)})"
 
 
 def _budget(used: float, limit: float | None, fmt: str = "{:,.0f}") -> str:
@@ -126,24 +219,152 @@ def _budget(used: float, limit: float | None, fmt: str = "{:,.0f}") -> str:
 def goal_line(g: dict[str, Any]) -> str:
     """A one-line summary of a goal."""
     b = g.get("budgets", {})
-    reason = f" ({reason_text(g['statusReason'])})" if g.get("statusReason") else ""
     return (
-        f"{g['id']}  {g['status']}{reason}  rounds {_budget(g['rounds'], b.get('maxRounds'))}  "
+        f"{g['id']}  {status_text(g)}  rounds {_budget(g['rounds'], b.get('maxRounds'))}  "
         f"tokens {_budget(g['tokens'], b.get('maxTokensTotal'))}  cost {_budget(g['cost'], b.get('maxCost'), '{:.4f}')}"
         f"  {g['title']}"
     )
 
 
 def goal_lines(g: dict[str, Any]) -> list[str]:
-    """A goal in detail."""
+    """A goal in a few lines (the live panel of ``--watch`` and ``logs --follow``)."""
     lines = [goal_line(g), f"session {g['sessionId']}  workdir {g.get('workdir')}", f"objective: {g['objective']}"]
     for note in g.get("notes", [])[-5:]:
         lines.append(f"note: {note}")
     for r in g.get("lastVerification", []):
-        lines.append(f"verify: $ {r['cmd']} -> exit {r['exit_code']}")
+        lines.append(f"verify: $ {r['cmd']} -> {exit_text(r)}")
     if g.get("resultSummary"):
         lines.append(f"result: {g['resultSummary']}")
     return lines
+
+
+def exit_text(r: dict[str, Any]) -> str:
+    """How a command ended, in words where the code alone says little (127: command not found)."""
+    if r.get("timed_out") or r.get("timedOut"):
+        return "timed out"
+    code = r.get("exit_code", r.get("exitCode"))
+    meaning = {126: "not executable", 127: "command not found"}.get(code) if isinstance(code, int) else None
+    return f"exit {code}" + (f" ({meaning})" if meaning else "")
+
+
+#: The columns of ``goald goal list``.
+TABLE_HEADER = ("ID", "KEY", "STATUS", "REASON", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL")
+
+
+def goal_table(goals: list[dict[str, Any]]) -> list[str]:
+    """Goals as a table with a header line (columns as wide as their widest cell)."""
+    rows = [TABLE_HEADER] + [
+        (
+            str(g["id"]),
+            str(g.get("key") or "-"),
+            str(g["status"]),
+            reason_text(g.get("statusReason")) or "-",
+            age(g.get("createdAt")),
+            str(g["rounds"]) + (f"/{g['budgets']['maxRounds']}" if g.get("budgets", {}).get("maxRounds") else ""),
+            f"{g['tokens']:,}",
+            f"{g['cost']:.4f}",
+            str(g.get("model") or "-"),
+        )
+        for g in goals
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
+    right = {5, 6, 7}
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in rows
+    ]
+
+
+def _used(used: float, limit: float | None, fmt: str) -> str:
+    if limit is None:
+        return f"{fmt.format(used)} (no limit)"
+    return f"{fmt.format(used)} of {fmt.format(limit)} used, {fmt.format(max(limit - used, 0))} left"
+
+
+def _why(g: dict[str, Any], last_error: str | None) -> str | None:
+    """The plain-words cause of a goal's stop, with what to do, when the reason alone is terse."""
+    reason = str(g.get("statusReason") or "")
+    if g["status"] in ("active", "completed") and not last_error:
+        return None
+    if reason == "cost_budget" and last_error and "no price" in last_error:
+        model = g.get("model") or "its model"
+        return (
+            f"{last_error}: the cost budget cannot be counted for {model}; set its prices in the provider's"
+            " [providers.NAME.prices] table, or resume without a cost budget"
+        )
+    if reason == "auth_error":
+        return f"{last_error or 'the provider refused the credentials'}: fix the provider's key, then resume the goal"
+    return last_error
+
+
+def describe_lines(d: dict[str, Any]) -> list[str]:
+    """The ``goald goal show`` view of a ``goal/describe`` answer."""
+    g = d["goal"]
+    b = g.get("budgets") or {}
+    out = [f"goal:       {g['id']}" + (f"  (key {g['key']})" if g.get("key") else "")]
+    out.append(f"title:      {g['title']}")
+    out.append(f"objective:  {g['objective']}")
+    out.append(f"status:     {status_text(g)}")
+    why = _why(g, d.get("lastError"))
+    if why:
+        out.append(f"why:        {why}")
+    act = d.get("activity") or {}
+    until = f" until {when(act['until'])} ({age(act['until'])})" if act.get("until") else ""
+    out.append(f"activity:   {act.get('text', '-')}{until}")
+    model = f"model:      {g.get('model') or '-'}"
+    prov = d.get("provider")
+    if prov:
+        model += f"  (provider {prov['name']}: {breaker_words(prov.get('state'))}"
+        model += f"; last error: {str(prov['lastError'])[:120]})" if prov.get("lastError") else ")"
+    out.append(model)
+    out.append(f"rounds:     {_used(g['rounds'], b.get('maxRounds'), '{:,.0f}')}")
+    out.append(f"tokens:     {_used(g['tokens'], b.get('maxTokensTotal'), '{:,.0f}')}")
+    out.append(f"cost:       {_used(g['cost'], b.get('maxCost'), '{:.4f}')}")
+    if b.get("maxWallSeconds") is not None:
+        out.append(f"wall time:  {span(g.get('wallUsed') or 0)} of {span(b['maxWallSeconds'])}")
+    if b.get("deadline"):
+        out.append(f"deadline:   {when_age(b['deadline'])}")
+    out.append(f"created:    {when_age(g.get('createdAt'))}")
+    out.append(f"updated:    {when_age(g.get('updatedAt'))}")
+    out.append(f"workdir:    {g.get('workdir') or '-'}")
+    out.append(f"session:    {g['sessionId']}")
+    sched = d.get("schedule")
+    if sched:
+        key = f" (key {sched['key']})" if sched.get("key") else ""
+        out.append(f"schedule:   {sched['id']}{key}" + (" (removed since)" if sched.get("removed") else ""))
+    else:
+        out.append("schedule:   none (created directly)")
+    verify = g.get("verify") or []
+    out.append("verify:     " + ("; ".join(f"$ {v['cmd']}" for v in verify) if verify else "none (unverified)"))
+    refused = d.get("refusedVerification") or []
+    if refused:
+        out.append("last verification refused the completion claim:")
+        for r in refused:
+            out.append(f"  $ {r['cmd']} -> {exit_text(r)}")
+            tail = [line for line in str(r.get("outputTail") or "").splitlines() if line.strip()][-5:]
+            out.extend(f"    | {line[:200]}" for line in tail)
+    if g.get("resultSummary"):
+        out.append(f"result:     {g['resultSummary']}")
+    events = d.get("events") or []
+    out.append(f"last {len(events)} event(s):" if events else "events:     none")
+    for ev in events:
+        out.append(f"  [{ev['seq']:>5}] {when(ev['at'])} {describe_event(ev['type'], ev['data'])}")
+    return out
+
+
+def breaker_words(state: str | None) -> str:
+    """A provider breaker's state in words that do not read as "down" when all is well."""
+    match state:
+        case "closed":
+            return "ok (circuit closed)"
+        case "open":
+            return "failing (circuit open: calls wait)"
+        case "half_open":
+            return "recovering (circuit half-open: one probe call)"
+        case _:
+            return str(state or "unknown")
 
 
 class GoalDisplay:

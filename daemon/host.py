@@ -57,17 +57,23 @@ from agent import (
 )
 from agent.models.health import ProviderHealth
 from daemon import __version__
+from daemon.alerts import Alerts
+from daemon.alerts.rpc import register as register_notify
+from daemon.backup import upgrade_store
+from daemon.checks import StateDirUnusable, config_findings, socket_gid, state_dir_problem
 from daemon.declared import GoalsFileError, apply_declared, check_declared
 from daemon.errors import InvalidRunState
 from daemon.goal_sandbox import goal_policy, goal_redactor
 from daemon.lock import StateLock
+from daemon.metrics import LoopLag, Metrics, MetricsService, SlotSemaphore
 from daemon.models import build_registry
 from daemon.notify import Notifier, watchdog_loop
 from daemon.rpc.methods import build_dispatcher
 from daemon.rpc.server import ConnectionLimits, UnixServer, raise_nofile_limit, serve_stdio
 from daemon.schedule.firing import GoalFiring
 from daemon.schedule.service import Scheduler
-from daemon.settings import Settings, sandbox_profile
+from daemon.settings import ConfigError, Settings, load_settings, sandbox_profile
+from daemon.web.listen import bind_listeners
 from daemon.workdirs import Workdirs
 from goals import MIGRATIONS as GOAL_MIGRATIONS
 from goals import (
@@ -155,6 +161,7 @@ async def build_mcp_servers(settings: Settings) -> McpServers:
                     secrets=cfg.env,
                     bwrap=bwrap.path,
                     disable_userns=bwrap.disable_userns,
+                    unshare_ipc=bwrap.unshare_ipc,
                     read_only=(*s.sandbox_read_only_paths, *cfg.read_only_paths),
                     # Its own group for each start, under these caps (agent.tools.mcp).
                     limits=CommandLimits.of(
@@ -185,20 +192,26 @@ class Host:
     def __init__(self, settings: Settings, *, models: ModelRegistry | None = None) -> None:
         self.settings = settings
         self.healths: dict[str, ProviderHealth] = {}
-        self.models = models or build_registry(settings, self.healths)
+        #: Providers found in the configuration file by a reload that were not there at start, with the file.
+        self.added_providers: dict[str, str] = {}
+        self.models = models or build_registry(settings, self.healths, added=lambda: self.added_providers)
         self.state = RunState.STARTING
         self.started = time.monotonic()
         self.rt: Runtime | None = None
         self.engine: GoalEngine | None = None
         self.scheduler: Scheduler | None = None
         self._stop = asyncio.Event()
-        self._slots = asyncio.Semaphore(settings.max_concurrent_turns)
+        self._slots = SlotSemaphore(settings.max_concurrent_turns)  # counts the turns waiting (metrics)
+        #: Metrics file and endpoint (``[metrics]``); built when the store is open.
+        self.metrics: MetricsService | None = None
         #: systemd notifications; read from the environment when the daemon starts serving.
         self._notifier = Notifier(None)
         self.ready = asyncio.Event()
         #: How commands are sandboxed; detected when the daemon starts.
         self.sandboxing = SandboxProfile(unavailable="the daemon has not started")
         self.mcp = McpServers()
+        #: Notifications (``[notify]``): the outbox's sender, breaker watching, ``notify test``.
+        self.alerts = Alerts(settings.notify, lambda: self.sandboxing)
         #: Where sessions and goals work, inside the allowed roots.
         self.workdirs = Workdirs(settings.roots)
 
@@ -219,7 +232,14 @@ class Host:
             StateDirLocked: another process holds the state directory; nothing was written.
         """
         state_dir = self.settings.state_dir.expanduser()
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Before anything is written or logged: an unusable state directory is one line and exit 78
+        # (not a traceback and exit 1, which systemd would restart for ever).
+        existed = state_dir.is_dir()
+        problem = state_dir_problem(state_dir)
+        if problem is not None:
+            raise StateDirUnusable(problem)
+        if not existed:
+            logger.info("created the state directory {}", state_dir)
         # Before the store is opened or repaired, and before the socket is touched (daemon.lock);
         # the database's own lock too, wherever it lies: two state directories, one database.
         lock = StateLock(state_dir, self.settings.database_path)
@@ -231,16 +251,30 @@ class Host:
 
     async def _serve(self, *, stdio: bool) -> int:
         s = self.settings
+        # A group that does not exist refuses to start (exit 78) before the store opens.
+        group = socket_gid(s.socket_group) if s.socket_group is not None else None
         raise_nofile_limit()
         for root in s.roots:
-            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not root.is_dir():
+                root.mkdir(parents=True, exist_ok=True, mode=0o700)
+                # Said out loud: a typo in workdir_roots would otherwise become a new directory unseen.
+                log = logger.warning if s.workdir_roots else logger.info
+                log("created the work-directory root {} (workdir_roots): it did not exist", root)
         if s.goals_file is not None:
             # An invalid goals file refuses to start (GoalsFileError, exit 78) before the store opens.
-            check_declared(s.goals_file, self)
+            declared = check_declared(s.goals_file, self)
+            for finding in config_findings(s, self.models, declared):
+                if finding.key.startswith("goals file"):
+                    logger.warning("configuration: {}", finding)
         self._notifier = Notifier.from_env()
         self.sandboxing = sandbox_profile(s)
         loop = asyncio.get_running_loop()
         self._install_signals(loop)
+        # Before anything opens the store: a pending schema step is applied after a copy, all or nothing
+        # (a failure raises MigrationFailed, the database unchanged; daemon.backup).
+        await upgrade_store(s)
+        # [web]: its address bound now, so a port in use stops the start before the store opens.
+        web_sockets = bind_listeners(s.web) if s.web.enabled else []
         self.mcp = await build_mcp_servers(s)
         async with (
             self.mcp,
@@ -253,6 +287,7 @@ class Host:
             ) as rt,
         ):
             self.rt = rt
+            self.alerts.watch_breakers(self.healths, rt)
             engine = GoalEngine(
                 rt,
                 allowed_roots=s.roots,
@@ -266,8 +301,22 @@ class Host:
             await engine.start(defer=True)
             await self._start_scheduler()
             dispatcher = build_dispatcher(self)
-            server = UnixServer(s.socket_path, dispatcher, s.max_frame_bytes, limits=ConnectionLimits.of(s))
-            await server.start()
+            register_notify(dispatcher, self.alerts)
+            server = UnixServer(
+                s.socket_path, dispatcher, s.max_frame_bytes, limits=ConnectionLimits.of(s), group=group
+            )
+            try:
+                await server.start()
+            except PermissionError as exc:
+                raise ConfigError(
+                    f"socket_group {s.socket_group!r}: cannot give {s.socket_path} to that group ({exc.strerror});"
+                    " the daemon's user must be a member of it"
+                ) from None
+            try:
+                page = await self._start_web(dispatcher, rt, web_sockets)  # [web]: the status page, if enabled
+            except BaseException:
+                await server.stop()
+                raise
             stdio_task = rt.spawn(self._stdio(serve_stdio, dispatcher)) if stdio else None
             self._set_state(RunState.SERVING)
             self.ready.set()
@@ -281,6 +330,11 @@ class Host:
             retainer = None
             if s.retention.interval_seconds > 0:
                 retainer = rt.spawn(retention_loop(rt.store, s.retention.policy(s.roots), s.retention.interval_seconds))
+            self.metrics = MetricsService(
+                Metrics(rt.store, healths=self.healths, slots=self._slots, lag=LoopLag()), s.metrics
+            )
+            await self.metrics.start(rt.spawn)
+            alerts = rt.spawn(self.alerts.run(rt.store, self._healthy))
             try:
                 await self._stop.wait()
             finally:
@@ -291,12 +345,32 @@ class Host:
                     retainer.cancel()
                 if stdio_task is not None:
                     stdio_task.cancel()
+                if page is not None:
+                    await page.stop()
                 await server.stop()
                 if self.scheduler is not None:
                     await self.scheduler.stop()
                 await engine.stop()
+                await self.metrics.stop()  # the file's last write, before the store closes
+                alerts.cancel()
         self._set_state(RunState.STOPPED)
         return 0
+
+    async def _start_web(self, dispatcher: Any, rt: Runtime, sockets: list[Any]) -> Any:
+        """The status page (``[web]``) on its bound sockets, through the same dispatcher as the
+        control socket; ``None`` when it is off."""
+        if not sockets:
+            return None
+        # Imported here: a daemon without the page never loads its HTTP server.
+        from daemon.web.app import WebService
+
+        service = WebService(self, dispatcher, self.settings.web, sockets)
+        await service.start(rt.spawn)
+        return service
+
+    def _healthy(self) -> bool:
+        """Serving, and the store writes (what the dead-man request vouches for)."""
+        return self.state is RunState.SERVING and (self.rt is None or bool(self.rt.store.storage_health()["ok"]))
 
     async def _resume(self, rt: Runtime, engine: GoalEngine) -> None:
         await engine.follow_live_goals(decide=self.settings.resume_on_start)
@@ -341,6 +415,7 @@ class Host:
         Raises:
             GoalsFileError: the file is invalid (named in the message); nothing was changed.
         """
+        self._note_config_changes()
         if self.settings.goals_file is None or self.engine is None:
             return {"goals": 0, "schedules": 0}
         try:
@@ -351,6 +426,31 @@ class Host:
         except Exception:
             logger.exception("reloading {} failed; entries applied before the failure stay", self.settings.goals_file)
             raise
+
+    def _note_config_changes(self) -> None:
+        """Say which changes of the configuration file a reload does not apply (they need a
+        restart), and remember added providers so that their models are refused as such."""
+        path = self.settings.config_file
+        if path is None:
+            return
+        try:
+            fresh = load_settings(path)
+        except ConfigError as exc:
+            logger.warning("reload: the configuration file is invalid now; a restart would refuse it: {}", exc)
+            return
+        old, new = self.settings.providers, fresh.providers
+        self.added_providers = {name: str(path) for name in new if name not in old}
+        changed = [
+            key
+            for key in type(self.settings).model_fields
+            if key not in ("goals_file",) and getattr(fresh, key) != getattr(self.settings, key)
+        ]
+        if changed:
+            logger.warning(
+                "reload: {} changed ({}): a reload applies only the goals file; these need a restart",
+                path,
+                ", ".join(changed),
+            )
 
     async def _start_scheduler(self) -> None:
         assert self.rt is not None and self.engine is not None

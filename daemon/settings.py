@@ -43,7 +43,10 @@ from agent import (
 from agent.allowlist import etc_secrets
 from agent.limits import MIB, MIN_MEMORY_BYTES, MIN_PROCESSES, CommandLimits, limiter
 from agent.sandbox import BASE_VARIABLES
+from daemon.alerts.config import NotifySettings
 from daemon.errors import DaemonError
+from daemon.metrics import MetricsSettings
+from daemon.web.settings import WebSettings
 
 if TYPE_CHECKING:
     from goals.retention import RetentionPolicy
@@ -251,6 +254,10 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default_factory=lambda: _default_state_dir())
     database: Path | None = None
     socket: Path | None = None
+    #: A group (name or gid) that may use the control socket: the socket is then mode 0660 and owned
+    #: by that group (unset: 0600, the daemon's user only). Every call that changes state records the
+    #: caller's uid and pid in the event it writes.
+    socket_group: str | None = Field(default=None, min_length=1)
     durability: Literal["normal", "full"] = "normal"
     default_model: str = "scripted:demo"
     providers: dict[str, ProviderSettings] = {}
@@ -298,6 +305,14 @@ class Settings(BaseSettings):
     summary_model: str | None = None
     #: Retention of ended goals' history and work directories.
     retention: RetentionSettings = RetentionSettings()
+    #: Prometheus metrics: a file for the node exporter's textfile collector, an optional loopback endpoint.
+    metrics: MetricsSettings = MetricsSettings()
+    #: The journal's native socket, used when stderr is connected to the journal (``daemon.logs``).
+    journal_socket: Path = Path("/run/systemd/journal/socket")
+    #: Notifications: sinks, grouping, retries, the dead-man URL (:mod:`daemon.alerts`).
+    notify: NotifySettings = NotifySettings()
+    #: The status page (:mod:`daemon.web`): off unless ``enabled``; tokens via ``goald web token add``.
+    web: WebSettings = WebSettings()
 
     @field_validator("default_model", "summary_model")
     @classmethod
@@ -407,15 +422,32 @@ def _default_state_dir() -> Path:
     return Path(base) / "goald"
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, where: str) -> str:
+    """One line per error, each naming where the value came from: the file's key, or the
+    ``GOALD_*`` environment variable that overrides it (which the file cannot be blamed for)."""
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
-        lines.append(f"key {key!r}: {msg}")
+        variable = _env_variable(loc)
+        if variable is not None:
+            lines.append(f"environment variable {variable} (overrides {key!r}): {msg}")
+        else:
+            lines.append(f"{where}: key {key!r}: {msg}")
     return "; ".join(lines)
+
+
+def _env_variable(loc: list[str]) -> str | None:
+    """The ``GOALD_*`` variable that set the value at ``loc`` (or a table holding it), if any."""
+    present = {name.upper(): name for name in os.environ if name.upper().startswith("GOALD_")}
+    for end in range(len(loc), 0, -1):
+        wanted = "GOALD_" + "__".join(loc[:end]).upper()
+        if wanted in present:
+            return present[wanted]
+    return None
 
 
 #: The provider part of the example config's placeholder ``default_model``: refused until it is set.
@@ -429,7 +461,7 @@ def load_settings(path: Path | str | None = None, **overrides: Any) -> Settings:
         ConfigError: naming the file, the key and the reason.
     """
     data: dict[str, Any] = {}
-    where = "environment"
+    where = "defaults"
     if path is not None:
         where = str(path)
         try:
@@ -445,7 +477,7 @@ def load_settings(path: Path | str | None = None, **overrides: Any) -> Settings:
     try:
         settings = Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {_describe(exc)}") from None
+        raise ConfigError(_describe(exc, where)) from None
     if path is not None:
         settings._config_file = Path(path).expanduser().absolute()
     return settings

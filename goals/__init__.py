@@ -3,18 +3,22 @@
 ``goals`` imports ``agent`` and never the reverse; it knows nothing of sockets. Its public names
 are re-exported here.
 
-It owns the ``goals`` table (and its work-directory lock triggers): :mod:`goals.store` holds every
-query of it, and other packages read goals only through those functions (counts by status, the
-live goals, the live goal of a session or of a subagent's chain of sessions). It reaches the
+It owns the ``goals`` table (and its work-directory lock triggers): its schema (``schema``), the
+mapping of a goal to a row (``rows``), the reads (``queries``) and the writes (``store``, which
+re-exports the rest), and other packages read goals only through those functions (counts by
+status, the live goals, the live goal of a session or of a subagent's chain of sessions). It reaches the
 runtime's tables only through the runtime's functions (enqueue and cancel by pending key, attach a
 guard and settings to a session). Errors derive from :class:`~goals.errors.GoalError`.
 
 Modules: the goal and its lifecycle (``model``), the engine's loop (``engine``) and its parts
 (``facts``: an interval's events read into facts; ``measure``: the work directory and the goal's
-commands; ``policy``: the pure decision; ``timers``; ``creation``), the continuation text
-(``continuation``), the goal tools and tool policy (``tools``), verification and fingerprints
-(``verify``), work-directory claims (``locks``), queries of the ``goals`` table (``store``), event
-payloads (``payloads``), pruning (``retention``) and errors (``errors``).
+commands; ``policy``: the pure decision, with its input and output types in ``decision`` and the
+budget arithmetic in ``budgets``; ``evaluations``: one evaluation per goal at a time, retried;
+``timers``; ``creation``; ``operations``: a person's pause, resume, cancel, edit and delete), the
+continuation text (``continuation``), the goal tools and tool policy (``tools``), verification and
+fingerprints (``verify``), work-directory claims (``locks``), the ``goals`` table (``schema``,
+``rows``, ``queries``, ``store``), event payloads (``payloads``), pruning (``retention``) and errors
+(``errors``).
 """
 
 from goals.continuation import quote, render, stable_part
@@ -42,6 +46,7 @@ from goals.payloads import (
     GoalBlockedReported,
     GoalChanged,
     GoalClaimed,
+    GoalEdited,
     GoalProgressNoted,
     GoalVerified,
 )
@@ -60,6 +65,7 @@ from goals.store import (
     GOAL_BLOCKED,
     GOAL_CHANGED,
     GOAL_CLAIM,
+    GOAL_EDITED,
     GOAL_PROGRESS,
     GOAL_VERIFIED,
     MIGRATIONS,
@@ -74,6 +80,7 @@ from goals.store import (
     live_goals,
     load_goal,
     pending_key,
+    schedule_of,
 )
 from goals.tools import (
     GOAL_TOOL_NAMES,
@@ -91,6 +98,7 @@ __all__ = [
     "GOAL_BLOCKED",
     "GOAL_CHANGED",
     "GOAL_CLAIM",
+    "GOAL_EDITED",
     "GOAL_PAYLOADS",
     "GOAL_PROGRESS",
     "GOAL_TOOL_NAMES",
@@ -109,6 +117,7 @@ __all__ = [
     "GoalClaimed",
     "GoalComplete",
     "GoalConflict",
+    "GoalEdited",
     "GoalEngine",
     "GoalError",
     "GoalId",
@@ -157,6 +166,7 @@ __all__ = [
     "run_all",
     "run_command",
     "sandboxed_runner",
+    "schedule_of",
     "stable_part",
     "tools_for_goal_sessions",
     "transition",

@@ -10,16 +10,17 @@ A repeated ``idempotency_key`` returns the goal first created with it, writing n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent import SessionId, ToolPolicy, Tx, create_guard, create_session, load_session, update_session
+from goals.budgets import guard_limits
 from goals.continuation import render
 from goals.errors import GoalConflict, InvalidGoal
 from goals.locks import claim_workdir
 from goals.model import Goal, GoalId, GoalMemory, GoalSpec, GoalStatus
-from goals.policy import guard_limits
 from goals.store import (
     emit_changed,
     goal_by_idempotency_key,
@@ -39,6 +40,7 @@ def create_goal(
     baseline: str | None,
     policy: ToolPolicy | None,
     now: datetime,
+    caller: Mapping[str, int] | None = None,
 ) -> tuple[Goal, bool]:
     """Create the goal of ``spec`` in ``tx``; ``(goal, created)``, where a repeated idempotency key
     returns the goal first created with it and ``created`` false.
@@ -62,7 +64,7 @@ def create_goal(
         raise InvalidGoal("a progress command needs a work directory: give the goal a workdir")
     goal = draft.model_copy(update={"session_id": sid, "guard_id": guard_id})
     claim_workdir(tx, goal)
-    emit_changed(tx, None, goal)
+    emit_changed(tx, None, goal, caller)
     goal = goal.model_copy(update={"evaluated_seq": tx.state(sid).last_seq})
     goal = issue_continuation(tx, goal, 1, render(goal, 1, now))
     insert_goal(tx, goal)
@@ -88,6 +90,7 @@ def _draft(spec: GoalSpec, goal_id: GoalId, workdir: Path | None, baseline: str 
         rules=spec.rules,
         progress=spec.progress,
         sandbox=spec.sandbox,
+        keep_workdir=spec.keep_workdir,
         memory=GoalMemory(fingerprint=baseline),
         active_since=now,
         created_at=now,
@@ -128,4 +131,27 @@ def _bind_session(
     return draft, sid
 
 
-__all__ = ["create_goal"]
+def check_workdir(raw: str | None, allowed_roots: list[Path] | None) -> Path | None:
+    """The goal's work directory as given, resolved: absolute, inside ``allowed_roots`` (when
+    there are any) and an existing directory.
+
+    Raises:
+        InvalidGoal: naming what is wrong with it.
+    """
+    if raw is None:
+        return None
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        raise InvalidGoal(f"workdir {raw!r} must be an absolute path: give the full path")
+    path = path.resolve()
+    if allowed_roots is not None and not any(
+        path == root.resolve() or path.is_relative_to(root.resolve()) for root in allowed_roots
+    ):
+        roots = ", ".join(str(r) for r in allowed_roots) or "none configured"
+        raise InvalidGoal(f"workdir {raw!r} is outside the allowed work-directory roots ({roots})")
+    if not path.is_dir():
+        raise InvalidGoal(f"workdir {raw!r} does not exist or is not a directory: create it first")
+    return path
+
+
+__all__ = ["check_workdir", "create_goal"]

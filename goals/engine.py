@@ -19,14 +19,17 @@ queued, nothing running and no timer set.
 The engine is the loop and the transactions around the decision; the parts have their own
 modules: reading the interval's events (:mod:`goals.facts`), measuring the work directory and
 running the goal's commands (:mod:`goals.measure`), the decision (:mod:`goals.policy`), the
-timers (:mod:`goals.timers`) and creating a goal (:mod:`goals.creation`).
+timers (:mod:`goals.timers`), running evaluations one at a time per goal with their retries
+(:mod:`goals.evaluations`), creating a goal (:mod:`goals.creation`) and a person's changes to it
+(:mod:`goals.operations`: the transactions behind pause, resume, cancel, edit and delete).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -40,42 +43,47 @@ from agent import (
     NotFound,
     Runtime,
     SessionId,
-    StorageUnavailable,
+    SessionState,
     Tx,
     is_idle,
     read_events,
-    update_guard,
 )
-from goals.continuation import render
-from goals.creation import create_goal
-from goals.errors import InvalidGoal, StaleDecision
+from goals.budgets import guard_limits
+from goals.creation import check_workdir, create_goal
+from goals.decision import Decision, DecisionKind, PolicyInput
+from goals.errors import GoalError, InvalidGoal, StaleDecision
+from goals.evaluations import EvaluationRuns
 from goals.facts import interval_facts
-from goals.locks import claim_workdir
 from goals.measure import Measured, measure
 from goals.model import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopReason, VerifyCommand
-from goals.policy import Decision, DecisionKind, PolicyInput, budget_spent, decide, guard_limits
+from goals.operations import (
+    change_status,
+    check_edit,
+    delete_goal,
+    edit_goal,
+    log_change,
+    log_deleted,
+    paused_for,
+    resume_goal,
+)
+from goals.policy import decide
 from goals.store import (
     GOAL_VERIFIED,
     MIGRATIONS,
-    cancel_continuation,
-    continuation_queued,
     emit_changed,
+    goals_of_session,
     issue_continuation,
     list_goals,
     live_goals,
     load_goal,
     resolve_goal_id,
     save_goal,
-    set_status,
 )
 from goals.timers import GoalTimers, due_of
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
 from goals.verify import CommandRunner, fingerprint, run_command
 
 DecisionListener = Callable[[PolicyInput, Decision], None]
-#: First and longest wait before a failed evaluation is tried again.
-EVAL_RETRY_FIRST = 1.0
-EVAL_RETRY_MAX = 30.0
 Clock = Callable[[], datetime]
 
 
@@ -108,15 +116,10 @@ class GoalEngine:
         self.allowed_roots = allowed_roots
         self._sessions: dict[str, str] = {}
         self._timers = GoalTimers(clock, timer_interval, self.kick)
-        self._evaluating: set[str] = set()
-        self._dirty: set[str] = set()
-        #: Failed evaluations in a row, by goal (for the retry's backoff).
-        self._failures: dict[str, int] = {}
+        self._runs = EvaluationRuns(runtime.spawn, self._evaluate_once, self._retry_later)
         self._listeners: list[DecisionListener] = []
         self._remove: Callable[[], None] | None = None
         self._timer_task: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -152,7 +155,7 @@ class GoalEngine:
         for goal in goals:
             self._track(goal)
         if decide:
-            await asyncio.gather(*(self._evaluate_loop(g.id) for g in goals if g.status is GoalStatus.ACTIVE))
+            await asyncio.gather(*(self._runs.run(g.id) for g in goals if g.status is GoalStatus.ACTIVE))
         return sum(1 for g in goals if g.status.live)
 
     async def stop(self) -> None:
@@ -168,9 +171,7 @@ class GoalEngine:
 
     async def settled(self) -> None:
         """Wait until no evaluation is running."""
-        while self._evaluating:
-            self._idle.clear()
-            await self._idle.wait()
+        await self._runs.settled()
 
     @property
     def live_goal_count(self) -> int:
@@ -184,14 +185,17 @@ class GoalEngine:
 
     # -- the public API --------------------------------------------------------------------
 
-    async def create(self, spec: GoalSpec, *, goal_id: GoalId | None = None) -> Goal:
+    async def create(
+        self, spec: GoalSpec, *, goal_id: GoalId | None = None, caller: Mapping[str, int] | None = None
+    ) -> Goal:
         """Create a goal; round 1's continuation is enqueued in the same transaction.
 
-        A repeated ``idempotency_key`` returns the goal first created with it.
+        A repeated ``idempotency_key`` returns the goal first created with it. ``caller`` (uid, pid)
+        is recorded in the creation's ``goal/changed`` event.
         """
         if self.model_check is not None:
             self.model_check(spec.model)
-        workdir = self._check_workdir(spec.workdir)
+        workdir = check_workdir(spec.workdir, self.allowed_roots)
         # The work directory as it is at creation: round 1's progress is measured against it.
         baseline = await asyncio.to_thread(fingerprint, workdir) if workdir is not None else None
         now = self.clock()
@@ -200,10 +204,11 @@ class GoalEngine:
 
         goal, created = await self.store.transact(
             lambda tx: create_goal(
-                tx, spec, goal_id=goal_id, workdir=workdir, baseline=baseline, policy=policy, now=now
+                tx, spec, goal_id=goal_id, workdir=workdir, baseline=baseline, policy=policy, now=now, caller=caller
             )
         )
         if created:
+            log_change(None, goal)
             self._track(goal)
             await self._attach(goal)
         return goal
@@ -212,74 +217,93 @@ class GoalEngine:
         """A goal by id or unique id prefix."""
         return await self.store.read(lambda conn: load_goal(conn, resolve_goal_id(conn, goal_ref)))
 
-    async def list_goals(self, status: GoalStatus | str | None = None) -> list[Goal]:
-        """Goals, newest first, optionally of one status."""
+    async def list_goals(
+        self, status: GoalStatus | str | None = None, *, schedule_id: str | None = None, since: datetime | None = None
+    ) -> list[Goal]:
+        """Goals, newest first; optionally of one status, of one schedule, created since a time."""
         wanted = GoalStatus(status) if status is not None else None
-        return await self.store.read(lambda conn: list_goals(conn, wanted))
+        return await self.store.read(lambda conn: list_goals(conn, wanted, schedule_id=schedule_id, since=since))
 
-    async def pause(self, goal_ref: str, reason: str = StopReason.BY_REQUEST) -> Goal:
+    async def pause(
+        self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Mapping[str, int] | None = None
+    ) -> Goal:
         """Pause: a queued continuation is cancelled; a running turn finishes; nothing new starts."""
-        return await self._change(goal_ref, GoalStatus.PAUSED, reason, "goal paused")
+        return await self._change(goal_ref, GoalStatus.PAUSED, reason, "goal paused", caller)
 
-    async def cancel(self, goal_ref: str, reason: str = "cancelled by request") -> Goal:
+    async def cancel(
+        self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Mapping[str, int] | None = None
+    ) -> Goal:
         """Cancel: the queued continuation is cancelled and a running turn is interrupted."""
-        goal = await self._change(goal_ref, GoalStatus.CANCELLED, reason, "goal cancelled")
+        goal = await self._change(goal_ref, GoalStatus.CANCELLED, reason, "goal cancelled", caller)
         agent = self.rt.live_agents.get(goal.session_id)
         if agent is not None:
             await agent.interrupt()
         return goal
 
-    async def resume(self, goal_ref: str, budgets: Budgets | None = None, *, reopen: bool = False) -> Goal:
+    async def resume(
+        self,
+        goal_ref: str,
+        budgets: Budgets | None = None,
+        *,
+        reopen: bool = False,
+        caller: Mapping[str, int] | None = None,
+    ) -> Goal:
         """Resume a paused or exhausted goal (an exhausted one needs budgets that are not spent).
 
         ``reopen``: an ended goal (completed, failed, cancelled) may be resumed too, with its own
         budgets (which must not be spent): a person's message to it asked for that explicitly.
         """
         now = self.clock()
-
-        def run(tx: Tx) -> Goal:
-            goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
-            before = goal.status
-            st = tx.state(goal.session_id)
-            if before is GoalStatus.PAUSED and st.status is AgentStatus.IDLE and st.last_seq > goal.evaluated_seq:
-                # The session went idle after the pause, and the engine has not counted that interval
-                # yet: count it here (the paused goal's bookkeeping), so a round that ran is counted
-                # once and the next continuation gets the next number.
-                events = read_events(tx.conn, goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
-                goal = decide(PolicyInput(goal, interval_facts(goal, events, st.last_seq), now)).goal
-            if budgets is not None:
-                goal = goal.model_copy(update={"budgets": budgets})
-            if before is GoalStatus.EXHAUSTED or (reopen and not before.live):
-                spent = budget_spent(goal, now)
-                if spent is not None:
-                    raise InvalidGoal(f"the goal is still out of budget ({spent.value}): raise that budget to resume")
-                # An ended goal let go of its work directory; another may have taken it since.
-                claim_workdir(tx, goal)
-            goal = set_status(tx, goal, GoalStatus.ACTIVE, None, now, reopen=reopen)
-            goal = goal.model_copy(
-                update={
-                    "stall_streak": 0,
-                    "error_streak": 0,
-                    "blocked_streak": 0,
-                    "refused_claims": 0,
-                    "not_before": None,
-                    "memory": goal.memory.model_copy(update={"warned_stall": False}),
-                }
-            )
-            pending = goal.memory.pending_claim is not None
-            if st.status is AgentStatus.IDLE and not continuation_queued(tx, goal) and not pending:
-                goal = issue_continuation(tx, goal, goal.rounds + 1, render(goal, goal.rounds + 1, now))
-            update_guard(tx, goal.guard_id, guard_limits(goal, now))
-            saved = save_goal(tx, goal, goal.revision)
-            emit_changed(tx, before, saved)
-            return saved
-
-        goal = await self.store.transact(run)
+        goal, before = await self.store.transact(
+            lambda tx: resume_goal(tx, goal_ref, now, budgets=budgets, reopen=reopen, caller=caller)
+        )
+        log_change(before, goal)
         await self._sync_guard(goal)
         self._track(goal)
         if goal.memory.pending_claim is not None:
             self.kick(goal.id)  # a claim made while paused is decided now (verified at this idle)
         return goal
+
+    async def resume_all(
+        self, reason: str | None = None, *, caller: Mapping[str, int] | None = None
+    ) -> list[tuple[str, Goal | Exception]]:
+        """Resume every paused goal (with ``reason``: only those paused for it, e.g. ``auth_error``
+        after a key was fixed; a reason such as ``model_error: ...`` matches ``model_error``).
+
+        Each goal is resumed on its own: one that cannot be (it changed meanwhile) is reported
+        with its error and the others go on. Returns ``(goal id, resumed goal or error)``.
+        """
+        paused = await self.list_goals(GoalStatus.PAUSED)
+        out: list[tuple[str, Goal | Exception]] = []
+        for goal in sorted(paused, key=lambda g: g.id):
+            if not paused_for(goal, reason):
+                continue
+            try:
+                out.append((goal.id, await self.resume(goal.id, caller=caller)))
+            except (GoalError, InvalidInput, NotFound) as exc:
+                out.append((goal.id, exc))
+        return out
+
+    async def delete(self, goal_ref: str) -> tuple[Goal, int]:
+        """Delete an ended goal, and its session with the session's events when no other goal ran
+        on it; returns the goal as it was and how many sessions went. The work directory stays.
+
+        Raises:
+            InvalidGoal: the goal is active or paused (cancel it first).
+        """
+        goal = await self.get(goal_ref)
+        if goal.status.live:
+            raise InvalidGoal(f"goal {goal.id} is {goal.status.value}: cancel it before deleting it")
+        on_session = await self.store.read(lambda conn: goals_of_session(conn, goal.session_id))
+        others = [g for g in on_session if g != goal.id]
+        if not others:
+            # An ended goal's session is idle; a loaded agent is let go before its rows are.
+            await self.rt.unload(goal.session_id)
+
+        sessions = await self.store.transact(lambda tx: delete_goal(tx, goal.id, None if others else goal.session_id))
+        self._forget(goal)
+        log_deleted(goal, sessions)
+        return goal, sessions
 
     async def update(
         self,
@@ -290,35 +314,26 @@ class GoalEngine:
         budgets: Budgets | None = None,
         verify: list[VerifyCommand] | None = None,
         progress: VerifyCommand | Literal["unchanged"] | None = "unchanged",
+        caller: Mapping[str, int] | None = None,
     ) -> Goal:
         """Edit a goal's objective, title, budgets, verification or progress command (durable; used
-        from the next round). ``progress=None`` removes the progress command."""
+        from the next round). ``progress=None`` removes the progress command. What changed (each
+        field before and after) and ``caller`` are recorded in a ``goal/edited`` event."""
         now = self.clock()
-        if objective is not None and not objective.strip():
-            raise InvalidGoal("objective must not be empty: say what the goal should achieve")
-        if title is not None and not title.strip():
-            raise InvalidGoal("title must not be blank: give a title, or none to use the objective's first line")
-
-        def run(tx: Tx) -> Goal:
-            goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
-            changes: dict[str, Any] = {}
-            if objective is not None:
-                changes["objective"] = objective
-            if title is not None:
-                changes["title"] = title
-            if budgets is not None:
-                changes["budgets"] = budgets
-            if verify is not None:
-                changes["verify"] = verify
-            if progress != "unchanged":
-                if progress is not None and not goal.workdir:
-                    raise InvalidGoal("a progress command needs a work directory: this goal has none to run it in")
-                changes["progress"] = progress
-            goal = goal.model_copy(update=changes)
-            update_guard(tx, goal.guard_id, guard_limits(goal, now))
-            return save_goal(tx, goal, goal.revision)
-
-        goal = await self.store.transact(run)
+        check_edit(objective, title)
+        goal = await self.store.transact(
+            lambda tx: edit_goal(
+                tx,
+                goal_ref,
+                now,
+                objective=objective,
+                title=title,
+                budgets=budgets,
+                verify=verify,
+                progress=progress,
+                caller=caller,
+            )
+        )
         await self._sync_guard(goal)
         self._track(goal)
         return goal
@@ -326,42 +341,13 @@ class GoalEngine:
     # -- evaluation ------------------------------------------------------------------------
 
     def kick(self, goal_id: str) -> None:
-        """Ask for an evaluation of ``goal_id`` (coalesced with one in flight)."""
-        if goal_id in self._evaluating:
-            self._dirty.add(goal_id)
-            return
-        self.rt.spawn(self._evaluate_loop(goal_id))
+        """Ask for an evaluation of ``goal_id`` (coalesced with one in flight: :mod:`goals.evaluations`)."""
+        self._runs.kick(goal_id)
 
-    async def _evaluate_loop(self, goal_id: str) -> None:
-        if goal_id in self._evaluating:
-            self._dirty.add(goal_id)
-            return
-        self._evaluating.add(goal_id)
-        self._idle.clear()
-        try:
-            again = True
-            while again:
-                self._dirty.discard(goal_id)
-                try:
-                    again = await self.evaluate(goal_id) == "stale"
-                except StorageUnavailable as exc:
-                    # The store logged the failure once; the retry's timer is in memory only.
-                    logger.warning("goal {}: the decision was not committed ({}); it is retried", goal_id, exc)
-                    await self._retry_later(goal_id)
-                    again = False
-                except Exception:
-                    logger.exception("evaluating goal {} failed; it is retried", goal_id)
-                    await self._retry_later(goal_id)
-                    again = False
-                else:
-                    self._failures.pop(goal_id, None)
-                again = again or goal_id in self._dirty
-        finally:
-            self._evaluating.discard(goal_id)
-            if not self._evaluating:
-                self._idle.set()
+    async def _evaluate_once(self, goal_id: str) -> bool:
+        return await self.evaluate(goal_id) == "stale"
 
-    async def _retry_later(self, goal_id: str) -> None:
+    async def _retry_later(self, goal_id: str, failures: int, delay: float) -> None:
         """After a failed evaluation: evaluate again after a backoff, like any idle not yet decided.
 
         The retry's time is made durable as the goal's ``not_before`` (so a restart, which
@@ -369,8 +355,6 @@ class GoalEngine:
         timer covers the retry either way. A goal is thus never left ``active`` with nothing
         queued, nothing running and no timer set.
         """
-        failures = self._failures[goal_id] = self._failures.get(goal_id, 0) + 1
-        delay = min(EVAL_RETRY_MAX, EVAL_RETRY_FIRST * 2 ** (failures - 1))
         due = self.clock() + timedelta(seconds=delay)
 
         def run(tx: Tx) -> None:
@@ -388,14 +372,15 @@ class GoalEngine:
 
     async def evaluate(self, goal_id: str) -> Decision | str | None:
         """Decide for one goal at its session's current idle; returns the decision, "stale" or ``None``."""
-        goal = await self.store.read(lambda conn: load_goal(conn, goal_id))
+        # The goal, its session's state and the round's events in one hop to the store thread and
+        # one snapshot (a transaction that writes nothing: the session's state is read as a
+        # transaction sees it); only the events after the last evaluation are read.
+        goal, st, events = await self.store.transact(lambda tx: _round_of(tx, goal_id))
         if not goal.status.live:
             self._forget(goal)
             return None
-        st = await self.store.session_state(goal.session_id)
         if st.status is not AgentStatus.IDLE or st.open_turn is not None:
             return None
-        events = await self.store.events_after(goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
         interval = interval_facts(goal, events, st.last_seq)
         now = self.clock()
         measured = await measure(goal, interval, self._runner(goal))
@@ -417,6 +402,7 @@ class GoalEngine:
             saved = await self.store.transact(lambda tx: _commit(tx, goal, st.status_seq, decision, measured))
         except StaleDecision:
             return "stale" if (await self.store.session_state(goal.session_id)).status is AgentStatus.IDLE else None
+        log_change(goal.status, saved)
         for listener in list(self._listeners):
             try:
                 listener(inp, decision)
@@ -429,19 +415,19 @@ class GoalEngine:
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _change(self, goal_ref: str, status: GoalStatus, reason: str, cancel_reason: str) -> Goal:
+    async def _change(
+        self,
+        goal_ref: str,
+        status: GoalStatus,
+        reason: str,
+        cancel_reason: str,
+        caller: Mapping[str, int] | None = None,
+    ) -> Goal:
         now = self.clock()
-
-        def run(tx: Tx) -> Goal:
-            goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
-            before = goal.status
-            goal = set_status(tx, goal, status, reason, now)
-            cancel_continuation(tx, goal, cancel_reason)
-            saved = save_goal(tx, goal, goal.revision)
-            emit_changed(tx, before, saved)
-            return saved
-
-        goal = await self.store.transact(run)
+        goal, before = await self.store.transact(
+            lambda tx: change_status(tx, goal_ref, status, reason, cancel_reason, now, caller)
+        )
+        log_change(before, goal)
         self._track(goal)
         return goal
 
@@ -466,22 +452,6 @@ class GoalEngine:
             return goal
         logger.error("goal {} failed: {}", goal.id, fault)
         return await self._change(goal.id, GoalStatus.FAILED, fault, "goal failed")
-
-    def _check_workdir(self, raw: str | None) -> Path | None:
-        if raw is None:
-            return None
-        path = Path(raw).expanduser()
-        if not path.is_absolute():
-            raise InvalidGoal(f"workdir {raw!r} must be an absolute path: give the full path")
-        path = path.resolve()
-        if self.allowed_roots is not None and not any(
-            path == root.resolve() or path.is_relative_to(root.resolve()) for root in self.allowed_roots
-        ):
-            roots = ", ".join(str(r) for r in self.allowed_roots) or "none configured"
-            raise InvalidGoal(f"workdir {raw!r} is outside the allowed work-directory roots ({roots})")
-        if not path.is_dir():
-            raise InvalidGoal(f"workdir {raw!r} does not exist or is not a directory: create it first")
-        return path
 
     async def _attach(self, goal: Goal) -> None:
         agent = self.rt.live_agents.get(goal.session_id)
@@ -516,6 +486,20 @@ class GoalEngine:
         goal_id = self._sessions.get(event.session_id)
         if goal_id is not None:
             self.kick(goal_id)
+
+
+def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:
+    """What an evaluation reads: the goal, its session's state, and (when the session is idle)
+    the events after the goal's last evaluation up to that idle."""
+    goal = load_goal(tx, goal_id)
+    st = tx.state(goal.session_id)
+    live_idle = goal.status.live and st.status is AgentStatus.IDLE and st.open_turn is None
+    events = (
+        read_events(tx.conn, goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
+        if live_idle
+        else []
+    )
+    return goal, dataclasses.replace(st), events
 
 
 def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: Measured) -> Goal:

@@ -36,9 +36,9 @@ from agent import (
     ToolUseBlock,
     TurnEnded,
 )
+from goals.decision import Claim, ContinuationFate, Interval
 from goals.model import Goal
 from goals.payloads import GoalBlockedReported, GoalClaimed, GoalProgressNoted
-from goals.policy import Claim, ContinuationFate, Interval
 from goals.tools import GOAL_TOOL_NAMES
 
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent import Tx, list_sessions
+from agent import Tx, sessions_with_workdir
 from goals.errors import GoalConflict
 from goals.model import Goal
-from goals.store import goal_from_row
+from goals.rows import goal_from_row
 
 
 def _canonical(raw: str) -> Path:
@@ -32,12 +32,26 @@ def _canonical(raw: str) -> Path:
     return Path(raw).expanduser().resolve()
 
 
+def _near(path: Path) -> tuple[str, list[str], str, str]:
+    """SQL that keeps the stored work directories equal to ``path``, around it or inside it:
+    ``(condition, params...)``. Stored directories are canonical (resolved when the goal or session
+    was made), so comparing strings finds them without resolving every stored path: the cost of a
+    check does not grow with the number of goals and sessions."""
+    ancestors = [str(path), *(str(p) for p in path.parents)]
+    inside = str(path).rstrip("/") + "/"
+    # Every string that starts with ``inside`` sorts in [inside, inside with '/' bumped to '0').
+    condition = f"(workdir IN ({', '.join('?' * len(ancestors))}) OR (workdir >= ? AND workdir < ?))"
+    return condition, ancestors, inside, inside[:-1] + "0"
+
+
 def workdir_holder(tx: Tx, workdir: str, goal_id: str) -> Goal | None:
     """The live goal other than ``goal_id`` whose work directory is ``workdir``, inside it or around it."""
     path = _canonical(workdir)
+    condition, ancestors, low, high = _near(path)
     rows = tx.all(
-        "SELECT * FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL AND id != ? ORDER BY id",
-        (goal_id,),
+        f"SELECT * FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL AND id != ?"
+        f" AND {condition} ORDER BY id",
+        (goal_id, *ancestors, low, high),
     )
     for row in rows:
         other = _canonical(row["workdir"])
@@ -58,10 +72,14 @@ def check_nesting(tx: Tx, workdir: str) -> None:
         GoalConflict: naming the session or goal in the way.
     """
     mine = _canonical(workdir)
-    for session in list_sessions(tx, limit=1 << 30):
+    condition, ancestors, low, high = _near(mine)
+    for session in sessions_with_workdir(tx, ancestors, low, high):
         if session.workdir is not None and _strictly_nested(mine, other := _canonical(session.workdir)):
             raise GoalConflict(_nested_message(mine, other, f"session {session.id}"))
-    rows = tx.all("SELECT id, workdir FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL")
+    rows = tx.all(
+        f"SELECT id, workdir FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL AND {condition}",
+        (*ancestors, low, high),
+    )
     for row in rows:
         if _strictly_nested(mine, other := _canonical(row["workdir"])):
             raise GoalConflict(_nested_message(mine, other, f"goal {row['id']}"))

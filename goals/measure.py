@@ -20,8 +20,8 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from goals.decision import ContinuationFate, Interval
 from goals.model import Goal, GoalStatus, VerifyResult
-from goals.policy import ContinuationFate, Interval
 from goals.verify import CommandRunner, fingerprint, progress_digest, run_all
 
 

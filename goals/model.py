@@ -254,6 +254,10 @@ class GoalSpec(BaseModel):
     #: state), run in the goal's sandbox at each idle that ends a round: a changed output is progress.
     progress: VerifyCommand | None = None
     sandbox: SandboxSpec = SandboxSpec()
+    #: Keep the work directory goald made for this goal after it ends (retention removes such
+    #: directories after ``[retention] workdir_seconds`` otherwise; a directory its creator named is
+    #: never removed).
+    keep_workdir: bool = False
 
     @field_validator("tools")
     @classmethod
@@ -345,6 +349,8 @@ class Goal(BaseModel):
     rules: StopRules
     progress: VerifyCommand | None = None
     sandbox: SandboxSpec = SandboxSpec()
+    #: Retention keeps its work directory after it ends (:attr:`GoalSpec.keep_workdir`).
+    keep_workdir: bool = False
     rounds: int = 0
     tokens: int = 0
     cost: float = 0.0

@@ -8,9 +8,9 @@ these models are its read view.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent import Payload, register_payloads
 from goals.model import GoalStatus, VerifyResult
@@ -28,6 +28,34 @@ class GoalChanged(Payload):
     rounds: int | None = None
     tokens: int | None = None
     cost: float | None = None
+    #: Who asked for the change through the control socket (``SO_PEERCRED``); absent when the
+    #: daemon decided it, and in rows written before these were recorded.
+    uid: int | None = None
+    pid: int | None = None
+    #: The status page's token name when the change was asked for there (``daemon.web``).
+    web: str | None = None
+
+
+class GoalFieldChange(BaseModel):
+    """One field of a ``goal/edited`` event: its value before and after (as stored, JSON)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    before: Any = None
+    after: Any = None
+
+
+class GoalEdited(Payload):
+    """``goal/edited``: a person changed the goal's objective, title, budgets, verification or
+    progress command (each changed field before and after), and who asked."""
+
+    type: Literal["goal/edited"] = "goal/edited"
+    goal_id: str
+    changes: dict[str, GoalFieldChange] = Field(default_factory=dict)
+    uid: int | None = None
+    pid: int | None = None
+    #: The status page's token name when the change was asked for there (``daemon.web``).
+    web: str | None = None
 
 
 class GoalProgressNoted(Payload):
@@ -76,6 +104,7 @@ GOAL_PAYLOADS: tuple[type[Payload], ...] = (
     GoalClaimed,
     GoalBlockedReported,
     GoalVerified,
+    GoalEdited,
 )
 
 register_payloads(*GOAL_PAYLOADS)

@@ -44,178 +44,27 @@ even when a person's follow-up superseded the continuation in the same interval.
    calls never count (a model that runs the same ``list_dir`` every round makes none).
 10. A backoff still pending: wait. Otherwise one continuation: for the next round, or, when a
     person's follow-up superseded the continuation, re-issued with the same round number.
+
+The decision's input and output types are in :mod:`goals.decision`, the budget arithmetic (which
+budget is spent, the guard's limits, the backoff, a status change that counts wall time) in
+:mod:`goals.budgets`; both are re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict
-
-from agent import Limits, ModelErrorKind
+from agent import ModelErrorKind
+from goals.budgets import backoff, budget_spent, guard_limits, refusal_reason, wall_ends_first, with_status
 from goals.continuation import render
-from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult, transition
+from goals.decision import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput
+from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult
 
 MAX_NOTES = 10
 MAX_SEEN_CALLS = 64
 MAX_VERIFY_OUTPUT = 4000
-
-
-class ContinuationFate(enum.StrEnum):
-    """What became of the goal's latest continuation within the interval."""
-
-    #: No event of it in the interval (it was accounted for earlier, or there is none).
-    NONE = "none"
-    QUEUED = "queued"
-    ADMITTED = "admitted"
-    CANCELLED = "cancelled"
-
-
-class Claim(BaseModel):
-    """A ``goal_complete`` call."""
-
-    model_config = ConfigDict(frozen=True)
-
-    summary: str
-    evidence: str
-
-
-class Interval(BaseModel):
-    """Facts of the session's events in ``(evaluated_seq, end_seq]``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    end_seq: int
-    continuation_fate: ContinuationFate = ContinuationFate.NONE
-    cancel_reason: str | None = None
-    tokens: int = 0
-    cost: float = 0.0
-    claims: list[Claim] = []
-    blocked: list[str] = []
-    notes: list[str] = []
-    tool_calls: list[str] = []
-    turns: int = 0
-    last_end_reason: str | None = None
-    last_error_kind: str | None = None
-    last_error: str | None = None
-    #: A model error of the interval came while the provider's circuit breaker was open (an outage).
-    breaker_open: bool = False
-
-
-class DecisionKind(enum.StrEnum):
-    """What the engine does."""
-
-    NOTHING = "nothing"
-    BOOKKEEP = "bookkeep"
-    CONTINUE = "continue"
-    REISSUE = "reissue"
-    WAIT = "wait"
-    COMPLETE = "complete"
-    PAUSE = "pause"
-    EXHAUST = "exhaust"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class PolicyInput:
-    """Everything :func:`decide` may look at."""
-
-    goal: Goal
-    interval: Interval
-    now: datetime
-    fingerprint: str | None = None
-    workdir_exists: bool = True
-    verification: list[VerifyResult] | None = None
-    verification_reused: bool = False
-    #: A digest of the goal's ``progress`` command's output at this idle (``None``: it has none, or
-    #: it was not run).
-    progress: str | None = None
-    #: An unrecoverable fault found by the engine (e.g. the goal's model is no longer configured).
-    fault: str | None = None
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The new goal state and, if any, the continuation to enqueue with it."""
-
-    kind: DecisionKind
-    goal: Goal
-    continuation: str | None = None
-    round: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-def budget_spent(goal: Goal, now: datetime) -> StopReason | None:
-    """Which budget, if any, is spent."""
-    b = goal.budgets
-    if b.max_rounds is not None and goal.rounds >= b.max_rounds:
-        return StopReason.ROUND_LIMIT
-    if b.max_tokens_total is not None and goal.tokens >= b.max_tokens_total:
-        return StopReason.TOKEN_BUDGET
-    if b.max_cost is not None and goal.cost >= b.max_cost - 1e-12:
-        return StopReason.COST_BUDGET
-    if b.max_wall_seconds is not None and goal.wall_used >= b.max_wall_seconds:
-        return StopReason.WALL_TIME
-    if b.deadline is not None and now >= b.deadline:
-        return StopReason.DEADLINE
-    return None
-
-
-def guard_limits(goal: Goal, now: datetime) -> Limits:
-    """The spend guard's limits for a goal: its token and cost budgets, and the earlier of its
-    deadline and the end of its wall time (counted while active)."""
-    b = goal.budgets
-    deadline = b.deadline
-    if b.max_wall_seconds is not None and goal.status is GoalStatus.ACTIVE:
-        wall_end = now + timedelta(seconds=max(b.max_wall_seconds - goal.wall_used, 0.0))
-        deadline = wall_end if deadline is None else min(deadline, wall_end)
-    return Limits(max_tokens=b.max_tokens_total, max_cost=b.max_cost, deadline=deadline)
-
-
-def refusal_reason(error: str | None) -> StopReason:
-    """Classify the spend guard's refusal text."""
-    text = (error or "").lower()
-    if text.startswith("deadline"):
-        return StopReason.DEADLINE
-    if text.startswith("cost"):
-        return StopReason.COST_BUDGET
-    if text.startswith("wall"):
-        return StopReason.WALL_TIME
-    return StopReason.TOKEN_BUDGET
-
-
-def _wall_ends_first(goal: Goal, now: datetime) -> bool:
-    """Whether the goal's wall time ends before its deadline (the guard folds both into one)."""
-    b = goal.budgets
-    if b.max_wall_seconds is None:
-        return False
-    return b.deadline is None or now + timedelta(seconds=b.max_wall_seconds - goal.wall_used) <= b.deadline
-
-
-def backoff(goal: Goal, errors: int) -> float:
-    """Seconds to wait after ``errors`` model errors in a row."""
-    r = goal.rules
-    return float(min(r.error_backoff_max_seconds, r.error_backoff_seconds * (2 ** max(errors - 1, 0))))
-
-
-def _with_status(goal: Goal, status: GoalStatus, reason: str | None, now: datetime, *, reopen: bool = False) -> Goal:
-    if status is goal.status:
-        return goal.model_copy(update={"status_reason": reason})
-    transition(goal.status, status, reopen=reopen)
-    wall = goal.wall_used
-    if goal.status is GoalStatus.ACTIVE and goal.active_since is not None:
-        wall += max((now - goal.active_since).total_seconds(), 0.0)
-    return goal.model_copy(
-        update={
-            "status": status,
-            "status_reason": reason,
-            "wall_used": wall,
-            "active_since": now if status is GoalStatus.ACTIVE else None,
-        }
-    )
 
 
 def _verify_text(results: list[VerifyResult]) -> str:
@@ -376,7 +225,7 @@ Rule = Callable[[Goal, PolicyInput, Facts], "Decision | None"]
 
 
 def _pause(g: Goal, reason: str, now: datetime) -> Decision:
-    return Decision(DecisionKind.PAUSE, _with_status(g, GoalStatus.PAUSED, reason, now))
+    return Decision(DecisionKind.PAUSE, with_status(g, GoalStatus.PAUSED, reason, now))
 
 
 def _completed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
@@ -385,15 +234,15 @@ def _completed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
         return None
     # Truthful labels: ``verified`` only when verification commands ran and passed.
     reason = StopReason.VERIFIED if g.memory.verify_results else StopReason.NO_VERIFICATION
-    return Decision(DecisionKind.COMPLETE, _with_status(g, GoalStatus.COMPLETED, reason, inp.now))
+    return Decision(DecisionKind.COMPLETE, with_status(g, GoalStatus.COMPLETED, reason, inp.now))
 
 
 def _failed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
     """Rule 3: an unrecoverable fault, or the work directory gone, fails it."""
     if inp.fault is not None:
-        return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, inp.fault, inp.now))
+        return Decision(DecisionKind.FAIL, with_status(g, GoalStatus.FAILED, inp.fault, inp.now))
     if not inp.workdir_exists:
-        return Decision(DecisionKind.FAIL, _with_status(g, GoalStatus.FAILED, StopReason.WORKDIR_MISSING, inp.now))
+        return Decision(DecisionKind.FAIL, with_status(g, GoalStatus.FAILED, StopReason.WORKDIR_MISSING, inp.now))
     return None
 
 
@@ -425,12 +274,12 @@ def _exhausted(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
         # The guard folds the wall-time limit into its deadline, so its refusal text alone cannot
         # tell a spent wall time from a passed deadline: the goal's own budgets say which it is.
         spent = refusal_reason(iv.last_error)
-        if spent is StopReason.DEADLINE and _wall_ends_first(g, now):
+        if spent is StopReason.DEADLINE and wall_ends_first(g, now):
             # Refused (or cut) before the end because too little time was left for a call.
             spent = StopReason.WALL_TIME
     if spent is None:
         return None
-    return Decision(DecisionKind.EXHAUST, _with_status(g, GoalStatus.EXHAUSTED, spent, now))
+    return Decision(DecisionKind.EXHAUST, with_status(g, GoalStatus.EXHAUSTED, spent, now))
 
 
 def _model_error(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
@@ -506,3 +355,25 @@ def _stall(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, bool]:
         }
     )
     return g.model_copy(update={"stall_streak": streak, "memory": memory}), stalled
+
+
+# The decision's types and the budget arithmetic live in their own modules; their names stay
+# importable from here.
+__all__ = [
+    "MAX_NOTES",
+    "MAX_SEEN_CALLS",
+    "MAX_VERIFY_OUTPUT",
+    "RULES",
+    "Claim",
+    "ContinuationFate",
+    "Decision",
+    "DecisionKind",
+    "Facts",
+    "Interval",
+    "PolicyInput",
+    "backoff",
+    "budget_spent",
+    "decide",
+    "guard_limits",
+    "refusal_reason",
+]

@@ -17,9 +17,10 @@ export still read):
 - its session's numbering (a watermark) and a summary row of what was pruned (through which
   sequence number, how many events, how many bytes, when);
 - its work directory until ``workdir_seconds`` after it ended; then the directory is removed if
-  goald made it for the goal (``<work root>/<goal id>``) and the configuration does not keep it
-  (``keep_workdirs`` lists goal keys or ids). A directory the goal's creator named is never
-  removed: it is theirs.
+  goald made it for the goal (``<work root>/<goal id>``) and neither the goal's spec
+  (``keep_workdir``, ``goald goal add --keep-workdir``) nor the configuration (``keep_workdirs``
+  lists goal keys or ids) keeps it. A directory the goal's creator named is never removed: it is
+  theirs.
 
 How it runs: each session is pruned in steps of at most ``batch_rows`` deleted rows, each its own
 short transaction on the store's one writer, so goal writes interleave between steps; each step
@@ -162,8 +163,8 @@ async def _remove_workdirs(store: Store, policy: RetentionPolicy, now: datetime,
         return
     cutoff = _cutoff(now, policy.workdir_seconds)
     due = await store.read(lambda conn: workdirs_due_for_removal(conn, cutoff, policy.goals_per_run))
-    for goal_id, key, raw in due:
-        keep = goal_id in policy.keep_workdirs or (key is not None and key in policy.keep_workdirs)
+    for goal_id, key, raw, spec_keeps in due:
+        keep = spec_keeps or goal_id in policy.keep_workdirs or (key is not None and key in policy.keep_workdirs)
         removed: bool | None = None
         if not keep:
             try:

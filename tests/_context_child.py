@@ -1,4 +1,4 @@
-"""The child process of the compaction crash test (``tests/test_context_crash.py``).
+"""The child process of the compaction crash test (``tests/e2e/test_context_crash.py``).
 
 Run as ``python _context_child.py DB WORKDIR MODE``. It opens the runtime and the goal engine on the
 real SQLite file ``DB`` and runs one goal (under an idempotency key, so a restart finds it) with the

@@ -1,4 +1,4 @@
-"""The child process of the goal crash campaign (``tests/test_goal_crash_campaign.py``).
+"""The child process of the goal crash campaign (``tests/e2e/test_goal_crash_campaign.py``).
 
 Run as ``python _goal_child.py DB PLAN``. It opens the runtime and the goal engine on the real
 SQLite file ``DB``, creates the goals listed in the JSON file ``PLAN`` (each under an idempotency

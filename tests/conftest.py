@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from freezegun import freeze_time
-from freezegun.api import FrozenDateTimeFactory
 from pydantic import BaseModel
 
 from agent import FunctionTool, ModelRegistry, Runtime, ScriptedModel, ToolContext, ToolRegistry
@@ -45,6 +45,25 @@ def _guarded_connect_ex(self: socket.socket, address: Any) -> Any:
     return _real_connect_ex(self, address)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_bwrap: needs bubblewrap able to make a sandbox here (skipped otherwise)")
+    config.addinivalue_line("markers", "e2e: starts the real daemon or other processes (every test under tests/e2e/)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "e2e" in item.path.parts[-2:-1]:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_bwrap") is not None:
+        from sandboxkit import NO_BWRAP
+
+        if NO_BWRAP is not None:
+            pytest.skip(f"bubblewrap cannot make a sandbox here: {NO_BWRAP}")
+
+
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail any test that would reach a real provider (anything but loopback or a unix socket)."""
@@ -52,6 +71,20 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
     for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL"):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A fresh directory outside ``/tmp`` (removed afterwards): the sandbox gives commands a private
+    ``/tmp``, so what a test must show them (or hide from them) lives here."""
+    base = Path("/var/tmp")
+    if not base.is_dir() or not os.access(base, os.W_OK):
+        pytest.skip("needs a writable /var/tmp (a directory outside /tmp)")
+    path = Path(tempfile.mkdtemp(prefix="goald-test-", dir=base)).resolve()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -105,20 +138,3 @@ async def collect(it: AsyncIterator[Any], n: int) -> list[Any]:
         if len(out) >= n:
             break
     return out
-
-
-#: The instant :func:`frozen_clock` starts at (a fixed past instant, so runs are repeatable).
-FROZEN_AT = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def frozen_clock() -> Iterator[FrozenDateTimeFactory]:
-    """Wall-clock time (``datetime.now``, ``time.time``) frozen at :data:`FROZEN_AT`.
-
-    asyncio's own clock keeps running (``real_asyncio=True``), so timeouts, ``asyncio.sleep`` and a
-    scripted model's ``delay=`` behave as usual. Move the frozen time with ``frozen_clock.move_to(...)``
-    or ``frozen_clock.tick(seconds)``.
-    """
-    with freeze_time(FROZEN_AT, real_asyncio=True) as frozen:
-        assert isinstance(frozen, FrozenDateTimeFactory)
-        yield frozen

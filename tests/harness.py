@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -348,3 +349,20 @@ def spend_of(event: dict[str, Any]) -> tuple[int, float]:
     if event["type"] == "model/charged":
         return int(d.get("tokens") or 0), float(d.get("cost") or 0.0)
     return 0, 0.0
+
+
+async def wait_events(
+    d: Daemon, session_id: str, done: Callable[[list[dict[str, Any]]], bool], limit: float = 30.0
+) -> list[dict[str, Any]]:
+    """The session's events from the first, as soon as ``done(events)`` holds (raise on timeout)."""
+    from daemon.client import Connection
+
+    events: list[dict[str, Any]] = []
+    async with await Connection.connect(d.socket_path) as client:
+        await client.call("session/subscribe", {"sessionId": session_id, "afterSeq": 0})
+        async with asyncio.timeout(limit):
+            while not done(events):
+                note = await client.next_notification()
+                if note["method"] == "session.event":
+                    events.append({"seq": note["params"]["seq"], **note["params"]["event"]})
+    return events

@@ -1,4 +1,4 @@
-"""A real stdio MCP server, written with the official ``mcp`` SDK, for tests/test_mcp.py.
+"""A real stdio MCP server, written with the official ``mcp`` SDK, for tests/agent/test_mcp.py.
 
 Run as ``python tests/mcp_fixture_server.py``; it speaks MCP over stdin/stdout until stdin closes.
 Imported (by a daemon's ``scripted`` provider, ``script = "mcp_fixture_server:models"``), it gives

@@ -11,6 +11,11 @@ body) so a test can assert what was sent. Responses can be:
   or the body ends cleanly but early (build the frames without a finish);
 * a stall (``ending="stall"``) or a delay before the headers (``delay=``), for timeouts.
 
+Frames are built per provider (``oa_*`` and ``an_*``), or from one provider-neutral description
+(text parts, :class:`Call` s with their argument fragments, a :class:`~agent.Usage`) by
+``openai_answer``/``anthropic_answer`` and ``openai_started``/``anthropic_started``: the
+contract suite scripts the same scenario in each provider's own wire format with them.
+
 Only 127.0.0.1 is used; every response closes its connection, so each request is one connection.
 """
 
@@ -28,7 +33,18 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Literal
 
-from agent import Event, EventType, Limits, Model, ModelRegistry, Runtime, Tool, ToolRegistry, usage_of_guard
+from agent import (
+    Event,
+    EventType,
+    Limits,
+    Model,
+    ModelRegistry,
+    Runtime,
+    Tool,
+    ToolRegistry,
+    Usage,
+    usage_of_guard,
+)
 
 Ending = Literal["complete", "drop", "stall"]
 
@@ -394,16 +410,113 @@ def an_ping() -> bytes:
 
 
 def anthropic_text(
-    parts: list[str], *, stop_reason: str = "end_turn", input_tokens: int = 10, output_tokens: int = 5, **usage: int
+    parts: list[str],
+    *,
+    stop_reason: str = "end_turn",
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    cache_read: int = 0,
+    cache_write: int = 0,
 ) -> list[bytes]:
     """A whole text answer as the Messages API streams it."""
     return [
-        an_message_start(input_tokens, **usage),
+        an_message_start(input_tokens, cache_read=cache_read, cache_write=cache_write),
         an_ping(),
         *an_text(0, parts),
         an_message_delta(stop_reason, output_tokens),
         an_message_stop(),
     ]
+
+
+# -- one scenario in either wire format ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """A tool call to script: its id, its tool's name, and its arguments' JSON text in the fragments it streams in."""
+
+    id: str
+    name: str
+    fragments: tuple[str, ...] = ()
+
+
+def openai_answer(
+    text: list[str] | None = None,
+    calls: list[Call] | None = None,
+    *,
+    usage: Usage | None = None,
+    finish: str | None = None,
+) -> list[bytes]:
+    """A whole answer as chat completions streams it: role chunk, text, tool calls, finish, usage, ``[DONE]``.
+
+    The argument fragments of several calls interleave (round robin by index), as a server may send
+    them; the first delta of each call carries its id and name. The finish reason is ``tool_calls``
+    when there are calls, else ``stop``. Chat completions cannot report cache writes.
+    """
+    text, calls = list(text or []), list(calls or [])
+    chunks = [oa_chunk(role="assistant", content="" if text else None)]
+    chunks += [oa_chunk(content=p) for p in text]
+    rounds = max([len(c.fragments) or 1 for c in calls], default=0)
+    for r in range(rounds):
+        for index, call in enumerate(calls):
+            if r == 0:
+                args = call.fragments[0] if call.fragments else None
+                chunks.append(oa_chunk(tool_calls=[oa_call(index, id=call.id, name=call.name, args=args)]))
+            elif r < len(call.fragments):
+                chunks.append(oa_chunk(tool_calls=[oa_call(index, args=call.fragments[r])]))
+    chunks.append(oa_chunk(finish=finish or ("tool_calls" if calls else "stop")))
+    if usage is not None:
+        if usage.cache_write_tokens:
+            raise ValueError("chat completions has no cache writes to report")
+        prompt = usage.input_tokens + usage.cache_read_tokens
+        chunks.append(oa_chunk(no_choices=True, usage=oa_usage(prompt, usage.output_tokens, usage.cache_read_tokens)))
+    return openai_stream(chunks)
+
+
+def openai_started(text: list[str], *, input_tokens: int = 10, text_done: bool = False) -> list[bytes]:
+    """The first frames of a chat-completions answer that never finishes: text chunks, no finish reason.
+
+    Chat completions reports no usage before its last chunk, so ``input_tokens`` is not sent;
+    ``text_done`` changes nothing either (there is no block to close).
+    """
+    del input_tokens, text_done
+    first, *rest = text
+    return [sse(oa_chunk(role="assistant", content=first)), *(sse(oa_chunk(content=p)) for p in rest)]
+
+
+def anthropic_answer(
+    text: list[str] | None = None,
+    calls: list[Call] | None = None,
+    *,
+    usage: Usage | None = None,
+    finish: str | None = None,
+) -> list[bytes]:
+    """A whole answer as the Messages API streams it: ``message_start``, a ping, one block per part, the end.
+
+    The text is block 0 (when there is text), each call a ``tool_use`` block after it. The stop
+    reason is ``tool_use`` when there are calls, else ``end_turn``.
+    """
+    text, calls = list(text or []), list(calls or [])
+    u = usage or Usage(input_tokens=10, output_tokens=5)
+    frames = [
+        an_message_start(u.input_tokens, cache_read=u.cache_read_tokens, cache_write=u.cache_write_tokens),
+        an_ping(),
+    ]
+    if text:
+        frames += an_text(0, text)
+    for offset, call in enumerate(calls):
+        frames += an_tool(offset + (1 if text else 0), call.id, call.name, list(call.fragments))
+    stop = finish or ("tool_use" if calls else "end_turn")
+    return [*frames, an_message_delta(stop, u.output_tokens), an_message_stop()]
+
+
+def anthropic_started(text: list[str], *, input_tokens: int = 10, text_done: bool = False) -> list[bytes]:
+    """The first frames of a Messages answer that never finishes: ``message_start`` (the input usage), a text block.
+
+    The block is left open unless ``text_done``; there is never a ``message_delta`` or ``message_stop``.
+    """
+    block = an_text(0, text)
+    return [an_message_start(input_tokens), an_ping(), *(block if text_done else block[:-1])]
 
 
 # -- one real runtime turn -------------------------------------------------------------------------

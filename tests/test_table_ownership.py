@@ -1,8 +1,8 @@
 """Each package owns its tables: no SQL in one package names a table another package owns.
 
 A table belongs to the package whose migrations create it (``CREATE TABLE`` in its source):
-``agent`` owns sessions, the inbox, turns, events, spend guards, model calls and the schema
-versions; ``goals`` owns goals; ``daemon`` owns schedules and their runs. Another package reads
+``agent`` owns sessions, the inbox, turns, events, spend guards, model calls, the outbox and the
+schema versions; ``goals`` owns goals; ``daemon`` owns schedules and their runs. Another package reads
 or changes them only through the owner's functions, so an invariant enforced by the owner (the
 inbox's fate transitions, the goal's revision check) cannot be bypassed by a copy elsewhere.
 
@@ -48,6 +48,9 @@ EXPECTED_OWNERS = {
     "guards": "agent",
     "model_calls": "agent",
     "schema_versions": "agent",
+    "outbox": "agent",
+    "outbox_deliveries": "agent",
+    "outbox_attempts": "agent",
     "goals": "goals",
     "schedules": "daemon",
     "schedule_runs": "daemon",

@@ -32,7 +32,9 @@ __all__ = [
     "ToolSpec",
 ]
 
-from agent.models.health import CircuitBreaker, GuardedModel, ProviderHealth, RateLimiter
+from agent.models.breaker import CircuitBreaker
+from agent.models.health import GuardedModel, ProviderHealth
+from agent.models.ratelimit import RateLimiter
 from agent.models.registry import ModelRegistry, echo_model
 
 __all__ += ["AnthropicModel", "CircuitBreaker", "GuardedModel", "OpenAIModel", "ProviderHealth", "RateLimiter"]

@@ -12,27 +12,44 @@ content part of the whole history on every request, a cost that grows with the c
 message is instead serialized once, in the SDK's own JSON form (:func:`dump_json`), into the
 conversation's :class:`JSONLog` (kept in the request's :class:`~agent.models.base.WireCache`);
 a request body is that log's bytes between a head and a tail. The SDK still sends the request
-(its headers, authentication, timeouts, retries off), parses the stream and raises its error types.
+(its headers, authentication, timeouts, retries off) and raises its error types for a failed
+request or an error status.
+
+The answer's stream is read here, not by the SDK: the SDK is asked for the raw response (``post``
+with ``cast_to`` the HTTP client's ``Response``, a documented use) and :class:`SSEParser` splits
+its bytes into server-sent events as the SDKs' decoder does; each event's JSON goes to the
+provider's assembly as plain dicts and lists. The SDKs' streams build a typed model object per
+chunk (their ``construct_type``), which cost more than the rest of a step's client work together;
+the shapes are checked where the assembly reads them instead (a wrong one is ``malformed``), and an
+error the server reports inside the stream is classified as the SDK would have raised it.
+
+A failure after the response was opened (a successful status: the stream dropped, timed out or was
+malformed, or the answer never finished) carries ``response_started``: the provider has likely
+billed the prompt, so when no usage came the driver charges the prompt's estimate
+(:func:`agent.calls.failed_usage`); a failure before it (a refused connection, an error status)
+does not.
 
 No SDK is imported here: each provider imports its own, lazily.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import re
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from types import TracebackType
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
+from agent.errors import AgentError
 from agent.models.base import DeltaCallback, MessageLog, Model, ModelError, ModelErrorKind, ToolSpec
-from agent.models.health import error_kind, parse_retry_after
+from agent.models.classify import error_kind, parse_retry_after
 from agent.redact import redact
 from agent.spend import Price, Usage
 
-_ItemT = TypeVar("_ItemT")
-_ItemT_co = TypeVar("_ItemT_co", covariant=True)
-_ItemT_contra = TypeVar("_ItemT_contra", contravariant=True)
+if TYPE_CHECKING:
+    import httpx2
 
 
 def dump_json(value: object) -> bytes:
@@ -88,35 +105,135 @@ class HTTPClient(Protocol):
 _ClientT = TypeVar("_ClientT", bound=HTTPClient)
 
 
-class ItemStream(Protocol[_ItemT_co]):
-    """An SDK's streamed response: an async iterator of items that closes the response on exit."""
-
-    def __aiter__(self) -> AsyncIterator[_ItemT_co]: ...
-
-    async def __aenter__(self) -> object: ...
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, exc_tb: TracebackType | None
-    ) -> None: ...
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-class Assembly(Protocol[_ItemT_contra]):
+class SSEParser:
+    """Server-sent events from a byte stream, decoded as the SDKs decode them.
+
+    Lines end at CR, LF or CRLF (also when a CRLF is split between two chunks); a line is UTF-8
+    (strictly: a bad byte raises ``UnicodeDecodeError``); a blank line dispatches the event if any
+    field was set; ``data`` lines are joined with newlines; comments and unknown fields are
+    ignored; an unfinished event at the end of the stream is dropped. Linear in the bytes fed,
+    however they are split.
+    """
+
+    __slots__ = ("_data", "_event", "_id", "_retry", "_skip_lf", "_tail")
+
+    def __init__(self) -> None:
+        self._tail: list[bytes] = []
+        self._skip_lf = False
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._id: str | None = None
+        self._retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        """The events ``chunk`` completes, each as ``(event name or None, data)``."""
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]  # the LF of a CRLF whose CR ended the last chunk
+        if not chunk:
+            return []
+        if _LINE_END.search(chunk) is None:
+            self._tail.append(chunk)
+            return []
+        if self._tail:
+            self._tail.append(chunk)
+            chunk = b"".join(self._tail)
+        lines = _LINE_END.split(chunk)
+        last = lines.pop()
+        self._tail = [last] if last else []
+        self._skip_lf = chunk[-1] == 13
+        events: list[tuple[str | None, str]] = []
+        for raw in lines:
+            line = raw.decode()
+            if not line:
+                if self._event is None and not self._data and self._id is None and self._retry is None:
+                    continue
+                events.append((self._event, "\n".join(self._data)))
+                self._event, self._data, self._retry = None, [], None
+                continue
+            if line[0] == ":":
+                continue
+            name, _, value = line.partition(":")
+            if value[:1] == " ":
+                value = value[1:]
+            if name == "data":
+                self._data.append(value)
+            elif name == "event":
+                self._event = value
+            elif name == "id":
+                if "\0" not in value:
+                    self._id = value
+            elif name == "retry":
+                try:
+                    self._retry = int(value)
+                except ValueError:
+                    pass
+        return events
+
+
+class StreamErrorItem(AgentError):
+    """An error the server reported in place of a stream item, after a successful status (a signal
+    between the stream reader and the provider's classification; it never leaves the provider)."""
+
+    def __init__(self, message: str, body: object) -> None:
+        super().__init__(message)
+        self.message = message
+        #: The error's JSON (or its raw text, if it was not JSON).
+        self.body = body
+
+
+#: What :meth:`StreamingHTTPModel._item` returns for an event that carries no item.
+SKIP: Final = object()
+#: What :meth:`StreamingHTTPModel._item` returns for the event that ends the stream.
+END: Final = object()
+
+#: Seconds the rest of a body is read after the event that ended the stream (so the connection
+#: can serve the next request), as the SDKs do; an error meanwhile changes nothing.
+DRAIN_SECONDS = 0.1
+
+
+class Assembly(Protocol):
     """The answer as a stream's items build it."""
 
     @property
     def usage(self) -> Usage | None:
         """The usage the stream has reported so far, if any."""
 
-    def feed(self, item: _ItemT_contra, on_delta: DeltaCallback | None) -> None:
-        """Take one item; a malformed one raises ``AttributeError``, ``TypeError``, ``ValueError`` or ``KeyError``."""
+    def feed(self, item: Any, on_delta: DeltaCallback | None) -> None:
+        """Take one item (parsed JSON); a malformed one raises ``AttributeError``, ``TypeError``,
+        ``ValueError`` or ``KeyError``."""
+
+
+def as_object(value: object, what: str) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else ``TypeError`` naming ``what``."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} is a {type(value).__name__}, not an object")
+    return value
+
+
+def objects_of(value: object, what: str) -> list[dict[str, Any]]:
+    """``value`` if it is a JSON array of objects (``None``: an empty one), else ``TypeError``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{what} is a {type(value).__name__}, not a list")
+    for item in value:
+        if not isinstance(item, dict):
+            raise TypeError(f"an item of {what} is a {type(item).__name__}, not an object")
+    return value
 
 
 class StreamingHTTPModel(Model, Generic[_ClientT]):
     """A model behind an HTTP API, reached through an SDK client of type ``_ClientT``.
 
     A provider makes its client (:meth:`_make_client`), sends its request and feeds the stream to
-    :meth:`_read_stream`, and classifies its SDK's exceptions (:meth:`_failure`, with the helpers
-    below for the failures every HTTP API has).
+    :meth:`_read_stream` (which turns each event into an item with :meth:`_item`), and classifies
+    its SDK's exceptions (:meth:`_failure`, with the helpers below for the failures every HTTP
+    API has).
     """
 
     #: The host named in connection errors when ``base_url`` is ``None``.
@@ -151,7 +268,8 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
 
     @abstractmethod
     def _failure(self, exc: Exception, usage: Usage | None) -> ModelError:
-        """``exc``, one of the exceptions given to :meth:`_read_stream`, as a classified error."""
+        """``exc``, one of the exceptions given to :meth:`_read_stream` or a
+        :class:`StreamErrorItem`, as a classified error."""
 
     def _sdk(self) -> _ClientT:
         # Made on first use, inside the event loop that will use it.
@@ -165,10 +283,18 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         if client is not None:
             await client.close()
 
+    @abstractmethod
+    def _item(self, event: str | None, data: str) -> object:
+        """One server-sent event as a stream item (parsed JSON), :data:`SKIP` or :data:`END`.
+
+        Raises ``json.JSONDecodeError`` for data that is not JSON, :class:`StreamErrorItem` for an
+        error reported in place of an item.
+        """
+
     async def _read_stream(
         self,
-        opening: Awaitable[ItemStream[_ItemT]],
-        got: Assembly[_ItemT],
+        opening: Awaitable[httpx2.Response],
+        got: Assembly,
         on_delta: DeltaCallback | None,
         *,
         unit: str,
@@ -177,21 +303,49 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         """Open the stream, feed every item to ``got`` and return how many items came.
 
         Args:
-            opening: the SDK call that opens the stream.
+            opening: the SDK call that opens the stream and gives the raw response.
             got: what builds the answer.
             on_delta: where text deltas go.
             unit: what an item is called in error messages (``chunk``, ``event``).
-            failures: the exceptions :meth:`_failure` classifies (the SDK's, the transport's).
+            failures: the exceptions :meth:`_failure` classifies (the SDK's, the transport's);
+                :class:`StreamErrorItem` is always one.
 
         Raises:
             ModelError: a malformed item or body (``malformed``), or a failure as :meth:`_failure`
-                classifies it; always with the usage seen so far and never with the API key.
+                classifies it; always with the usage seen so far, never with the API key, and
+                ``response_started`` once the response was opened (a successful status).
         """
-        received = 0
+        opened = False
         try:
-            stream = await opening
-            async with stream:
-                async for item in stream:
+            response = await opening
+            opened = True
+            try:
+                return await self._feed(response, got, on_delta, unit)
+            finally:
+                await response.aclose()
+        except ModelError as exc:
+            exc.message = self._redact(exc.message)
+            exc.response_started = opened
+            raise
+        except StreamErrorItem as exc:
+            raise _started(self._failure(exc, got.usage), opened) from None
+        except failures as exc:
+            raise _started(self._failure(exc, got.usage), opened) from None
+
+    async def _feed(self, response: httpx2.Response, got: Assembly, on_delta: DeltaCallback | None, unit: str) -> int:
+        """Feed the items of an opened response to ``got``; how many came."""
+        received = 0
+        parser = SSEParser()
+        chunks = response.aiter_bytes()
+        try:
+            async for chunk in chunks:
+                for event, data in parser.feed(chunk):
+                    item = self._item(event, data)
+                    if item is SKIP:
+                        continue
+                    if item is END:
+                        await _drain(chunks)
+                        return received
                     received += 1
                     try:
                         got.feed(item, on_delta)
@@ -201,11 +355,6 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
                             f"malformed stream {unit} #{received} from {self.provider}: {type(exc).__name__}: {exc}",
                             usage=got.usage,
                         ) from None
-        except ModelError as exc:
-            exc.message = self._redact(exc.message)
-            raise
-        except failures as exc:
-            raise self._failure(exc, got.usage) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelError(
                 ModelErrorKind.MALFORMED,
@@ -223,9 +372,12 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
             ModelErrorKind.TIMEOUT, f"{self.provider} sent nothing for {self.timeout:g}s (timed out)", usage=usage
         )
 
-    def _unreachable(self, exc: Exception, message: str, usage: Usage | None) -> ModelError:
-        """The connection failed: ``exc`` as the SDK raised it, ``message`` its words for it."""
-        cause = exc.__cause__
+    def _unreachable(
+        self, exc: Exception, message: str, usage: Usage | None, cause: BaseException | None = None
+    ) -> ModelError:
+        """The connection failed: ``exc`` as the SDK raised it, ``message`` its words for it
+        (``cause``: the transport's error, if not ``exc``'s cause)."""
+        cause = cause or exc.__cause__
         why = f"{type(cause).__name__}: {cause}" if cause is not None else message
         where = self.base_url or self._default_host
         return ModelError(ModelErrorKind.CONNECTION, self._redact(f"connection to {where} failed: {why}"), usage=usage)
@@ -242,3 +394,32 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
             usage=usage,
             status=status,
         )
+
+
+def _started(error: ModelError, opened: bool) -> ModelError:
+    """``error``, marked as failing after its response was opened (if it was)."""
+    error.response_started = opened
+    return error
+
+
+@contextlib.contextmanager
+def answer_started() -> Iterator[None]:
+    """Mark a :class:`ModelError` raised inside as one whose answer had started: for a check made
+    once the stream was read (an unfinished answer, a tool call that does not parse)."""
+    try:
+        yield
+    except ModelError as exc:
+        exc.response_started = True
+        raise
+
+
+async def _drain(chunks: Any) -> None:
+    """Read what is left of a body after its last event, for a bounded time; failures do not count."""
+    import httpx2
+
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in chunks:
+                pass
+    except (TimeoutError, httpx2.HTTPError, httpx2.StreamError):
+        pass

@@ -17,18 +17,30 @@ Wire specifics:
   ``message_stop``. A stream that ends before ``message_stop`` is a dropped connection (a failed
   attempt that still reports the usage seen so far), never a short answer.
 * An ``error`` event inside a 200 stream (``overloaded_error``, ...) is classified by its type.
+* The stream is read as raw server-sent events (see :mod:`agent.models._http`), with the SDK's
+  rules: events without a name and ``ping`` are skipped; each event's JSON is checked where it is
+  read.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from loguru import logger
 
 from agent.messages import Block, TextBlock, ToolUseBlock
-from agent.models._http import JSONLog, StreamingHTTPModel, dump_json
+from agent.models._http import (
+    SKIP,
+    JSONLog,
+    StreamErrorItem,
+    StreamingHTTPModel,
+    answer_started,
+    as_object,
+    dump_json,
+)
 from agent.models.base import (
     ConvMessage,
     DeltaCallback,
@@ -42,15 +54,10 @@ from agent.models.base import (
 from agent.spend import Price, Usage
 
 if TYPE_CHECKING:
+    import httpx2
     from anthropic import AsyncAnthropic
     from anthropic.types import (
         MessageParam,
-        RawContentBlockDeltaEvent,
-        RawContentBlockStartEvent,
-        RawContentBlockStopEvent,
-        RawMessageDeltaEvent,
-        RawMessageStartEvent,
-        RawMessageStreamEvent,
         TextBlockParam,
         ToolParam,
         ToolResultBlockParam,
@@ -211,9 +218,10 @@ class _Assembly:
             cache_write_tokens=max(0, self.cache_write),
         )
 
-    def _take_usage(self, usage: Any) -> None:
+    def _take_usage(self, usage: object) -> None:
         if usage is None:
             return
+        usage = as_object(usage, "usage")
         self.saw_usage = True
         for attr, name in (
             ("input_tokens", "input_tokens"),
@@ -221,53 +229,59 @@ class _Assembly:
             ("cache_read_input_tokens", "cache_read"),
             ("cache_creation_input_tokens", "cache_write"),
         ):
-            value = getattr(usage, attr, None)
+            value = usage.get(attr)
             if value is not None:
                 setattr(self, name, int(value))
 
-    def feed(self, event: RawMessageStreamEvent, on_delta: DeltaCallback | None) -> None:
-        kind = getattr(event, "type", None)
+    def feed(self, event: Any, on_delta: DeltaCallback | None) -> None:
+        """Take one event (its JSON); a shape the protocol does not have raises ``TypeError`` or ``KeyError``."""
+        event = as_object(event, "the event")
+        kind = event.get("type")
         if kind == "message_start":
-            self._take_usage(cast("RawMessageStartEvent", event).message.usage)
+            self._take_usage(as_object(event["message"], "message").get("usage"))
         elif kind == "content_block_start":
-            start = cast("RawContentBlockStartEvent", event)
-            cb = start.content_block
-            part = _PartialBlock(kind=str(cb.type))
-            if cb.type == "text":
-                if cb.text:
-                    part.text.append(cb.text)
+            cb = as_object(event["content_block"], "content_block")
+            part = _PartialBlock(kind=str(cb["type"]))
+            if part.kind == "text":
+                text = cb.get("text")
+                if text:
+                    if not isinstance(text, str):
+                        raise TypeError(f"text is {type(text).__name__}, not a string")
+                    part.text.append(text)
                     if on_delta is not None:
-                        on_delta(cb.text)
-            elif cb.type == "tool_use":
-                part.id, part.name = str(cb.id), str(cb.name)
-                if cb.input is not None and not isinstance(cb.input, dict):
-                    raise TypeError(f"tool_use input is {type(cb.input).__name__}, not an object")
-                part.initial_input = dict(cb.input) if cb.input else None
-            self.blocks[int(start.index)] = part
+                        on_delta(text)
+            elif part.kind == "tool_use":
+                part.id, part.name = str(cb["id"]), str(cb["name"])
+                initial = cb.get("input")
+                if initial is not None and not isinstance(initial, dict):
+                    raise TypeError(f"tool_use input is {type(initial).__name__}, not an object")
+                part.initial_input = dict(initial) if initial else None
+            self.blocks[int(event["index"])] = part
         elif kind == "content_block_delta":
-            delta_event = cast("RawContentBlockDeltaEvent", event)
-            part = self.blocks.get(int(delta_event.index)) or self.blocks.setdefault(
-                int(delta_event.index), _PartialBlock(kind="text")
-            )
-            delta = delta_event.delta
-            if delta.type == "text_delta":
-                if not isinstance(delta.text, str):
-                    raise TypeError(f"text_delta.text is {type(delta.text).__name__}, not a string")
-                part.text.append(delta.text)
-                if on_delta is not None and delta.text:
-                    on_delta(delta.text)
-            elif delta.type == "input_json_delta":
-                if not isinstance(delta.partial_json, str):
-                    raise TypeError(f"partial_json is {type(delta.partial_json).__name__}, not a string")
-                part.json.append(delta.partial_json)
+            index = int(event["index"])
+            part = self.blocks.get(index) or self.blocks.setdefault(index, _PartialBlock(kind="text"))
+            delta = as_object(event["delta"], "delta")
+            delta_kind = delta["type"]
+            if delta_kind == "text_delta":
+                text = delta.get("text")
+                if not isinstance(text, str):
+                    raise TypeError(f"text_delta.text is {type(text).__name__}, not a string")
+                part.text.append(text)
+                if on_delta is not None and text:
+                    on_delta(text)
+            elif delta_kind == "input_json_delta":
+                partial_json = delta.get("partial_json")
+                if not isinstance(partial_json, str):
+                    raise TypeError(f"partial_json is {type(partial_json).__name__}, not a string")
+                part.json.append(partial_json)
             # thinking, signature and citations deltas are not part of goald's message
         elif kind == "content_block_stop":
-            int(cast("RawContentBlockStopEvent", event).index)
+            int(event["index"])
         elif kind == "message_delta":
-            md = cast("RawMessageDeltaEvent", event)
-            if md.delta.stop_reason:
-                self.stop_reason = str(md.delta.stop_reason)
-            self._take_usage(md.usage)
+            stop = as_object(event["delta"], "delta").get("stop_reason")
+            if stop:
+                self.stop_reason = str(stop)
+            self._take_usage(event.get("usage"))
         elif kind == "message_stop":
             self.stopped = True
         else:
@@ -377,23 +391,29 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
         """Stream one message. Raises :class:`ModelError` classified as the module docstring says."""
         import anthropic
         import httpx2
-        from anthropic.types import Message, RawMessageStreamEvent
 
         client = self._sdk()
         body = b"".join(self._body_pieces(request, _take(request)))
         got = _Assembly()
-        # The body is sent as prepared (see agent.models._http); no tracing span is opened for it.
+        # The body is sent as prepared and the stream read raw (see agent.models._http); no
+        # tracing span is opened for it.
         opening = client.post(
             "/v1/messages",
-            cast_to=Message,
+            cast_to=httpx2.Response,
             content=body,
             options={"headers": {"Content-Type": "application/json"}},
             stream=True,
-            stream_cls=anthropic.AsyncStream[RawMessageStreamEvent],
+            stream_cls=None,
         )
-        # The SDK passes errors of a stream that is being read through as they are: httpx2's.
         failures = (anthropic.APIError, httpx2.RequestError)
-        events = await self._read_stream(opening, got, on_delta, unit="event", failures=failures)
+        events = await self._read_stream(
+            cast("Awaitable[httpx2.Response]", opening), got, on_delta, unit="event", failures=failures
+        )
+        with answer_started():
+            return self._answer(got, events)
+
+    def _answer(self, got: _Assembly, events: int) -> ModelResponse:
+        """The answer a finished stream built, or why it is not one."""
         if not got.stopped:
             raise ModelError(
                 ModelErrorKind.CONNECTION,
@@ -415,21 +435,41 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
             raise ModelError(ModelErrorKind.MALFORMED, f"{self.provider} reported no usage for the message")
         return ModelResponse(content=content, finish_reason=finish, usage=usage)
 
+    def _item(self, event: str | None, data: str) -> object:
+        # As the SDK's stream: unnamed events and pings carry nothing; an error event is an error.
+        if event is None or event == "ping":
+            return SKIP
+        if event == "error":
+            body: object
+            try:
+                body = json.loads(data)
+                message = f"{body}"
+            except ValueError:
+                body, message = data, data or "Error code: 200"
+            raise StreamErrorItem(message, body)
+        if not data:
+            return SKIP
+        return json.loads(data)
+
     def _failure(self, exc: Exception, usage: Usage | None) -> ModelError:
         import anthropic
         import httpx2
 
+        if isinstance(exc, StreamErrorItem):
+            # An error event inside a stream that started fine.
+            error = exc.body.get("error") if isinstance(exc.body, dict) else None
+            kind_name = error.get("type") if isinstance(error, dict) else None
+            api_message = error.get("message") if isinstance(error, dict) else None
+            detail = (api_message if isinstance(api_message, str) else None) or _detail(exc.body) or exc.message
+            kind = STREAM_ERROR_KINDS.get(str(kind_name or ""), ModelErrorKind.SERVER)
+            why = f"{self.provider} reported {kind_name or 'an error'} mid-stream: {detail}"
+            return ModelError(kind, self._redact(why)[:1000], usage=usage)
         if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
             return self._timed_out(usage)
         if isinstance(exc, anthropic.APIConnectionError):
             return self._unreachable(exc, exc.message, usage)
         if isinstance(exc, anthropic.APIStatusError):
             detail = exc.api_message or _detail(exc.body) or exc.message
-            if exc.status_code < 400:
-                # An error event inside a stream that started fine.
-                kind = STREAM_ERROR_KINDS.get(str(exc.type or ""), ModelErrorKind.SERVER)
-                why = f"{self.provider} reported {exc.type or 'an error'} mid-stream: {detail}"
-                return ModelError(kind, self._redact(why)[:1000], usage=usage)
             return self._http_error(exc.status_code, detail, exc.response.headers, usage)
         if isinstance(exc, anthropic.APIResponseValidationError):
             return ModelError(

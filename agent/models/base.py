@@ -69,13 +69,19 @@ class ModelError(AgentError):
         retry_after: float | None = None,
         usage: Usage | None = None,
         status: int | None = None,
+        response_started: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.retry_after = retry_after
+        #: What the attempt reported of its usage before it failed (``None``: nothing).
         self.usage = usage
         self.status = status
+        #: Whether the provider had started its answer (a successful status, a stream begun)
+        #: before the attempt failed: the prompt is then likely billed even when no usage came
+        #: (the driver charges its estimate). ``False`` for a refused connection or an error status.
+        self.response_started = response_started
 
     @property
     def retryable(self) -> bool:

@@ -9,13 +9,16 @@ DeepSeek, OpenRouter, Ollama, vLLM, the llama.cpp server): only ``base_url`` dif
 * Every call streams, with ``stream_options.include_usage`` so the last chunk carries the usage.
   Text deltas go to ``on_delta`` (ephemeral); tool calls are assembled from their deltas by
   index, arguments possibly split anywhere, even mid-JSON.
-* A failure is classified precisely (see :mod:`agent.models.health` for the status table): the
+* A failure is classified precisely (see :mod:`agent.models.classify` for the status table): the
   driver retries rate limits, server errors, timeouts and dropped connections; the goal engine
   pauses at once on authentication failures. A stream that ends without a finish reason is a
   dropped connection, a failed attempt, never a short answer. A chunk that is not valid JSON, or
-  tool arguments that do not parse, are ``malformed``. (The SDK consumes ``data: [DONE]`` itself
-  and does not say whether it came, so the finish reason is the completeness signal; a body cut
-  at the HTTP level, before its last chunk, is a dropped connection as the SDK reports it.)
+  tool arguments that do not parse, are ``malformed``. (``data: [DONE]`` ends the stream as in
+  the SDK, but the finish reason is the completeness signal; a body cut at the HTTP level, before
+  its last chunk, is a dropped connection.)
+* The stream is read as raw server-sent events (see :mod:`agent.models._http`): each chunk is
+  plain JSON checked where it is read; an ``{"error": ...}`` in place of a chunk is classified as
+  the SDK would have raised it.
 * Error messages never carry the API key, whatever the server echoes back.
 * The SDK is imported when a provider is constructed, never at ``import agent``.
 """
@@ -25,13 +28,23 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from loguru import logger
 
 from agent.messages import Block, TextBlock, ToolResultBlock, ToolUseBlock
-from agent.models._http import JSONLog, StreamingHTTPModel, dump_json
+from agent.models._http import (
+    END,
+    JSONLog,
+    StreamErrorItem,
+    StreamingHTTPModel,
+    answer_started,
+    as_object,
+    dump_json,
+    objects_of,
+)
 from agent.models.base import (
     ConvMessage,
     DeltaCallback,
@@ -42,22 +55,20 @@ from agent.models.base import (
     ModelResponse,
     ToolSpec,
 )
-from agent.models.health import status_kind
+from agent.models.classify import status_kind
 from agent.spend import Price, Usage
 
 if TYPE_CHECKING:
+    import httpx2
     from openai import AsyncOpenAI
     from openai.types.chat import (
         ChatCompletionAssistantMessageParam,
-        ChatCompletionChunk,
         ChatCompletionFunctionToolParam,
         ChatCompletionMessageFunctionToolCallParam,
         ChatCompletionMessageParam,
     )
-    from openai.types.completion_usage import CompletionUsage
 
 TokensParam = Literal["max_tokens", "max_completion_tokens"]
-_T = TypeVar("_T")
 
 #: Prefix of a tool result that reports an error (chat completions has no error flag for tool messages).
 TOOL_ERROR_PREFIX = "[tool error] "
@@ -149,13 +160,16 @@ def to_chat_tools(tools: list[ToolSpec] | tuple[ToolSpec, ...]) -> list[ChatComp
     ]
 
 
-def map_usage(usage: CompletionUsage) -> Usage:
-    """Chat-completions usage as goald's: cached prompt tokens are cache reads, not input."""
-    prompt = int(usage.prompt_tokens or 0)
-    output = int(usage.completion_tokens or 0)
-    details = usage.prompt_tokens_details
-    cached = int(details.cached_tokens or 0) if details is not None else 0
-    written = int(getattr(details, "cache_write_tokens", None) or 0) if details is not None else 0
+def map_usage(usage: object) -> Usage:
+    """Chat-completions usage (its JSON object) as goald's: cached prompt tokens are cache reads, not input."""
+    usage = as_object(usage, "usage")
+    prompt = int(usage.get("prompt_tokens") or 0)
+    output = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details")
+    if details is not None:
+        details = as_object(details, "usage.prompt_tokens_details")
+    cached = int(details.get("cached_tokens") or 0) if details is not None else 0
+    written = int(details.get("cache_write_tokens") or 0) if details is not None else 0
     cached = min(max(cached, 0), prompt)
     written = min(max(written, 0), prompt - cached)
     return Usage(
@@ -183,42 +197,50 @@ class _Assembly:
     finish: str | None = None
     usage: Usage | None = None
 
-    def feed(self, chunk: ChatCompletionChunk, on_delta: DeltaCallback | None) -> None:
-        """Take one chunk. The SDK builds chunks without validating them, so the shapes are checked here."""
-        from openai.types.chat.chat_completion_chunk import Choice, ChoiceDelta, ChoiceDeltaToolCall
-
-        if chunk.usage is not None:
-            self.usage = map_usage(chunk.usage)
-        for choice in _list_of(chunk.choices, Choice, "choices"):
-            if getattr(choice, "index", 0) not in (0, None):
+    def feed(self, chunk: Any, on_delta: DeltaCallback | None) -> None:
+        """Take one chunk (its JSON); a shape the protocol does not have raises ``TypeError``."""
+        chunk = as_object(chunk, "the chunk")
+        usage = chunk.get("usage")
+        if usage is not None:
+            self.usage = map_usage(usage)
+        for choice in objects_of(chunk.get("choices"), "choices"):
+            if choice.get("index", 0) not in (0, None):
                 continue  # we never ask for n > 1
-            delta = choice.delta
+            delta = choice.get("delta")
             if delta is not None:
-                if not isinstance(delta, ChoiceDelta):
-                    raise TypeError(f"delta is a {type(delta).__name__}, not an object")
-                if delta.content:
-                    if not isinstance(delta.content, str):
-                        raise TypeError(f"delta.content is a {type(delta.content).__name__}, not a string")
-                    self.text.append(delta.content)
+                delta = as_object(delta, "delta")
+                content = delta.get("content")
+                if content:
+                    if not isinstance(content, str):
+                        raise TypeError(f"delta.content is a {type(content).__name__}, not a string")
+                    self.text.append(content)
                     if on_delta is not None:
-                        on_delta(delta.content)
-                if delta.refusal:
-                    self.refusal.append(str(delta.refusal))
-                for call in _list_of(delta.tool_calls, ChoiceDeltaToolCall, "tool_calls"):
-                    index = int(call.index if getattr(call, "index", None) is not None else len(self.calls))
-                    part = self.calls.setdefault(index, _PartialCall())
-                    if call.id:
-                        part.id = str(call.id)
-                    fn = call.function
+                        on_delta(content)
+                refusal = delta.get("refusal")
+                if refusal:
+                    self.refusal.append(str(refusal))
+                for call in objects_of(delta.get("tool_calls"), "tool_calls"):
+                    at = call.get("index")
+                    index = int(at if at is not None else len(self.calls))
+                    part = self.calls.get(index)
+                    if part is None:
+                        part = self.calls[index] = _PartialCall()
+                    if call.get("id"):
+                        part.id = str(call["id"])
+                    fn = call.get("function")
                     if fn is not None:
-                        if fn.name and not part.name:
-                            part.name = str(fn.name)
-                        if fn.arguments:
-                            if not isinstance(fn.arguments, str):
-                                raise TypeError(f"tool arguments are a {type(fn.arguments).__name__}, not a string")
-                            part.arguments.append(fn.arguments)
-            if choice.finish_reason:
-                self.finish = str(choice.finish_reason)
+                        fn = as_object(fn, "function")
+                        name = fn.get("name")
+                        if name and not part.name:
+                            part.name = str(name)
+                        arguments = fn.get("arguments")
+                        if arguments:
+                            if not isinstance(arguments, str):
+                                raise TypeError(f"tool arguments are a {type(arguments).__name__}, not a string")
+                            part.arguments.append(arguments)
+            finish = choice.get("finish_reason")
+            if finish:
+                self.finish = str(finish)
 
     def content(self) -> list[Block]:
         blocks: list[Block] = []
@@ -260,17 +282,6 @@ class _Assembly:
         if finish not in ("stop", "tool_calls", "function_call"):
             logger.warning("unknown finish_reason {!r}; treating it as the end of the answer", finish)
         return FinishReason.END_TURN
-
-
-def _list_of(value: object, cls: type[_T], what: str) -> list[_T]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise TypeError(f"{what} is a {type(value).__name__}, not a list")
-    for item in value:
-        if not isinstance(item, cls):
-            raise TypeError(f"an item of {what} is a {type(item).__name__}, not an object")
-    return value
 
 
 class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
@@ -354,30 +365,35 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
 
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
         """Stream one chat completion. Raises :class:`ModelError` classified as the module docstring says."""
+        import httpx2
         import openai
-        from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
         client = self._sdk()
         body = b"".join(self._body_pieces(request, _take(request)))
         got = _Assembly()
-        # The body is sent as prepared (see agent.models._http); the options are those of ``create``.
+        # The body is sent as prepared and the stream read raw (see agent.models._http); the
+        # options are those of ``create``.
         opening = client.post(
             "/chat/completions",
-            cast_to=ChatCompletion,
+            cast_to=httpx2.Response,
             content=body,
             options={"headers": {"Content-Type": "application/json"}, "security": {"bearer_auth": True}},
             stream=True,
-            stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            stream_cls=None,
         )
-        chunks = await self._read_stream(opening, got, on_delta, unit="chunk", failures=(openai.APIError,))
-        if got.finish is None:
-            raise ModelError(
-                ModelErrorKind.CONNECTION,
-                f"the stream from {self.provider} ended after {chunks} chunk(s) without a finish_reason"
-                " (connection dropped?)",
-                usage=got.usage,
-            )
-        content = got.content()
+        failures = (openai.APIError, httpx2.RequestError)
+        chunks = await self._read_stream(
+            cast("Awaitable[httpx2.Response]", opening), got, on_delta, unit="chunk", failures=failures
+        )
+        with answer_started():
+            if got.finish is None:
+                raise ModelError(
+                    ModelErrorKind.CONNECTION,
+                    f"the stream from {self.provider} ended after {chunks} chunk(s) without a finish_reason"
+                    " (connection dropped?)",
+                    usage=got.usage,
+                )
+            content = got.content()
         finish = got.finish_reason(any(isinstance(b, ToolUseBlock) for b in content))
         usage = got.usage
         if usage is None:
@@ -394,13 +410,30 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         )
         return Usage(input_tokens=math.ceil(prompt_bytes / 3), output_tokens=max(1, math.ceil(out_bytes / 3)))
 
+    def _item(self, event: str | None, data: str) -> object:
+        # As the SDK's stream: ``[DONE]`` ends it; an object with an ``error`` is an error.
+        if data.startswith("[DONE]"):
+            return END
+        chunk = json.loads(data)
+        if isinstance(chunk, dict) and chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else None
+            if not message or not isinstance(message, str):
+                message = "An error occurred during streaming"
+            raise StreamErrorItem(message, error)
+        return chunk
+
     def _failure(self, exc: Exception, usage: Usage | None) -> ModelError:
+        import httpx2
         import openai
 
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
             return self._timed_out(usage)
         if isinstance(exc, openai.APIConnectionError):
             return self._unreachable(exc, exc.message, usage)
+        if isinstance(exc, httpx2.RequestError):
+            # The stream broke after the headers (the SDK said so as a connection error caused by it).
+            return self._unreachable(exc, str(exc), usage, cause=exc)
         if isinstance(exc, openai.APIStatusError):
             detail = _detail(exc.body) or exc.message
             code = exc.code if isinstance(exc.code, str) else None
@@ -411,7 +444,8 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
                 f"{self.provider} sent a response that does not fit the chat-completions schema: {exc.message}",
                 usage=usage,
             )
-        assert isinstance(exc, openai.APIError)
+        if not isinstance(exc, StreamErrorItem):
+            return ModelError(ModelErrorKind.SERVER, self._redact(f"{self.provider} failed: {exc}")[:1000], usage=usage)
         # An error reported inside the stream ({"error": {...}} in place of a chunk).
         code = exc.body.get("code") if isinstance(exc.body, dict) else None
         code_status: int | None = None

@@ -69,6 +69,9 @@ class Sandbox:
     kind: Literal["bwrap", "none"] = "bwrap"
     bwrap: str = "bwrap"
     disable_userns: bool = True
+    #: A new IPC namespace per command; off only where the service may not make one (see
+    #: :func:`agent.sandbox.detect_bwrap`), when commands share the service's private one.
+    unshare_ipc: bool = True
     #: Seconds between SIGTERM and SIGKILL when a command times out.
     kill_grace: float = 2.0
     #: Paths shown read-only besides the system allowlist (a toolchain under ``/opt``, say).
@@ -129,7 +132,9 @@ class Sandbox:
             raise ValueError("an empty command")
         if self.kind == "none":
             return list(cmd)
-        args = [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        args = [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-uts"]
+        if self.unshare_ipc:
+            args.append("--unshare-ipc")
         if not self.network:
             args.append("--unshare-net")
         if self.disable_userns:

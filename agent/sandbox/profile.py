@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from loguru import logger
+
 from agent.limits import CommandLimits
 from agent.redact import Redactor
 from agent.sandbox.base import SandboxUnavailable
@@ -25,6 +27,16 @@ class Bwrap:
     path: str
     #: Whether it knows ``--disable-userns`` (bubblewrap 0.8 and later).
     disable_userns: bool = True
+    #: Whether a command may have an IPC namespace of its own. The system unit forbids making one
+    #: (``RestrictNamespaces=~cgroup ipc``, with ``PrivateIPC=yes``, to keep its exposure score
+    #: while not mapping other users to nobody): commands then share the service's private IPC
+    #: namespace (SysV IPC and POSIX message queues; ``/dev/shm`` stays private to each command).
+    unshare_ipc: bool = True
+
+
+def _probe(found: Bwrap) -> subprocess.CompletedProcess[bytes]:
+    box = Sandbox(Path("/"), bwrap=found.path, disable_userns=found.disable_userns, unshare_ipc=found.unshare_ipc)
+    return subprocess.run(box.argv(["true"]), env=box.environment(), capture_output=True, timeout=30)
 
 
 def detect_bwrap(name: str = "bwrap") -> Bwrap:
@@ -39,8 +51,12 @@ def detect_bwrap(name: str = "bwrap") -> Bwrap:
     try:
         helped = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10)
         found = Bwrap(path, disable_userns="--disable-userns" in helped.stdout)
-        probe = Sandbox(Path("/"), bwrap=found.path, disable_userns=found.disable_userns)
-        done = subprocess.run(probe.argv(["true"]), env=probe.environment(), capture_output=True, timeout=30)
+        done = _probe(found)
+        if done.returncode != 0:
+            shared = Bwrap(path, disable_userns=found.disable_userns, unshare_ipc=False)
+            if _probe(shared).returncode == 0:
+                logger.info("the sandbox cannot make IPC namespaces here: commands share the service's own")
+                return shared
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxUnavailable(f"{path} cannot be run: {exc}") from None
     if done.returncode != 0:
@@ -133,6 +149,7 @@ class SandboxProfile:
             secrets=secrets,
             bwrap=self.bwrap.path,
             disable_userns=self.bwrap.disable_userns,
+            unshare_ipc=self.bwrap.unshare_ipc,
             kill_grace=self.kill_grace,
             read_only=tuple(dict.fromkeys((*self.read_only, *policy.read_only))),
             limits=policy.limits(self.limits),

@@ -31,6 +31,9 @@ Limits. A sandboxed server runs under its sandbox's caps on processes and memory
 it becomes bwrap (:meth:`~agent.sandbox.Sandbox.launcher`), and it is removed when the server has
 exited; a limit it hit is logged then.
 
+The server's streams (the read stream that notices the server's end, the stderr pipe whose last
+lines explain a failed start) are :mod:`agent.tools.mcp_streams`'s.
+
 ``mcp`` is imported lazily: it takes half a second to import and most commands never need it.
 """
 
@@ -41,11 +44,10 @@ import contextlib
 import json
 import os
 import re
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from loguru import logger
@@ -57,6 +59,7 @@ from agent.models.base import ToolSpec
 from agent.redact import Redactor
 from agent.sandbox import Sandbox
 from agent.tools.base import Tool, ToolContext, ToolOutput
+from agent.tools.mcp_streams import StderrTail, WatchedStream
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -307,7 +310,7 @@ class McpServer:
     async def _connect(self) -> _Connection:
         conn = _Connection()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        stderr = _StderrTail(self.name)
+        stderr = StderrTail(self.name)
         self.starts += 1
         # The runner owns the SDK's context managers for the connection's whole life; see the module docstring.
         conn.task = asyncio.create_task(self._serve(conn, ready, stderr), name=f"mcp-server-{self.name}")
@@ -328,7 +331,7 @@ class McpServer:
             # Bounded: the transport's shutdown escalates to a kill within a few seconds.
             await conn.task
 
-    async def _serve(self, conn: _Connection, ready: asyncio.Future[None], stderr: _StderrTail) -> None:
+    async def _serve(self, conn: _Connection, ready: asyncio.Future[None], stderr: StderrTail) -> None:
         from mcp import ClientSession, StdioServerParameters
         from mcp.client.stdio import stdio_client
         from mcp.types import Implementation, PaginatedRequestParams
@@ -353,7 +356,7 @@ class McpServer:
                     read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
                     errlog.close()  # the server holds its own copy
                     me = Implementation(name="goald", version="1")
-                    client = ClientSession(_Watched(read, conn.lost), write, client_info=me)
+                    client = ClientSession(WatchedStream(read, conn.lost), write, client_info=me)
                     session = await stack.enter_async_context(client)
                     await session.initialize()
                     listing = await session.list_tools()
@@ -381,7 +384,7 @@ class McpServer:
                     logger.warning("MCP server {}: {}", self.name, verdict)
                 await asyncio.shield(group.remove())
 
-    def _start_failure(self, reason: str, stderr: _StderrTail) -> str:
+    def _start_failure(self, reason: str, stderr: StderrTail) -> str:
         text = f"MCP server {self.name} could not start: {reason}"
         tail = stderr.tail()
         return f"{text}; its stderr ended with:\n{tail}" if tail else text
@@ -457,100 +460,3 @@ def _reason(exc: BaseException) -> str:
             return "it exited (or closed its output) before answering"
         return f"it answered the handshake with an error: {exc.message}"
     return f"{type(exc).__name__}: {exc}"
-
-
-class _Watched:
-    """A read stream that sets ``lost`` when it ends: the server exited or closed its output."""
-
-    def __init__(self, inner: Any, lost: asyncio.Event) -> None:
-        self._inner = inner
-        self._lost = lost
-
-    async def receive(self) -> Any:
-        try:
-            return await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._lost.set()
-            raise
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _Watched:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _Watched:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class _StderrTail:
-    """A pipe for a server's stderr: each line is logged, and the last ones are kept."""
-
-    def __init__(self, server: str, keep: int = 20) -> None:
-        self._server = server
-        self._lines: deque[str] = deque(maxlen=keep)
-        self._partial = b""
-        self._fd: int | None = None
-
-    def open(self) -> TextIO:
-        """The write end, for the server; the read end is watched by the event loop."""
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(read_fd, False)
-        self._fd = read_fd
-        asyncio.get_running_loop().add_reader(read_fd, self._drain)
-        return os.fdopen(write_fd, "w")
-
-    def _drain(self) -> None:
-        # Bounded: a server that never stops writing cannot hold the loop here.
-        for _ in range(64):
-            if self._fd is None:
-                return
-            try:
-                data = os.read(self._fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self._take(self._partial)
-                self._partial = b""
-                self._forget()
-                return
-            *lines, self._partial = (self._partial + data).split(b"\n")
-            for line in lines:
-                self._take(line)
-            if len(self._partial) > 8192:
-                self._take(self._partial)
-                self._partial = b""
-
-    def _take(self, raw: bytes) -> None:
-        line = raw.decode(errors="replace").rstrip()
-        if line:
-            self._lines.append(line)
-            logger.debug("MCP server {} stderr: {}", self._server, line)
-
-    def _forget(self) -> None:
-        if self._fd is not None:
-            asyncio.get_running_loop().remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = None
-
-    def close(self) -> None:
-        """Read what is left without waiting, then close the read end."""
-        self._drain()
-        self._take(self._partial)
-        self._partial = b""
-        self._forget()
-
-    def tail(self) -> str:
-        """The last lines the server wrote."""
-        return "\n".join(self._lines)

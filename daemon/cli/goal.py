@@ -1,18 +1,39 @@
-"""``goald goal add|list|show|pause|resume|cancel|edit|logs``, through the daemon; and the params
-from the command line that goals and schedules share (budgets, verification, progress, sandbox)."""
+"""``goald goal add|list|show|pause|resume|cancel|edit|logs|delete``, through the daemon; and the
+params from the command line that goals and schedules share (budgets, verification, progress,
+sandbox).
+
+A goal is named by its key, its id or a unique prefix of its id; the daemon resolves it (an
+ambiguous prefix is answered with the candidates). ``goal show`` is the describe view
+(``goal/describe``); with ``--json`` it prints the goal as ``goal/get`` does, the shape scripts
+read. ``goal delete`` asks before it removes anything unless ``--yes``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent import parse_payload
-from daemon.cli.parser import EXIT_OK, UsageError, parse_deadline
+from daemon.cli.parser import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK, UsageError, parse_deadline
+from daemon.cli.transfer import goal_export, goal_import
 from daemon.client import Connection
-from daemon.display import TERMINAL, GoalDisplay, describe_event, goal_line, goal_lines, watch_goal
+from daemon.display import (
+    TERMINAL,
+    GoalDisplay,
+    describe_event,
+    describe_lines,
+    goal_line,
+    goal_table,
+    status_text,
+    use_utc,
+    watch_goal,
+    when,
+)
 from daemon.rpc.protocol import ErrorCode, RpcError
 from goals import GOAL_CHANGED, GoalChanged
 
@@ -90,8 +111,8 @@ def progress_params(args: argparse.Namespace) -> dict[str, Any] | None:
 
 async def goal_session(client: Connection, target: str) -> str:
     """The session a ``goal_…`` id, a session id prefix or a whole session id names."""
-    if target.startswith("goal_"):
-        goal = await client.call("goal/get", {"goalId": target})
+    if not target.startswith("ses_"):
+        goal = await client.call("goal/get", {"goalId": target})  # a goal id, id prefix or key
         return str(goal["sessionId"])
     if target.startswith("ses_") and len(target) < _SESSION_ID_LEN:
         found = (await client.call("session/list", {"prefix": target, "limit": 2}))["sessions"]
@@ -106,8 +127,9 @@ async def goal_session(client: Connection, target: str) -> str:
 
 async def goal(client: Connection, args: argparse.Namespace) -> int:
     action = args.goal_command
+    use_utc(getattr(args, "utc", False))
     if action is None:
-        raise UsageError("usage: goald goal add|list|show|pause|resume|cancel|edit|logs")
+        raise UsageError("usage: goald goal add|list|show|pause|resume|cancel|edit|logs|delete")
     handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] = GOAL_ACTIONS[action]
     return await handler(client, args)
 
@@ -127,6 +149,7 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
         "tools": args.tool,
         "progress": progress_params(args),
         "sandbox": sandbox_params(args),
+        "keepWorkdir": args.keep_workdir,
     }
     created = await client.call("goal/create", params)
     if args.json:
@@ -142,31 +165,55 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(raw: str | None, now: datetime | None = None) -> str | None:
+    """``--since``: an age (``30m``, ``2h``, ``1d``) or an ISO 8601 instant with a time zone."""
+    if raw is None:
+        return None
+    m = _AGE.match(raw.strip())
+    if m:
+        ago = timedelta(seconds=float(m[1]) * _UNIT_SECONDS[m[2]])
+        return ((now or datetime.now(UTC)) - ago).isoformat()
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--since {raw!r}: give an age such as 30m, 2h or 1d, or an ISO 8601 instant") from None
+    if value.tzinfo is None:
+        raise UsageError(f"--since {raw!r} needs a time zone (e.g. Z or +01:00)")
+    return value.isoformat()
+
+
 async def goal_list(client: Connection, args: argparse.Namespace) -> int:
-    result = await client.call("goal/list", {"status": args.status})
+    params = {"status": args.status, "schedule": args.schedule, "since": parse_since(args.since)}
+    result = await client.call("goal/list", {k: v for k, v in params.items() if v is not None})
     if args.json:
         print_json(result["goals"])
         return EXIT_OK
-    for g in result["goals"]:
-        print(goal_line(g))
     if not result["goals"]:
         print("no goals", file=sys.stderr)
+        return EXIT_OK
+    for line in goal_table(result["goals"]):
+        print(line)
     return EXIT_OK
 
 
 async def goal_show(client: Connection, args: argparse.Namespace) -> int:
-    g = await client.call("goal/get", {"goalId": args.goal})
     if args.watch:
-        return await watch_goal(client, g, as_json=args.json)
+        return await watch_goal(client, await client.call("goal/get", {"goalId": args.goal}), as_json=args.json)
     if args.json:
-        print_json(g)
+        print_json(await client.call("goal/get", {"goalId": args.goal}))
     else:
-        print("\n".join(goal_lines(g)))
+        print("\n".join(describe_lines(await client.call("goal/describe", {"goalId": args.goal}))))
     return EXIT_OK
 
 
 def _status_change(method: str) -> Callable[[Connection, argparse.Namespace], Awaitable[int]]:
     async def run(client: Connection, args: argparse.Namespace) -> int:
+        if method == "goal/resume" and (args.all or args.goal is None):
+            return await goal_resume_all(client, args)
         params: dict[str, Any] = {"goalId": args.goal}
         if method == "goal/resume":
             params["budgets"] = await _changed_budgets(client, args)
@@ -246,7 +293,52 @@ def _ends(ev: dict[str, Any], goal_id: str) -> bool:
 def _event_text(sid: str, seq: int, ev: dict[str, Any], as_json: bool) -> str:
     if as_json:
         return json.dumps({"sessionId": sid, "seq": seq, **ev}, default=str)
-    return f"[{seq:>5}] {ev['at'][11:23]} {describe_event(ev['type'], ev['data'])}"
+    return f"[{seq:>5}] {when(ev['at'])} {describe_event(ev['type'], ev['data'])}"
+
+
+async def goal_resume_all(client: Connection, args: argparse.Namespace) -> int:
+    """``goal resume --all [--reason R]``: every paused goal (of that reason), each on its own."""
+    if not args.all:
+        raise UsageError("goald goal resume needs a GOAL, or --all (with --reason to choose which)")
+    if args.goal is not None:
+        raise UsageError("goald goal resume --all takes no GOAL: leave it out, or drop --all")
+    if _budgets(args) is not None:
+        raise UsageError("goald goal resume --all keeps each goal's budgets: resume one goal to change its budgets")
+    result = await client.call("goal/resumeAll", {"reason": args.reason})
+    if args.json:
+        print_json(result)
+    else:
+        for r in result["results"]:
+            print(goal_line(r["goal"]) if r["goal"] is not None else f"{r['goalId']}  not resumed: {r['error']}")
+        if not result["results"]:
+            which = f" paused for {args.reason}" if args.reason else " paused"
+            print(f"no goals{which}", file=sys.stderr)
+    return EXIT_FAILURE if any(r["error"] for r in result["results"]) else EXIT_OK
+
+
+async def goal_delete(client: Connection, args: argparse.Namespace) -> int:
+    """``goal delete``: an ended goal, with its session and events once confirmed (``--yes``)."""
+    g = await client.call("goal/get", {"goalId": args.goal})
+    if g["status"] in ("active", "paused"):
+        print(f"goald: goal {g['id']} is {status_text(g)}: cancel it before deleting it", file=sys.stderr)
+        return EXIT_CONFLICT
+    if not args.yes:
+        prompt = (
+            f"delete goal {g['id']} ({status_text(g)}, created {when(g['createdAt'])}: {g['title'][:60]})"
+            f" with its session {g['sessionId']} and that session's events? The work directory stays. [y/N] "
+        )
+        print(prompt, end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline()
+        if answer.strip().lower() not in ("y", "yes"):
+            hint = "" if answer else " (no answer on stdin: give --yes to delete without asking)"
+            print(f"\nnot deleted{hint}", file=sys.stderr)
+            return EXIT_FAILURE
+    done = await client.call("goal/delete", {"goalId": g["id"]})
+    if args.json:
+        print_json(done)
+    else:
+        print(f"deleted {done['goal']['id']} and {done['sessionsDeleted']} session(s)")
+    return EXIT_OK
 
 
 GOAL_ACTIONS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] = {
@@ -258,4 +350,7 @@ GOAL_ACTIONS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int
     "cancel": _status_change("goal/cancel"),
     "edit": goal_edit,
     "logs": goal_logs,
+    "delete": goal_delete,
+    "export": goal_export,
+    "import": goal_import,
 }

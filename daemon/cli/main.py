@@ -9,11 +9,19 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from loguru import logger
+
+from agent import SchemaTooNew
+from agent.schema import MigrationFailed
+from daemon.checks import StateDirUnusable, config_findings, state_dir_problem
+from daemon.cli.completion import completion_script
 from daemon.cli.goal import goal
+from daemon.cli.notify import notify_command
 from daemon.cli.parser import (
     EXIT_CONFIG,
     EXIT_CONFLICT,
@@ -29,7 +37,8 @@ from daemon.cli.parser import (
 from daemon.cli.schedule import schedule_command
 from daemon.cli.session import send
 from daemon.cli.status import status
-from daemon.cli.store import store_command, vacuum
+from daemon.cli.store import backup, store_command, vacuum
+from daemon.cli.web import web_command
 from daemon.client import Connection, DaemonUnavailable
 from daemon.declared import check_declared
 from daemon.demo import run_demo
@@ -39,6 +48,7 @@ from daemon.logs import setup_logging
 from daemon.oneshot import RunOptions, read_text, run_oneshot
 from daemon.rpc.protocol import ErrorCode, RpcError
 from daemon.settings import ConfigError, Settings, load_settings
+from daemon.web.tokens import TokenError
 
 #: The commands that talk to a running daemon, by name.
 COMMANDS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] = {
@@ -47,6 +57,7 @@ COMMANDS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] 
     "send": send,
     "schedule": schedule_command,
     "store": store_command,
+    "notify": notify_command,
 }
 
 
@@ -61,7 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        if not sys.stdout.closed:  # (``serve --stdio`` hands stdout to the protocol, which closes it)
+            sys.stdout.flush()  # here, not at exit: a reader that went away is handled below
+        return code
+    except BrokenPipeError:
+        # Whoever read stdout went away (`goald goal list | head -1`): what it wanted it has; no
+        # traceback, and nothing more is written to the closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except UsageError as exc:
         print(f"goald: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -69,10 +88,42 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+#: The system daemon's configuration (the system unit's ``--config``).
+SYSTEM_CONFIG = Path("/etc/goald/goald.toml")
 
-    path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
-    return load_settings(path)
+
+def user_config() -> Path:
+    """The per-user configuration: ``$XDG_CONFIG_HOME/goald/goald.toml`` (``~/.config`` by default)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "goald" / "goald.toml"
+
+
+def find_config(args: argparse.Namespace, *, discover: bool = True) -> Path | None:
+    """The configuration a command reads: ``--config``, else ``GOALD_CONFIG``, else (``discover``:
+    the commands that talk to a daemon, and ``config check``) the system daemon's
+    ``/etc/goald/goald.toml`` if it exists, else the per-user one if it exists, else none (the
+    defaults). ``GOALD_SOCKET`` (or ``--socket``) still names the socket over whatever is found."""
+    if args.config is not None:
+        return Path(args.config)
+    if os.environ.get("GOALD_CONFIG"):
+        return Path(os.environ["GOALD_CONFIG"])
+    if discover:
+        for candidate in (SYSTEM_CONFIG, user_config()):
+            try:
+                if candidate.is_file() and os.access(candidate, os.R_OK):
+                    return candidate
+            except OSError:  # a directory this user may not look into: not theirs to use
+                continue
+    return None
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    # serve, run and store vacuum read only what they are told: a daemon started by hand must not
+    # pick up the system daemon's configuration (and its state directory) by surprise.
+    discover = args.command not in ("serve", "run") and not (
+        args.command == "store" and getattr(args, "store_command", None) == "vacuum"
+    )
+    return load_settings(find_config(args, discover=discover))
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -88,6 +139,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(run_demo(args.state_dir, sys.stdout, plain=args.plain))
     if cmd == "config":
         return _config_check(args)
+    if cmd == "completion":
+        print(completion_script(build_parser(), args.shell), end="")
+        return EXIT_OK
     if cmd == "acp":
         return _acp(args)
     try:
@@ -97,18 +151,36 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if cmd == "run":
         return _run(settings, args)
+    if cmd == "web":  # the token file itself: no daemon needed
+        try:
+            return web_command(settings, args)
+        except TokenError as exc:
+            print(f"goald: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     if cmd == "store" and args.store_command == "vacuum":
         return vacuum(settings)
+    if cmd == "store" and args.store_command == "backup":
+        setup_logging(args.log_level or "WARNING")
+        return backup(settings, args.socket or settings.socket_path, args.path)
     if cmd == "serve":
-        setup_logging(args.log_level or settings.log_level, settings.log_format)
+        setup_logging(args.log_level or settings.log_level, settings.log_format, journal_socket=settings.journal_socket)
 
         try:
-            return asyncio.run(Host(settings).run(stdio=args.stdio))
+            # An unusable state directory is one line and exit 78, before anything else is said.
+            if (problem := state_dir_problem(settings.state_dir)) is not None:
+                raise StateDirUnusable(problem)
+            host = Host(settings)
+            for finding in config_findings(settings, host.models):
+                logger.warning("configuration: {}", finding)
+            return asyncio.run(host.run(stdio=args.stdio))
         except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
             print(f"goald: {exc}", file=sys.stderr)
             return EXIT_LOCKED
         except ConfigError as exc:  # e.g. an invalid goals file: the file, entry and field are named
             print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        except (MigrationFailed, SchemaTooNew) as exc:  # the database unchanged; not worth a restart loop
+            print(f"goald: refusing to start: {exc}", file=sys.stderr)
             return EXIT_CONFIG
         except RuntimeError as exc:
             print(f"goald: {exc}", file=sys.stderr)
@@ -142,11 +214,26 @@ async def _with_client(
             ErrorCode.INVALID_PARAMS: EXIT_USAGE,
         }
         return codes.get(exc.code, EXIT_FAILURE)
+    except BrokenPipeError as exc:
+        if stdout_gone():
+            raise  # the reader of stdout went away, not the daemon: main() ends quietly
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except ConnectionError as exc:
         print(f"goald: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     finally:
         await client.close()
+
+
+def stdout_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has closed it (poll reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _acp(args: argparse.Namespace) -> int:
@@ -195,20 +282,26 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 def _config_check(args: argparse.Namespace) -> int:
 
     if args.config_command != "check":
-        raise UsageError("usage: goald config check [--config FILE]")
-    path = args.check_config or args.config
-    if path is None and os.environ.get("GOALD_CONFIG"):
-        path = Path(os.environ["GOALD_CONFIG"])
+        raise UsageError("usage: goald config check [--config FILE] [--strict]")
+    path = args.check_config or find_config(args)
     try:
         settings = load_settings(path)
+        host = Host(settings)
+        declared = None
         if settings.goals_file is not None:
             # The declared goals and schedules are configuration too: checked as the daemon would
             # at start (nothing is written; the store is not opened).
-            check_declared(settings.goals_file, Host(settings))
+            declared = check_declared(settings.goals_file, host)
     except ConfigError as exc:
         print(f"goald: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(json.dumps(settings.masked(), indent=2, sort_keys=True))
+    findings = config_findings(settings, host.models, declared)
+    for finding in findings:
+        print(f"goald: warning: {finding}", file=sys.stderr)
+    if findings and args.strict:
+        print(f"goald: {len(findings)} warning(s), refused by --strict", file=sys.stderr)
+        return EXIT_CONFIG
     return EXIT_OK
 
 

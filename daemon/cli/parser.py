@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from daemon import __version__
+from daemon.cli.web import add_web_parser
 from daemon.errors import DaemonError
 
 EXIT_OK = 0
@@ -29,22 +30,33 @@ class UsageError(DaemonError):
     """Bad command-line usage (exit 2)."""
 
 
+JSON_HELP = "print JSON (camelCase keys) instead of text"
+GOAL_HELP = "a goal key, goal id, or unique prefix of an id"
+SCHEDULE_HELP = "a schedule key, schedule id, or unique prefix of an id"
+GOAL_STATUSES = ["active", "paused", "completed", "failed", "cancelled", "exhausted"]
+
+
 def _add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> None:
-    p.add_argument("--title")
-    p.add_argument("--max-rounds", type=int)
-    p.add_argument("--max-tokens", type=int, help="total token budget")
-    p.add_argument("--max-cost", type=float)
-    p.add_argument("--max-wall", type=float, metavar="SECONDS", help="wall time while active")
-    p.add_argument("--deadline", help="ISO 8601 with a time zone, e.g. 2026-12-31T23:00:00Z")
-    p.add_argument("--verify", action="append", metavar="CMD", help="a verification command (repeatable)")
-    p.add_argument("--verify-timeout", type=float, default=300.0)
+    p.add_argument("--title", help="a short name shown in lists (default: the objective's first line)")
+    _add_budget_options(p)
+    p.add_argument(
+        "--verify",
+        action="append",
+        metavar="CMD",
+        help="a shell command run in the work directory when the agent claims completion; exit 0 passes (repeatable)",
+    )
+    p.add_argument(
+        "--verify-timeout", type=float, default=300.0, metavar="SECONDS", help="time limit of each --verify command"
+    )
     if not for_edit:
-        p.add_argument("--key")
-        p.add_argument("--model", help="PROVIDER:MODEL")
-        p.add_argument("--workdir")
-        p.add_argument("--session", help="run the goal on an existing session")
-        p.add_argument("--idempotency-key")
-        p.add_argument("--stall-rounds", type=int)
+        p.add_argument("--key", help="a unique name to address the goal by, instead of its id")
+        p.add_argument("--model", help="PROVIDER:MODEL (default: the configured default_model)")
+        p.add_argument("--workdir", help="an existing directory inside workdir_roots (default: a new one)")
+        p.add_argument("--session", help="run the goal on an existing session (id or unique prefix)")
+        p.add_argument("--idempotency-key", help="a repeated create with the same key returns the first goal")
+        p.add_argument(
+            "--stall-rounds", type=int, metavar="N", help="rounds without progress before it pauses stalled (default 3)"
+        )
         p.add_argument(
             "--tool",
             action="append",
@@ -55,10 +67,27 @@ def _add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> 
         _add_sandbox_options(p)
 
 
+def _add_budget_options(p: argparse.ArgumentParser) -> None:
+    """A goal's budgets (each one absent: no limit of that kind)."""
+    p.add_argument("--max-rounds", type=int, metavar="N", help="rounds (continuations) the goal may run")
+    p.add_argument("--max-tokens", type=int, metavar="TOKENS", help="total tokens (input + output) of all its calls")
+    p.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="AMOUNT",
+        help="total cost, in the currency of the provider's prices (per million tokens, e.g. USD);"
+        " the model must have prices",
+    )
+    p.add_argument("--max-wall", type=float, metavar="SECONDS", help="wall-clock seconds while active")
+    p.add_argument("--deadline", help="ISO 8601 instant with a time zone, e.g. 2026-12-31T23:00:00Z")
+
+
 def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
     """A goal's progress command and its own sandbox settings (merged with ``[goal_sandbox.<key>]``)."""
     p.add_argument("--progress", metavar="CMD", help="a command whose changed output counts as progress")
-    p.add_argument("--progress-timeout", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument(
+        "--progress-timeout", type=float, default=60.0, metavar="SECONDS", help="time limit of the --progress command"
+    )
     p.add_argument(
         "--network",
         action=argparse.BooleanOptionalAction,
@@ -84,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"goald {__version__}")
     parser.add_argument("--config", type=Path, default=None, help="TOML settings file (or GOALD_CONFIG)")
     parser.add_argument("--socket", type=Path, default=None, help="control socket (default from settings)")
-    parser.add_argument("--log-level", default=None, help="log level on stderr")
+    parser.add_argument("--log-level", default=None, help="log level on stderr (DEBUG, INFO, WARNING, ERROR)")
+    parser.add_argument(
+        "--utc", action="store_true", help="show times in UTC (default: the local zone, with its offset)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the daemon")
@@ -92,47 +124,68 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
 
     status = sub.add_parser("status", help="the daemon's health")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
 
     goal = sub.add_parser("goal", help="manage goals")
     gsub = goal.add_subparsers(dest="goal_command", metavar="ACTION")
     add = gsub.add_parser("add", help="create a goal")
-    add.add_argument("objective")
+    add.add_argument("objective", help="what the goal should achieve (the agent reads it every round)")
     _add_goal_options(add)
-    add.add_argument("--json", action="store_true")
-    lst = gsub.add_parser("list", help="list goals")
-    lst.add_argument("--status")
-    lst.add_argument("--json", action="store_true")
-    show = gsub.add_parser("show", help="show one goal")
-    show.add_argument("goal")
-    show.add_argument("--json", action="store_true")
+    add.add_argument(
+        "--keep-workdir",
+        action="store_true",
+        help="keep the work directory goald makes for the goal after it ends (retention removes it otherwise)",
+    )
+    add.add_argument("--json", action="store_true", help=JSON_HELP)
+    lst = gsub.add_parser("list", help="list goals as a table (newest first)")
+    lst.add_argument("--status", choices=GOAL_STATUSES, help="only goals of this status")
+    lst.add_argument("--schedule", metavar="SCHEDULE", help="only goals started by this schedule (id, prefix or key)")
+    lst.add_argument(
+        "--since", metavar="WHEN", help="only goals created since: an ISO 8601 instant, or an age such as 30m, 2h, 1d"
+    )
+    lst.add_argument("--json", action="store_true", help=JSON_HELP)
+    show = gsub.add_parser("show", help="describe one goal: status and why, activity, budgets, last events")
+    show.add_argument("goal", help=GOAL_HELP)
+    show.add_argument("--json", action="store_true", help="print the goal as JSON (goal/get)")
     show.add_argument("--watch", action="store_true", help="follow changes until the goal stops")
     for action in ("pause", "resume", "cancel"):
         a = gsub.add_parser(action, help=f"{action} a goal")
-        a.add_argument("goal")
-        a.add_argument("--json", action="store_true")
+        a.add_argument("goal", nargs="?" if action == "resume" else None, help=GOAL_HELP)
+        a.add_argument("--json", action="store_true", help=JSON_HELP)
         if action == "resume":
-            a.add_argument("--max-rounds", type=int)
-            a.add_argument("--max-tokens", type=int)
-            a.add_argument("--max-cost", type=float)
-            a.add_argument("--max-wall", type=float)
-            a.add_argument("--deadline")
+            _add_budget_options(a)
+            a.add_argument("--all", action="store_true", help="resume every paused goal (see --reason)")
+            a.add_argument(
+                "--reason", metavar="REASON", help="with --all: only goals paused for this reason, e.g. auth_error"
+            )
     edit = gsub.add_parser("edit", help="edit a goal's objective, budgets or verification")
-    edit.add_argument("goal")
-    edit.add_argument("--objective")
+    edit.add_argument("goal", help=GOAL_HELP)
+    edit.add_argument("--objective", help="the new objective (used from the next round)")
     _add_goal_options(edit, for_edit=True)
-    edit.add_argument("--json", action="store_true")
+    edit.add_argument("--json", action="store_true", help=JSON_HELP)
     logs = gsub.add_parser("logs", help="a goal's events")
-    logs.add_argument("goal")
-    logs.add_argument("--follow", "-f", action="store_true")
-    logs.add_argument("--json", action="store_true")
+    logs.add_argument("goal", help=GOAL_HELP)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the goal ends")
+    logs.add_argument("--json", action="store_true", help="one JSON object a line")
+    export = gsub.add_parser("export", help="write an ended goal with its sessions and events as a JSON document")
+    export.add_argument("goal", help=GOAL_HELP)
+    export.add_argument("-o", "--output", metavar="FILE", help="write here (must not exist) instead of stdout")
+    imp = gsub.add_parser("import", help="add a goal exported by another daemon (refused if already here)")
+    imp.add_argument("file", metavar="FILE", help="the export document (- reads stdin)")
+    imp.add_argument("--json", action="store_true", help=JSON_HELP)
+    delete = gsub.add_parser(
+        "delete", help="delete an ended goal with its session and events (asks first; the work directory stays)"
+    )
+    delete.add_argument("goal", help=GOAL_HELP)
+    delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (for scripts)")
+    delete.add_argument("--json", action="store_true", help=JSON_HELP)
 
     send = sub.add_parser("send", help="send a message to a session or a goal's session")
-    send.add_argument("target", metavar="SESSION_OR_GOAL")
-    send.add_argument("text")
-    send.add_argument("--steer", action="store_true")
-    send.add_argument("--context", action="store_true")
-    send.add_argument("--json", action="store_true")
+    send.add_argument("target", metavar="SESSION_OR_GOAL", help="a session id (or prefix), or a goal id or key")
+    send.add_argument("text", help="the message")
+    send.add_argument("--steer", action="store_true", help="deliver into the running turn, at its next step")
+    send.add_argument("--context", action="store_true", help="add as context: it wakes no turn by itself")
+    send.add_argument("--json", action="store_true", help=JSON_HELP)
     send.add_argument(
         "--reopen",
         action="store_true",
@@ -149,45 +202,70 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = sched.add_subparsers(dest="schedule_command", metavar="ACTION")
     sadd = ssub.add_parser("add", help="add (or update, by --key) a schedule that creates a goal")
     trig = sadd.add_mutually_exclusive_group(required=True)
-    trig.add_argument("--cron", help='5 fields, e.g. "0 3 * * *"')
-    trig.add_argument("--every", type=float, metavar="SECONDS")
+    trig.add_argument("--cron", help='5 fields, e.g. "0 3 * * *" (in --timezone)')
+    trig.add_argument("--every", type=float, metavar="SECONDS", help="fire every SECONDS seconds")
     trig.add_argument("--at", help="one-shot ISO 8601 instant with a time zone")
-    sadd.add_argument("--timezone", default="UTC")
-    sadd.add_argument("--key")
-    sadd.add_argument("--misfire", choices=["coalesce", "skip"], default="coalesce")
-    sadd.add_argument("--concurrency", choices=["forbid", "replace", "allow"], default="forbid")
-    sadd.add_argument("--starting-deadline", type=float, metavar="SECONDS")
-    sadd.add_argument("objective")
-    sadd.add_argument("--title")
-    sadd.add_argument("--model")
-    sadd.add_argument("--max-rounds", type=int)
-    sadd.add_argument("--max-tokens", type=int)
-    sadd.add_argument("--verify", action="append", metavar="CMD")
+    sadd.add_argument(
+        "--timezone", default="UTC", help="IANA zone of the cron fields, e.g. Europe/Berlin (default UTC)"
+    )
+    sadd.add_argument("--key", help="a unique name; adding the same key again updates the schedule")
+    sadd.add_argument(
+        "--misfire", choices=["coalesce", "skip"], default="coalesce", help="fires missed while down: one run, or none"
+    )
+    sadd.add_argument(
+        "--concurrency",
+        choices=["forbid", "replace", "allow"],
+        default="forbid",
+        help="when the previous goal still runs: skip this fire, cancel the previous, or run both",
+    )
+    sadd.add_argument(
+        "--starting-deadline", type=float, metavar="SECONDS", help="a fire later than this many seconds is skipped"
+    )
+    sadd.add_argument("objective", help="the objective of each goal the schedule starts")
+    sadd.add_argument("--title", help="the goals' title (default: the schedule's key or id and the fire time)")
+    sadd.add_argument("--model", help="PROVIDER:MODEL (default: the configured default_model)")
+    sadd.add_argument("--max-rounds", type=int, metavar="N", help="rounds each goal may run")
+    sadd.add_argument("--max-tokens", type=int, metavar="TOKENS", help="total tokens each goal may use")
+    sadd.add_argument("--verify", action="append", metavar="CMD", help="a verification command (repeatable)")
     sadd.add_argument("--tool", action="append", metavar="PATTERN", help="the goal's tool allowlist (repeatable)")
     _add_sandbox_options(sadd)
-    sadd.add_argument("--json", action="store_true")
+    sadd.add_argument("--json", action="store_true", help=JSON_HELP)
     slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
-    slist.add_argument("--json", action="store_true")
+    slist.add_argument("--json", action="store_true", help=JSON_HELP)
     srm = ssub.add_parser("rm", help="remove a schedule")
-    srm.add_argument("schedule")
-    sruns = ssub.add_parser("runs", help="a schedule's runs")
-    sruns.add_argument("schedule")
-    sruns.add_argument("--limit", type=int, default=20)
-    sruns.add_argument("--json", action="store_true")
+    srm.add_argument("schedule", help=SCHEDULE_HELP)
+    sruns = ssub.add_parser("runs", help="a schedule's runs, and how the goal each started ended")
+    sruns.add_argument("schedule", help=SCHEDULE_HELP)
+    sruns.add_argument("--limit", type=int, default=20, metavar="N", help="the latest N runs (default 20)")
+    sruns.add_argument("--json", action="store_true", help=JSON_HELP)
 
     store = sub.add_parser("store", help="the database: sizes, retention, space")
     stsub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     ststats = stsub.add_parser("stats", help="database size, rows per table, the largest sessions")
     ststats.add_argument("--top", type=int, default=10, help="how many of the largest sessions")
-    ststats.add_argument("--json", action="store_true")
+    ststats.add_argument("--json", action="store_true", help=JSON_HELP)
     stcompact = stsub.add_parser("compact", help="run retention now and give free space back")
-    stcompact.add_argument("--json", action="store_true")
+    stcompact.add_argument("--json", action="store_true", help=JSON_HELP)
     stsub.add_parser("vacuum", help="offline full VACUUM (refused while a daemon runs)")
+    stbackup = stsub.add_parser("backup", help="a consistent copy of the database (online, through the daemon)")
+    stbackup.add_argument("path", type=Path, metavar="PATH", help="the copy to write (must not exist)")
+
+    notify = sub.add_parser("notify", help="notifications")
+    nsub = notify.add_subparsers(dest="notify_command", metavar="ACTION", required=True)
+    ntest = nsub.add_parser("test", help="send a test message to one sink (or every sink) and show the outcome")
+    ntest.add_argument("sink", nargs="?", default=None, help="the sink's name (default: every sink)")
+    ntest.add_argument("--json", action="store_true", help=JSON_HELP)
 
     config = sub.add_parser("config", help="configuration")
     csub = config.add_subparsers(dest="config_command", metavar="ACTION")
     check = csub.add_parser("check", help="validate and print the effective settings (secrets masked)")
-    check.add_argument("--config", dest="check_config", type=Path, default=None)
+    check.add_argument("--config", dest="check_config", type=Path, default=None, help="TOML settings file")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 78) on warnings too: an unset key variable, a model without a provider, a cost cap"
+        " on a model without a price, a path that does not exist",
+    )
 
     demo = sub.add_parser("demo", help="run the demo goal on the embedded defaults")
     demo.add_argument("--state-dir", type=Path, default=None, help="keep the demo's state here (default: temp)")
@@ -208,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=int, help="model steps per turn")
     run.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
 
+    completion = sub.add_parser(
+        "completion", help='print a shell completion script (e.g. eval "$(goald completion bash)")'
+    )
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell")
+
+    add_web_parser(sub)
+
     acp = sub.add_parser("acp", help="serve the Agent Client Protocol on stdio (for editors such as Zed)")
     acp.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
     acp.add_argument(
@@ -216,14 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_deadline(raw: str | None) -> str | None:
-    """Validate an ISO 8601 instant with a time zone."""
+def parse_deadline(raw: str | None, flag: str = "--deadline") -> str | None:
+    """Validate an ISO 8601 instant with a time zone (``flag`` names the option in errors)."""
     if raw is None:
         return None
     try:
         value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"--deadline {raw!r} is not an ISO 8601 date-time") from None
+        raise UsageError(f"{flag} {raw!r} is not an ISO 8601 date-time") from None
     if value.tzinfo is None:
-        raise UsageError(f"--deadline {raw!r} needs a time zone (e.g. Z or +01:00)")
+        raise UsageError(f"{flag} {raw!r} needs a time zone (e.g. Z or +01:00)")
     return value.isoformat()

@@ -1,14 +1,21 @@
-"""The CLI's ``goald schedule add|list|rm|runs``."""
+"""The CLI's ``goald schedule add|list|rm|runs``.
+
+Times of a schedule are shown in the schedule's own zone (``--utc``: in UTC), to the second, with
+how far away they are ("in 1m20s"); ``schedule runs`` says how the goal each run started ended.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from daemon.cli.goal import progress_params, sandbox_params
 from daemon.cli.parser import UsageError, parse_deadline
 from daemon.client import Connection
+from daemon.display import age, status_text, use_utc, when
+from daemon.rpc.protocol import RpcError
 
 
 def _trigger(args: argparse.Namespace) -> dict[str, Any]:
@@ -16,22 +23,39 @@ def _trigger(args: argparse.Namespace) -> dict[str, Any]:
         return {"kind": "cron", "expr": args.cron}
     if args.every is not None:
         return {"kind": "interval", "seconds": args.every}
-    return {"kind": "date", "at": parse_deadline(args.at)}
+    return {"kind": "date", "at": parse_deadline(args.at, "--at")}
+
+
+def _zone(name: str) -> ZoneInfo | None:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
 
 
 def _line(s: dict[str, Any]) -> str:
     trig = s["trigger"]
-    what = trig.get("expr") or (f"every {trig['seconds']:g}s" if trig["kind"] == "interval" else f"at {trig.get('at')}")
+    tz = _zone(s["timezone"])
+    what = trig.get("expr") or (f"every {trig['seconds']:g}s" if trig["kind"] == "interval" else "once")
+    nxt = s.get("nextFireAt")
+    next_text = f"{when(nxt, tz)} ({age(nxt)})" if nxt else "-"
     last = f"{s.get('lastOutcome')} ({s.get('lastReason')})" if s.get("lastOutcome") else "never fired"
-    return (
-        f"{s['id']}  {s.get('key') or '-'}  {trig['kind']} {what} {s['timezone']}  "
-        f"next {s.get('nextFireAt') or '-'}  last {last}"
-    )
+    return f"{s['id']}  {s.get('key') or '-'}  {trig['kind']} {what} {s['timezone']}  next {next_text}  last {last}"
+
+
+async def _ended(client: Connection, goal_id: str) -> str:
+    """How the goal a run started stands (or ended)."""
+    try:
+        g = await client.call("goal/get", {"goalId": goal_id})
+    except RpcError:
+        return "goal deleted"
+    return status_text(g)
 
 
 async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
     """Run one schedule action."""
     action = args.schedule_command
+    use_utc(getattr(args, "utc", False))
     if action == "add":
         goal: dict[str, Any] = {"objective": args.objective}
         if args.title:
@@ -78,7 +102,7 @@ async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
             print(json.dumps(result["runs"], indent=2, sort_keys=True))
         else:
             for r in result["runs"]:
-                goal_ref = f" -> {r['goalId']}" if r.get("goalId") else ""
-                print(f"{r['scheduledFor']}  {r['outcome']}  {r['reason']}{goal_ref}")
+                goal_ref = f" -> {r['goalId']}: {await _ended(client, r['goalId'])}" if r.get("goalId") else ""
+                print(f"{when(r['scheduledFor'])}  {r['outcome']}  {r['reason']}{goal_ref}")
         return 0
     raise UsageError("usage: goald schedule add|list|rm|runs")

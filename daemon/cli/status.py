@@ -1,4 +1,9 @@
-"""``goald status``: the daemon's health, and each provider's in a few words."""
+"""``goald status``: the daemon's health in the words an operator looks for.
+
+What runs (version, PID, state, uptime), where (config file, state directory, database and its
+size, socket), goals by status, each provider's state in words that do not read as "down" when
+all is well (``ok (circuit closed)``) with its last error, and the next schedule fire.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +13,72 @@ from typing import Any
 from daemon.cli.goal import print_json
 from daemon.cli.parser import EXIT_OK
 from daemon.client import Connection
+from daemon.display import age, breaker_words, span, use_utc, when
+
+
+def size_text(n: int) -> str:
+    """Bytes in a few characters (``12.3 MiB``)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover - the loop returns
+
+
+def status_lines(health: dict[str, Any]) -> list[str]:
+    """``daemon/health`` as lines."""
+    h = health
+    out = [f"goald {h['version']}  pid {h.get('pid', '-')}  {h['status']}, up {span(h['uptimeSeconds'])}"]
+    out.append(f"config:    {h.get('configPath') or 'none (built-in defaults)'}")
+    out.append(f"state dir: {h.get('stateDir', '-')}")
+    if h.get("databasePath"):
+        out.append(f"database:  {h['databasePath']} ({size_text(int(h.get('databaseBytes') or 0))})")
+    if h.get("socketPath"):
+        out.append(f"socket:    {h['socketPath']}")
+    goals = ", ".join(f"{v} {k}" for k, v in (h.get("goals") or {}).items() if v)
+    out.append(f"goals:     {goals or 'none'}; sessions running: {h['sessionsRunning']}")
+    storage = h.get("storage") or {}
+    if storage and not storage.get("ok", True):
+        out.append(f"storage:   FAILING: {storage.get('error') or storage}")
+    providers = h.get("providers") or {}
+    if providers:
+        out.append("providers:")
+        out.extend(f"  {provider_line(name, p)}" for name, p in sorted(providers.items()))
+    else:
+        out.append("providers: none with a circuit (scripted models only)")
+    nxt = h.get("nextFire")
+    if nxt and nxt.get("at"):
+        who = nxt.get("key") or nxt["scheduleId"]
+        out.append(f"next fire: {who} at {when(nxt['at'])} ({age(nxt['at'])})")
+    else:
+        out.append("next fire: none scheduled")
+    return out
 
 
 async def status(client: Connection, args: argparse.Namespace) -> int:
+    use_utc(getattr(args, "utc", False))
     health = await client.call("daemon/health")
     if args.json:
         print_json(health)
     else:
-        goals = ", ".join(f"{k} {v}" for k, v in health["goals"].items() if v)
-        print(f"goald {health['version']}: {health['status']}, up {health['uptimeSeconds']:.0f}s")
-        print(f"goals: {goals or 'none'}; sessions running: {health['sessionsRunning']}")
-        providers = health.get("providers") or {}
-        if providers:
-            print("providers: " + "; ".join(provider_line(name, p) for name, p in sorted(providers.items())))
+        print("\n".join(status_lines(health)))
     return EXIT_OK
 
 
 def provider_line(name: str, snapshot: dict[str, Any]) -> str:
-    """One provider's health in a few words: its breaker, and who waits on it while it is open."""
+    """One provider's health in a few words: its state, who waits on it while it is open, its last error."""
     breaker = snapshot.get("breaker") or {}
-    state = str(snapshot.get("state", "unknown")).replace("_", "-")
-    text = f"{name} {state}"
+    state = str(snapshot.get("state", "unknown"))
+    parts = []
     if state == "closed":
         failures = breaker.get("consecutiveFailures") or 0
-        return text + (f" ({failures} failure(s) in a row)" if failures else "")
-    parts = []
-    if breaker.get("retryIn") is not None:
-        parts.append(f"probe in {breaker['retryIn']:.0f}s")
-    parts.append(f"{breaker.get('waiting', 0)} call(s) waiting")
+        if failures:
+            parts.append(f"{failures} failure(s) in a row")
+    else:
+        if breaker.get("retryIn") is not None:
+            parts.append(f"probe in {breaker['retryIn']:.0f}s")
+        parts.append(f"{breaker.get('waiting', 0)} call(s) waiting")
     if snapshot.get("lastError"):
-        parts.append(f"last error: {str(snapshot['lastError'])[:80]}")
-    return f"{text} ({', '.join(parts)})"
+        parts.append(f"last error: {str(snapshot['lastError'])[:120]}")
+    return f"{name} {breaker_words(state)}" + (f"; {'; '.join(parts)}" if parts else "")

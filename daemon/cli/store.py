@@ -1,4 +1,5 @@
-"""The CLI's ``goald store stats|compact`` (through the daemon) and ``goald store vacuum`` (offline).
+"""The CLI's ``goald store stats|compact`` (through the daemon), ``goald store vacuum`` (offline) and
+``goald store backup PATH`` (through the daemon when one holds the store, else offline).
 
 ``vacuum`` rewrites the whole database with a full ``VACUUM``, which holds the writer for its whole
 run; it is therefore offline only: it takes the state directory's lock (:mod:`daemon.lock`) first
@@ -9,13 +10,17 @@ incremental auto-vacuum switches to it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from agent import retention
-from daemon.client import Connection
+from daemon.backup import backup_offline
+from daemon.client import Connection, DaemonUnavailable
 from daemon.lock import StateDirLocked, StateLock
+from daemon.rpc.protocol import RpcError
 
 
 def _mib(n: int) -> str:
@@ -79,4 +84,49 @@ def vacuum(settings: Any) -> int:
         f"vacuumed {result['path']}: {_mib(result['bytesBefore'])} -> {_mib(result['bytesAfter'])},"
         f" auto_vacuum {result['autoVacuumBefore']} -> {result['autoVacuum']}"
     )
+    return 0
+
+
+async def _backup_online(socket_path: Path, dest: Path) -> dict[str, Any] | None:
+    """The daemon's ``store/backup`` answer, or ``None`` when no daemon answers on ``socket_path``."""
+    try:
+        client = await Connection.connect(socket_path)
+    except DaemonUnavailable:
+        return None
+    try:
+        answer: dict[str, Any] = await client.call("store/backup", {"path": str(dest)})
+        return answer
+    finally:
+        await client.close()
+
+
+def backup(settings: Any, socket_path: Path, path: Path) -> int:
+    """``goald store backup PATH``: a consistent copy of the database at ``PATH`` (which must not
+    exist), made by the running daemon, or here under the state lock when none runs."""
+    dest = path.expanduser().absolute()  # the daemon's working directory is not ours
+    try:
+        answer = asyncio.run(_backup_online(socket_path, dest))
+    except RpcError as exc:
+        print(f"goald: backup refused: {exc.message}", file=sys.stderr)
+        return 1
+    except ConnectionError as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return 69
+    if answer is not None:
+        print(f"backed up {settings.database_path} to {answer['path']} ({_mib(answer['bytes'])}, online)")
+        return 0
+    lock = StateLock(settings.state_dir.expanduser(), settings.database_path)
+    try:
+        lock.acquire()
+    except StateDirLocked as exc:
+        print(f"goald: {exc}; it does not answer on {socket_path} (wait until it serves)", file=sys.stderr)
+        return 75
+    try:
+        size = backup_offline(settings.database_path, dest)
+    except OSError as exc:  # no database, the copy exists already, no such directory, not writable
+        print(f"goald: backup refused: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        lock.release()
+    print(f"backed up {settings.database_path} to {dest} ({_mib(size)}, offline)")
     return 0

@@ -2,8 +2,10 @@
 
 - :mod:`~daemon.client.connection`: :class:`Connection`, the JSON-RPC connection as it is on the
   wire (dicts in, dicts out), used by the CLI and the tests.
-- :mod:`~daemon.client.sdk`: :class:`Client`, the Python SDK built on it (typed notifications,
-  a private child daemon, ``run()``).
+- :mod:`~daemon.client.sdk`: :class:`Client`, the Python SDK built on it (``run()`` and the
+  typed calls), with its parts: :mod:`~daemon.client.notifications` (typed notifications and the
+  streams that hand them out) and :mod:`~daemon.client.child` (a private ``goald serve --stdio``
+  child: its command line, and stopping it with escalation).
 - :mod:`~daemon.client.interval`: what ``run()`` owns, from a message's receipt to the next
   whole-agent idle, and its :class:`RunResult`.
 

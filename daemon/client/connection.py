@@ -41,10 +41,15 @@ class Connection:
         """Connect to the daemon's socket."""
         try:
             reader, writer = await asyncio.open_unix_connection(str(path), limit=2**24)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+        except PermissionError as exc:
+            raise DaemonUnavailable(
+                f"not allowed to use the goald socket {path}: {exc.strerror or exc}; the daemon's user and the"
+                " members of its socket_group may (ask to be added to that group)"
+            ) from None
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
             raise DaemonUnavailable(
                 f"no goald daemon answers on {path}: {exc.strerror or exc}; start one with 'goald serve',"
-                " or name its socket with --socket"
+                " or name its socket with --socket (or GOALD_SOCKET, or the socket of the --config it reads)"
             ) from None
         return cls(reader, writer)
 

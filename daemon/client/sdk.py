@@ -13,20 +13,17 @@ client keeps that one subscription for its lifetime (one per client, however man
 
 A private daemon (:meth:`Client.spawn`) is ``goald serve --stdio`` as a child process in its own
 process group; :meth:`Client.close` stops it with escalation: the ``shutdown`` method, then closing
-its stdin, then SIGTERM, then SIGKILL, each step given ``stop_timeout`` seconds.
+its stdin, then SIGTERM, then SIGKILL, each step given ``stop_timeout`` seconds
+(:mod:`daemon.client.child`). The typed notifications and their streams are in
+:mod:`daemon.client.notifications`; their names are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import os
 import shutil
-import signal
 import socket
-import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -35,24 +32,15 @@ from typing import IO, Any, Literal
 from pydantic import BaseModel
 
 from agent import AgentStatus, MessageId, SessionId
+from daemon.client.child import StopStep, child_command, stop_child
 from daemon.client.connection import Connection, DaemonUnavailable
 from daemon.client.interval import Interval, RunResult, SessionEvent, find_receipt
+from daemon.client.notifications import Fanout, Notification, Notifications, StatusChange, parse_notification
 from daemon.errors import DaemonError
 from daemon.ports import HostPort
 from daemon.rpc.methods import build_dispatcher
 from daemon.rpc.server import serve_connection
 from daemon.settings import load_settings
-
-
-class StatusChange(BaseModel):
-    """A whole-agent status transition (``session.status``); ``seq`` is its status event's number."""
-
-    session_id: str
-    seq: int
-    status: AgentStatus
-
-
-Notification = SessionEvent | StatusChange
 
 
 class AgentState(BaseModel):
@@ -62,21 +50,6 @@ class AgentState(BaseModel):
     status: AgentStatus
     seq: int
     last_seq: int
-
-
-class StopStep(enum.StrEnum):
-    """How :meth:`Client.close` ended a private daemon."""
-
-    #: It had already exited.
-    EXITED = "exited"
-    #: It answered the ``shutdown`` method and exited.
-    SHUTDOWN = "shutdown"
-    #: It exited when its stdin closed.
-    STDIN_CLOSED = "stdin_closed"
-    #: It exited on SIGTERM.
-    SIGTERM = "sigterm"
-    #: It had to be killed.
-    SIGKILL = "sigkill"
 
 
 class RunIncomplete(DaemonError, ConnectionError):
@@ -89,47 +62,6 @@ class RunIncomplete(DaemonError, ConnectionError):
 
 class MessageIdReused(DaemonError, ValueError):
     """``run()`` was given a message id that was already used: no new receipt, no interval to own."""
-
-
-class Notifications:
-    """The client's notifications from the moment this stream was opened (an async iterator).
-
-    Unread notifications are buffered; close the stream (or use it as a context manager) when done.
-    """
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-        self._queue: asyncio.Queue[Notification | None] = asyncio.Queue()
-        client._listeners.add(self._queue)
-        if client._ended:
-            self._queue.put_nowait(None)
-
-    def __enter__(self) -> Notifications:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __aiter__(self) -> Notifications:
-        return self
-
-    async def __anext__(self) -> Notification:
-        item = await self._queue.get()
-        if item is None:
-            self._queue.put_nowait(None)
-            raise StopAsyncIteration
-        return item
-
-    async def next(self) -> Notification:
-        """The next notification; raises ``ConnectionError`` once the connection has ended."""
-        try:
-            return await self.__anext__()
-        except StopAsyncIteration:
-            raise ConnectionError("the daemon closed the connection") from None
-
-    def close(self) -> None:
-        """Stop receiving."""
-        self._client._listeners.discard(self._queue)
 
 
 class Client:
@@ -149,8 +81,7 @@ class Client:
         self._temp_dir = temp_dir
         self._stop_timeout = stop_timeout
         self._on_close = on_close
-        self._listeners: set[asyncio.Queue[Notification | None]] = set()
-        self._ended = False
+        self._fanout = Fanout()
         self._all_subscribed = False
         self._subscribe_lock = asyncio.Lock()
         self._stopped: StopStep | None = None
@@ -199,7 +130,7 @@ class Client:
         Raises:
             DaemonUnavailable: the child exited or did not answer in time.
         """
-        cmd, child_env, temp = _child_command(config, state_dir, argv, env, log_level)
+        cmd, child_env, temp = child_command(config, state_dir, argv, env, log_level)
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             stdin=asyncio.subprocess.PIPE,
@@ -269,7 +200,11 @@ class Client:
         self._closed = True
         proc = self._process
         if proc is not None:
-            self._stopped = StopStep.EXITED if proc.returncode is not None else await self._stop_child(proc)
+            self._stopped = (
+                StopStep.EXITED
+                if proc.returncode is not None
+                else await stop_child(proc, self._conn, self._stop_timeout, ended=self._fanout.ended)
+            )
         await self._conn.close()
         self._pump_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -281,31 +216,6 @@ class Client:
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
         return self._stopped
-
-    async def _stop_child(self, proc: asyncio.subprocess.Process) -> StopStep:
-        t = self._stop_timeout
-        if self._ended:
-            # Its stdout is closed: it has exited (or is exiting); there is no one to ask.
-            if await _exited(proc, t):
-                return StopStep.EXITED
-        else:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(t):
-                    await self._conn.call("shutdown")
-            if await _exited(proc, t):
-                return StopStep.SHUTDOWN
-        if proc.stdin is not None:
-            proc.stdin.close()
-        if await _exited(proc, t):
-            return StopStep.STDIN_CLOSED
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        if await _exited(proc, t):
-            return StopStep.SIGTERM
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        return StopStep.SIGKILL
 
     # -- low level -------------------------------------------------------------------------
 
@@ -371,19 +281,16 @@ class Client:
 
     def notifications(self) -> Notifications:
         """A stream of the notifications of this client's subscriptions, from now on."""
-        return Notifications(self)
+        return Notifications(self._fanout)
 
     async def _pump(self) -> None:
         try:
             async for note in self._conn.notifications():
-                item = _parse(note)
+                item = parse_notification(note)
                 if item is not None:
-                    for queue in list(self._listeners):
-                        queue.put_nowait(item)
+                    self._fanout.publish(item)
         finally:
-            self._ended = True
-            for queue in list(self._listeners):
-                queue.put_nowait(None)
+            self._fanout.end()
 
     # -- high level ------------------------------------------------------------------------
 
@@ -478,52 +385,13 @@ class Client:
                 return item
 
 
-def _child_command(
-    config: str | Path | None,
-    state_dir: str | Path | None,
-    argv: Sequence[str] | None,
-    env: dict[str, str] | None,
-    log_level: str,
-) -> tuple[list[str], dict[str, str], Path | None]:
-    """The private daemon's command line, environment, and the temporary state directory (if one)."""
-    temp = None
-    if state_dir is None and config is None:
-        temp = Path(tempfile.mkdtemp(prefix="goald-sdk-"))
-        state_dir = temp
-    cmd = list(argv or [sys.executable, "-m", "daemon"])
-    if config is not None:
-        cmd += ["--config", str(config)]
-    cmd += ["--log-level", log_level, "serve", "--stdio"]
-    child_env = dict(os.environ if env is None else env)
-    # systemd's variables belong to whoever runs us, not to a private child.
-    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
-        child_env.pop(name, None)
-    if state_dir is not None:
-        child_env["GOALD_STATE_DIR"] = str(Path(state_dir).expanduser().resolve())
-    return cmd, child_env, temp
-
-
-async def _exited(proc: asyncio.subprocess.Process, seconds: float) -> bool:
-    try:
-        await asyncio.wait_for(proc.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True
-
-
-def _parse(note: dict[str, Any]) -> Notification | None:
-    params = note.get("params") or {}
-    match note.get("method"):
-        case "session.event":
-            ev = params.get("event") or {}
-            return SessionEvent(
-                session_id=params["sessionId"],
-                seq=params["seq"],
-                type=ev["type"],
-                data=ev.get("data") or {},
-                at=ev.get("at", ""),
-            )
-        case "session.status":
-            return StatusChange(session_id=params["sessionId"], seq=params["seq"], status=params["status"])
-        case _:
-            return None
+__all__ = [
+    "AgentState",
+    "Client",
+    "MessageIdReused",
+    "Notification",
+    "Notifications",
+    "RunIncomplete",
+    "StatusChange",
+    "StopStep",
+]

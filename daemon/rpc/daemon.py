@@ -1,15 +1,23 @@
-"""The daemon's own methods: ``initialize``, ``daemon/health``, ``daemon/reload`` and ``shutdown``."""
+"""The daemon's own methods: ``initialize``, ``daemon/health``, ``daemon/reload`` and ``shutdown``.
+
+``daemon/health`` is the host's health (state, uptime, goals by status, providers, storage) with
+what an operator asks next: the process id, the config file and state directory in use, the
+database's size on disk, the socket, and the next schedule fire.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TypedDict
 
+from agent.retention import file_bytes
 from daemon import __version__
 from daemon.rpc.context import HostPort
 from daemon.rpc.params import NoParams
 from daemon.rpc.protocol import PROTOCOL_VERSION, Dispatcher, Peer
 from daemon.rpc.views import Empty, JsonObject
+from daemon.schedule.service import Scheduler
 
 
 class ServerInfo(TypedDict):
@@ -35,7 +43,16 @@ def register(d: Dispatcher, host: HostPort) -> None:
 
     @d.method("daemon/health", NoParams)
     async def health(p: NoParams, peer: Peer) -> JsonObject:
-        return await host.health()
+        s = host.settings
+        out = dict(await host.health())
+        out["pid"] = os.getpid()
+        out["configPath"] = str(s.config_file) if s.config_file is not None else None
+        out["stateDir"] = str(s.state_dir.expanduser())
+        out["databasePath"] = str(s.database_path)
+        out["databaseBytes"] = await asyncio.to_thread(file_bytes, s.database_path)
+        out["socketPath"] = str(s.socket_path)
+        out["nextFire"] = await _next_fire(host.scheduler)
+        return out
 
     @d.method("daemon/reload", NoParams)
     async def reload(p: NoParams, peer: Peer) -> dict[str, int]:
@@ -45,3 +62,15 @@ def register(d: Dispatcher, host: HostPort) -> None:
     async def shutdown(p: NoParams, peer: Peer) -> Empty:
         asyncio.get_running_loop().call_soon(host.request_stop)
         return {}
+
+
+async def _next_fire(sched: Scheduler | None) -> JsonObject | None:
+    """The soonest planned fire of any schedule (``None``: no schedule will fire)."""
+    if sched is None:
+        return None
+    planned = [s for s in await sched.list() if s.next_fire_at is not None]
+    if not planned:
+        return None
+    first = min(planned, key=lambda s: s.next_fire_at or 0)
+    at = first.next_fire_at
+    return {"scheduleId": first.id, "key": first.key, "at": at.isoformat() if at else None, "timezone": first.timezone}

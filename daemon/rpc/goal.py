@@ -1,4 +1,11 @@
-"""The ``goal/*`` methods: create, list, get, pause, resume, cancel and update goals."""
+"""The ``goal/*`` methods: create, list, get, describe, pause, resume (one or all), cancel, update
+and delete goals.
+
+A goal is addressed by its key, its id or a unique prefix of its id (``goals.store.resolve_goal_id``).
+``goal/describe`` is the operator's view: the goal with what it is doing now (:mod:`daemon.rpc.activity`),
+the last error or refused verification, the schedule that started it and its latest events, so
+that ``goald goal show`` needs one call and every reason arrives as the daemon knows it.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +13,13 @@ import contextlib
 import os
 from typing import TypedDict
 
-from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, taking_work
-from daemon.rpc.params import GoalCreate, GoalList, GoalRef, GoalResume, GoalUpdate
+from daemon.checks import check_goal_input
+from daemon.rpc.activity import describe
+from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
+from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalResume, GoalResumeAll, GoalUpdate
 from daemon.rpc.protocol import Dispatcher, Peer
 from daemon.rpc.views import JsonObject, goal_view
-from goals import Budgets, GoalId, GoalSpec, SandboxSpec, StopRules, VerifyCommand
+from goals import Budgets, Goal, GoalId, GoalSpec, SandboxSpec, StopRules, VerifyCommand
 
 
 class GoalCreated(TypedDict):
@@ -27,71 +36,139 @@ class GoalListing(TypedDict):
     goals: list[JsonObject]
 
 
+class GoalDeleted(TypedDict):
+    """``goal/delete``'s answer: the goal as it was, and how many sessions went with it."""
+
+    goal: JsonObject
+    sessionsDeleted: int
+
+
+class ResumeOutcome(TypedDict):
+    """One goal of ``goal/resumeAll``: resumed (``goal``) or not (``error``)."""
+
+    goalId: str
+    goal: JsonObject | None
+    error: str | None
+
+
+class ResumedAll(TypedDict):
+    """``goal/resumeAll``'s answer."""
+
+    results: list[ResumeOutcome]
+
+
+def _spec_of(host: HostPort, p: GoalCreate) -> GoalSpec:
+    """The goal spec of a ``goal/create`` request (its work directory is resolved apart)."""
+    return GoalSpec(
+        objective=p.objective,
+        title=p.title,
+        key=p.key,
+        budgets=p.budgets.to_budgets() if p.budgets else Budgets(),
+        verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify],
+        model=p.model or host.settings.default_model,
+        workdir=None,
+        tools=p.tools,
+        session_id=p.session_id,
+        idempotency_key=p.idempotency_key,
+        rules=StopRules(stall_rounds=p.stall_rounds) if p.stall_rounds else StopRules(),
+        progress=VerifyCommand.model_validate(p.progress.model_dump()) if p.progress is not None else None,
+        sandbox=p.sandbox.to_spec() if p.sandbox is not None else SandboxSpec(),
+        keep_workdir=p.keep_workdir,
+    )
+
+
+async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
+    """``goal/create``: check the spec (model, commands, cost cap, sandbox) before anything is
+    written, resolve the work directory, and create the goal."""
+    taking_work(host)
+    eng = engine(host)
+    goal_id = GoalId.new()
+    spec = _spec_of(host, p)
+    # Refused now, naming the field, rather than at the first call or the first claim.
+    check_goal_input(
+        host.settings,
+        host.models,
+        model=spec.model or host.settings.default_model,
+        commands=[(f"verify[{i}].cmd", v.cmd) for i, v in enumerate(spec.verify)]
+        + ([("progress.cmd", spec.progress.cmd)] if spec.progress is not None else []),
+        max_cost=spec.budgets.max_cost,
+    )
+    checked_sandbox(host, spec.sandbox, p.session_id is not None)
+    if p.workdir is not None or p.session_id is None:
+        workdir = host.workdirs.resolve(p.workdir, goal_id)
+        spec = spec.model_copy(update={"workdir": str(workdir)})
+    elif (row := await runtime(host).session(p.session_id)).workdir is not None:
+        # A goal on an existing session works, and is verified, in that session's directory
+        # (without one, its verification commands would have nowhere to run).
+        spec = spec.model_copy(update={"workdir": str(host.workdirs.resolve(row.workdir, goal_id))})
+    try:
+        goal = await eng.create(spec, goal_id=goal_id, caller=peer.caller)
+    except BaseException:
+        if p.workdir is None and p.session_id is None and spec.workdir is not None:
+            # The directory made above for this goal id: a refused goal (e.g. a key that is
+            # taken) leaves nothing behind. rmdir removes it only while it is still empty.
+            with contextlib.suppress(OSError):
+                os.rmdir(spec.workdir)
+        raise
+    return {"goalId": goal.id, "sessionId": goal.session_id, "workdir": goal.workdir}
+
+
+def _resumed_all(done: list[tuple[str, Goal | Exception]]) -> ResumedAll:
+    """``goal/resumeAll``'s answer: each goal resumed, or the error that kept it paused."""
+    return {
+        "results": [
+            {"goalId": gid, "goal": None, "error": str(got)}
+            if isinstance(got, Exception)
+            else {"goalId": gid, "goal": goal_view(got), "error": None}
+            for gid, got in done
+        ]
+    }
+
+
 def register(d: Dispatcher, host: HostPort) -> None:
     """Add the ``goal/*`` methods to ``d``."""
 
     @d.method("goal/create", GoalCreate)
     async def goal_create(p: GoalCreate, peer: Peer) -> GoalCreated:
-        taking_work(host)
-        eng = engine(host)
-        goal_id = GoalId.new()
-        spec = GoalSpec(
-            objective=p.objective,
-            title=p.title,
-            key=p.key,
-            budgets=p.budgets.to_budgets() if p.budgets else Budgets(),
-            verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify],
-            model=p.model or host.settings.default_model,
-            workdir=None,
-            tools=p.tools,
-            session_id=p.session_id,
-            idempotency_key=p.idempotency_key,
-            rules=StopRules(stall_rounds=p.stall_rounds) if p.stall_rounds else StopRules(),
-            progress=VerifyCommand.model_validate(p.progress.model_dump()) if p.progress is not None else None,
-            sandbox=p.sandbox.to_spec() if p.sandbox is not None else SandboxSpec(),
-        )
-        host.models.get(spec.model)
-        checked_sandbox(host, spec.sandbox, p.session_id is not None)
-        if p.workdir is not None or p.session_id is None:
-            workdir = host.workdirs.resolve(p.workdir, goal_id)
-            spec = spec.model_copy(update={"workdir": str(workdir)})
-        elif (row := await runtime(host).session(p.session_id)).workdir is not None:
-            # A goal on an existing session works, and is verified, in that session's directory
-            # (without one, its verification commands would have nowhere to run).
-            spec = spec.model_copy(update={"workdir": str(host.workdirs.resolve(row.workdir, goal_id))})
-        try:
-            goal = await eng.create(spec, goal_id=goal_id)
-        except BaseException:
-            if p.workdir is None and p.session_id is None and spec.workdir is not None:
-                # The directory made above for this goal id: a refused goal (e.g. a key that is
-                # taken) leaves nothing behind. rmdir removes it only while it is still empty.
-                with contextlib.suppress(OSError):
-                    os.rmdir(spec.workdir)
-            raise
-        return {"goalId": goal.id, "sessionId": goal.session_id, "workdir": goal.workdir}
+        return await create_goal(host, p, peer)
 
     @d.method("goal/list", GoalList)
     async def goal_list(p: GoalList, peer: Peer) -> GoalListing:
-        goals = await engine(host).list_goals(p.status)
+        schedule_id = (await scheduler(host).get(p.schedule)).id if p.schedule is not None else None
+        goals = await engine(host).list_goals(p.status, schedule_id=schedule_id, since=p.since)
         return {"goals": [goal_view(g) for g in goals]}
 
     @d.method("goal/get", GoalRef)
     async def goal_get(p: GoalRef, peer: Peer) -> JsonObject:
         return goal_view(await engine(host).get(p.goal_id))
 
+    @d.method("goal/describe", GoalDescribe)
+    async def goal_describe(p: GoalDescribe, peer: Peer) -> JsonObject:
+        return await describe(host, await engine(host).get(p.goal_id), p.events)
+
+    @d.method("goal/delete", GoalRef)
+    async def goal_delete(p: GoalRef, peer: Peer) -> GoalDeleted:
+        goal, sessions = await engine(host).delete(p.goal_id)
+        return {"goal": goal_view(goal), "sessionsDeleted": sessions}
+
+    @d.method("goal/resumeAll", GoalResumeAll)
+    async def goal_resume_all(p: GoalResumeAll, peer: Peer) -> ResumedAll:
+        taking_work(host)
+        return _resumed_all(await engine(host).resume_all(p.reason, caller=peer.caller))
+
     @d.method("goal/pause", GoalRef)
     async def goal_pause(p: GoalRef, peer: Peer) -> JsonObject:
-        return goal_view(await engine(host).pause(p.goal_id))
+        return goal_view(await engine(host).pause(p.goal_id, caller=peer.caller))
 
     @d.method("goal/resume", GoalResume)
     async def goal_resume(p: GoalResume, peer: Peer) -> JsonObject:
         taking_work(host)
         budgets = p.budgets.to_budgets() if p.budgets else None
-        return goal_view(await engine(host).resume(p.goal_id, budgets))
+        return goal_view(await engine(host).resume(p.goal_id, budgets, caller=peer.caller))
 
     @d.method("goal/cancel", GoalRef)
     async def goal_cancel(p: GoalRef, peer: Peer) -> JsonObject:
-        return goal_view(await engine(host).cancel(p.goal_id))
+        return goal_view(await engine(host).cancel(p.goal_id, caller=peer.caller))
 
     @d.method("goal/update", GoalUpdate)
     async def goal_update(p: GoalUpdate, peer: Peer) -> JsonObject:
@@ -101,5 +178,6 @@ def register(d: Dispatcher, host: HostPort) -> None:
             title=p.title,
             budgets=p.budgets.to_budgets() if p.budgets else None,
             verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify] if p.verify is not None else None,
+            caller=peer.caller,
         )
         return goal_view(goal)

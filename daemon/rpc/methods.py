@@ -9,7 +9,7 @@ dispatcher with typed params and result. They see the daemon only as a
 from __future__ import annotations
 
 from daemon.ports import HostPort
-from daemon.rpc import daemon, goal, schedule, session, store
+from daemon.rpc import daemon, goal, schedule, session, store, transfer
 from daemon.rpc.protocol import Dispatcher
 
 
@@ -21,4 +21,5 @@ def build_dispatcher(host: HostPort) -> Dispatcher:
     goal.register(d, host)
     schedule.register(d, host)
     store.register(d, host)
+    transfer.register(d, host)
     return d

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from agent import MessageId, SessionId
-from goals import Budgets, GoalId, GoalStatus, SandboxSpec
+from goals import Budgets, GoalStatus, SandboxSpec
 
 
 class Params(BaseModel):
@@ -175,12 +175,14 @@ class GoalCreate(Params):
     #: A command whose changed output counts as the goal's progress (run in its sandbox).
     progress: VerifyIn | None = None
     sandbox: SandboxIn | None = None
+    #: Keep the work directory goald makes for the goal after it ends.
+    keep_workdir: bool = False
 
 
 class GoalRef(Params):
-    """A goal id (or a unique prefix of one)."""
+    """A goal: its key, its id, or a unique prefix of its id."""
 
-    goal_id: str = Field(min_length=len(GoalId.prefix))
+    goal_id: str = Field(min_length=1, max_length=200)
 
 
 class GoalResume(GoalRef):
@@ -199,9 +201,32 @@ class GoalUpdate(GoalRef):
 
 
 class GoalList(Params):
-    """``goal/list``."""
+    """``goal/list``: every filter given must hold."""
 
     status: GoalStatus | None = None
+    #: Goals started by this schedule (its id, a unique prefix of one, or its key).
+    schedule: str | None = Field(default=None, min_length=1, max_length=200)
+    #: Goals created at or after this instant (ISO 8601 with a time zone).
+    since: datetime | None = None
+
+    @model_validator(mode="after")
+    def _aware(self) -> GoalList:
+        if self.since is not None and self.since.tzinfo is None:
+            raise ValueError("since needs a time zone (e.g. Z or +01:00)")
+        return self
+
+
+class GoalDescribe(GoalRef):
+    """``goal/describe``."""
+
+    #: How many of the goal's latest events to include.
+    events: int = Field(default=10, ge=0, le=1000)
+
+
+class GoalResumeAll(Params):
+    """``goal/resumeAll``: every paused goal, or those paused for ``reason`` (e.g. ``auth_error``)."""
+
+    reason: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 # -- schedule/* --------------------------------------------------------------------------

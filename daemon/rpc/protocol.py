@@ -127,6 +127,15 @@ class Peer:
     #: The connection's subscriptions (streaming tasks), cancelled when it closes.
     tasks: TaskSet = field(default_factory=TaskSet)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The connected process's user and process ids, from the kernel (``SO_PEERCRED`` on the unix
+    #: socket); ``None`` where the transport has none (stdio, in-process).
+    uid: int | None = None
+    pid: int | None = None
+
+    @property
+    def caller(self) -> dict[str, int]:
+        """``{"uid": ..., "pid": ...}`` for the events a call writes (empty when unknown)."""
+        return {k: v for k, v in (("uid", self.uid), ("pid", self.pid)) if v is not None}
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         """Send a notification."""
@@ -256,28 +265,16 @@ async def read_frames(
         idle_timeout: asked before each wait with no partial frame: the seconds the connection may
             stay silent (``None``: for ever); then :class:`FrameTimeout`.
     """
-    loop = asyncio.get_running_loop() if frame_timeout is not None or idle_timeout is not None else None
+    timed = frame_timeout is not None or idle_timeout is not None
     buf = bytearray()
     discarding = False
     waited = 0.0  # seconds spent waiting for the rest of the partial frame
     while True:
         partial = bool(buf) or discarding
-        if loop is None:
-            chunk = await reader.read(65536)
+        if timed:
+            chunk, waited = await _timed_read(reader, partial, waited, frame_timeout, idle_timeout)
         else:
-            if partial:
-                limit = None if frame_timeout is None else frame_timeout - waited
-            else:
-                limit = idle_timeout() if idle_timeout is not None else None
-            began = loop.time()
-            try:
-                async with asyncio.timeout(limit):
-                    chunk = await reader.read(65536)
-            except TimeoutError:
-                if partial:
-                    raise FrameTimeout(f"a frame still unfinished after {waited + loop.time() - began:.0f}s") from None
-                raise FrameTimeout(f"silent for {loop.time() - began:.0f}s with no subscription") from None
-            waited = waited + loop.time() - began if partial else 0.0
+            chunk = await reader.read(65536)
         if not chunk:
             if buf.strip() and not discarding:
                 yield bytes(buf)
@@ -304,6 +301,35 @@ async def read_frames(
                     yield bytes(buf)
                 buf.clear()
             start = nl + 1
+
+
+async def _timed_read(
+    reader: asyncio.StreamReader,
+    partial: bool,
+    waited: float,
+    frame_timeout: float | None,
+    idle_timeout: Callable[[], float | None] | None,
+) -> tuple[bytes, float]:
+    """One read under the time left to the partial frame (``partial``), or under the idle timeout;
+    the chunk, and the seconds now spent waiting for the rest of the partial frame.
+
+    Raises:
+        FrameTimeout: the time ran out.
+    """
+    loop = asyncio.get_running_loop()
+    if partial:
+        limit = None if frame_timeout is None else frame_timeout - waited
+    else:
+        limit = idle_timeout() if idle_timeout is not None else None
+    began = loop.time()
+    try:
+        async with asyncio.timeout(limit):
+            chunk = await reader.read(65536)
+    except TimeoutError:
+        if partial:
+            raise FrameTimeout(f"a frame still unfinished after {waited + loop.time() - began:.0f}s") from None
+        raise FrameTimeout(f"silent for {loop.time() - began:.0f}s with no subscription") from None
+    return chunk, (waited + loop.time() - began if partial else 0.0)
 
 
 def frame_too_large(max_bytes: int) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
+from daemon.checks import check_goal_input
 from daemon.rpc.context import HostPort, checked_sandbox, scheduler, taking_work
 from daemon.rpc.params import ScheduleAdd, ScheduleRef, ScheduleRuns
 from daemon.rpc.protocol import Dispatcher, Peer
@@ -24,6 +26,30 @@ class RunListing(TypedDict):
     runs: list[JsonObject]
 
 
+def checked_goal(host: HostPort, goal: Mapping[str, Any]) -> None:
+    """Refuse a schedule whose goal could not run (model, commands, cost cap): now, naming the
+    field (``goal.model``...), rather than as an error recorded at every fire.
+
+    Raises:
+        InvalidField: nothing was written.
+    """
+    verify = goal.get("verify") or []
+    progress = goal.get("progress")
+    budgets = goal.get("budgets") or {}
+    commands = [(f"verify[{i}].cmd", str(v.get("cmd", ""))) for i, v in enumerate(verify) if isinstance(v, Mapping)]
+    if isinstance(progress, Mapping):
+        commands.append(("progress.cmd", str(progress.get("cmd", ""))))
+    cap = budgets.get("max_cost", budgets.get("maxCost")) if isinstance(budgets, Mapping) else None
+    check_goal_input(
+        host.settings,
+        host.models,
+        model=goal.get("model") or host.settings.default_model,
+        commands=commands,
+        max_cost=cap,
+        prefix="goal.",
+    )
+
+
 def register(d: Dispatcher, host: HostPort) -> None:
     """Add the ``schedule/*`` methods to ``d``."""
 
@@ -31,6 +57,7 @@ def register(d: Dispatcher, host: HostPort) -> None:
     async def schedule_add(p: ScheduleAdd, peer: Peer) -> JsonObject:
         taking_work(host)
         spec = ScheduleSpec.parse(p.model_dump())
+        checked_goal(host, spec.goal)
         checked_sandbox(host, SandboxSpec.model_validate(spec.goal.get("sandbox") or {}))
         schedule = await scheduler(host).add(spec)
         return dict(schedule.public())

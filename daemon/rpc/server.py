@@ -1,4 +1,11 @@
-"""Transports for the control protocol: a unix socket (mode 0600) and stdio.
+"""Transports for the control protocol: a unix socket (mode 0600, or 0660 for a configured group)
+and stdio.
+
+Who calls: on the unix socket the kernel tells the daemon each client's uid and pid
+(``SO_PEERCRED``, :func:`peer_credentials`); they ride on the connection's
+:class:`~daemon.rpc.protocol.Peer`, and every call that changes state records them in the event
+it writes. With ``socket_group`` the socket is shared with that group's members (mode 0660); the
+directory it lies in must let them through (the system unit's ``RuntimeDirectoryMode=0750``).
 
 Each connection reads frames in order and answers each request before reading the next, so a
 client's requests take effect in the order it sent them; subscriptions stream notifications from
@@ -29,9 +36,11 @@ import errno
 import os
 import resource
 import socket
+import struct
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,6 +130,38 @@ class RateLimitedLog:
         self._skipped.clear()
 
 
+class _Sender:
+    """Writes one whole message at a time to the client; once a write fails (the client went away)
+    the rest are dropped silently."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._lock = asyncio.Lock()
+        self._gone = False
+
+    async def __call__(self, msg: dict[str, Any]) -> None:
+        if self._gone:
+            return
+        async with self._lock:
+            try:
+                self.writer.write(encode(msg))
+                await self.writer.drain()
+            except (ConnectionError, RuntimeError):
+                self._gone = True
+
+
+def _idle_timeout(limits: ConnectionLimits, state: ConnectionState | None) -> Callable[[], float | None]:
+    """How long the connection may sit idle, asked before each wait for a new frame."""
+
+    def idle_timeout() -> float | None:
+        # A subscriber may stay silent: it is waiting for notifications, not idle.
+        if limits.idle_timeout is None or (state is not None and state.subscribed):
+            return None
+        return limits.idle_timeout
+
+    return idle_timeout
+
+
 async def serve_connection(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -135,35 +176,16 @@ async def serve_connection(
     Raises:
         FrameTimeout: the client sat on a partial frame, or idle, past ``limits``.
     """
-    lock = asyncio.Lock()
-    gone = False
-
-    async def send(msg: dict[str, Any]) -> None:
-        nonlocal gone
-        if gone:
-            return
-        async with lock:
-            try:
-                writer.write(encode(msg))
-                await writer.drain()
-            except (ConnectionError, RuntimeError):
-                gone = True
-
-    peer = Peer(send=send)
+    send = _Sender(writer)
+    creds = peer_credentials(writer)
+    peer = Peer(send=send, uid=creds.get("uid"), pid=creds.get("pid"))
     if state is not None:
         state.peer = peer
-
-    def idle_timeout() -> float | None:
-        # A subscriber may stay silent: it is waiting for notifications, not idle.
-        if limits is None or limits.idle_timeout is None or (state is not None and state.subscribed):
-            return None
-        return limits.idle_timeout
-
     frames = read_frames(
         reader,
         max_bytes,
         frame_timeout=limits.frame_timeout if limits is not None else None,
-        idle_timeout=idle_timeout if limits is not None else None,
+        idle_timeout=_idle_timeout(limits, state) if limits is not None else None,
     )
     try:
         async for frame in frames:
@@ -172,10 +194,7 @@ async def serve_connection(
                     break
                 state.answered.clear()
             try:
-                if frame is None:
-                    await send(frame_too_large(max_bytes))
-                    continue
-                response = await dispatcher.handle_frame(frame, peer)
+                response = frame_too_large(max_bytes) if frame is None else await dispatcher.handle_frame(frame, peer)
                 if response is not None:
                     await send(response)
             finally:
@@ -190,16 +209,40 @@ async def serve_connection(
             writer.close()
 
 
+def peer_credentials(writer: asyncio.StreamWriter) -> dict[str, int]:
+    """The connected process's ``uid`` and ``pid`` (``SO_PEERCRED``), or nothing off a unix socket.
+
+    The kernel fills these in at ``connect()``: a client cannot claim another user's identity.
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX:
+        return {}
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return {}
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return {"uid": uid, "pid": pid}
+
+
 class UnixServer:
-    """The control socket: created with mode 0600 in the state (or runtime) directory."""
+    """The control socket: created with mode 0600 in the state (or runtime) directory, or 0660 and
+    owned by ``group`` when one is given (``socket_group``: its members may use the daemon)."""
 
     def __init__(
-        self, path: Path, dispatcher: Dispatcher, max_bytes: int, *, limits: ConnectionLimits | None = None
+        self,
+        path: Path,
+        dispatcher: Dispatcher,
+        max_bytes: int,
+        *,
+        limits: ConnectionLimits | None = None,
+        group: int | None = None,
     ) -> None:
         self.path = path
         self.dispatcher = dispatcher
         self.max_bytes = max_bytes
         self.limits = limits or ConnectionLimits()
+        self.group = group
         self._server: asyncio.Server | None = None
         #: Live connections, oldest first.
         self._live: OrderedDict[ConnectionState, asyncio.Task[Any] | None] = OrderedDict()
@@ -213,8 +256,15 @@ class UnixServer:
         return len(self._live)
 
     async def start(self) -> None:
-        """Listen. Refuses if another daemon already serves on the path."""
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Listen. Refuses if another daemon already serves on the path.
+
+        Raises:
+            OSError: the socket's group cannot be set (a group the daemon's user is not in).
+        """
+        if not self.path.parent.is_dir():
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # Said out loud: a typo in ``socket`` would otherwise be a new directory nobody looks in.
+            logger.warning("created the control socket's directory {}: it did not exist", self.path.parent)
         if self.path.exists() or self.path.is_symlink():
             if _is_live(self.path):
                 raise RuntimeError(f"another goald already serves on {self.path}")
@@ -227,8 +277,17 @@ class UnixServer:
             self._server = await asyncio.start_unix_server(self._client, path=str(self.path), limit=2**16)
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
-        logger.info("control socket listening on {}", self.path)
+        if self.group is None:
+            os.chmod(self.path, 0o600)
+            logger.info("control socket listening on {}", self.path)
+            return
+        try:
+            os.chown(self.path, -1, self.group)
+            os.chmod(self.path, 0o660)
+        except OSError:
+            await self.stop()
+            raise
+        logger.info("control socket listening on {} (mode 0660, group {})", self.path, self.group)
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         # asyncio reports a failed accept() (EMFILE...) here each time it retries; one line a second is enough.

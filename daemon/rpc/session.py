@@ -27,11 +27,15 @@ from agent import (
     MessageId,
     Runtime,
     SessionId,
+    SessionRow,
+    Source,
+    SourceKind,
     StatusChanged,
     Subscription,
     Tx,
     create_session,
 )
+from daemon.display import reason_text
 from daemon.rpc.context import HostPort, engine, runtime, taking_work
 from daemon.rpc.params import (
     CancelMessage,
@@ -108,37 +112,80 @@ class Subscribed(TypedDict, total=False):
     afterSeq: int
 
 
+async def new_session(host: HostPort, p: SessionNew) -> SessionCreated:
+    """``session/new``: a session of a known model, in a work directory of its own."""
+    taking_work(host)
+    host.models.get(p.model)
+    rt = runtime(host)
+    sid = SessionId.new()
+    workdir = host.workdirs.resolve(p.workdir, sid)
+
+    def create(tx: Tx) -> None:
+        check_nesting(tx, str(workdir))  # no session in (or around) another's work directory
+        create_session(tx, model=p.model, workdir=str(workdir), session_id=sid)
+
+    await rt.store.transact(create)
+    return {"sessionId": sid, "workdir": str(workdir)}
+
+
+async def prompt(host: HostPort, p: Prompt, peer: Peer) -> Enqueued:
+    """``session/prompt``: enqueue the message (after what it asks of the session's goal); the
+    answer is its id once the enqueue is durable."""
+    taking_work(host)
+    rt = runtime(host)
+    await rt.session(p.session_id)
+    goal = await _goal_for_message(host, p, peer)
+    agent = await rt.agent(p.session_id)
+    content = p.text if p.text is not None else p.content
+    assert content is not None  # the params model requires one of them
+    source = Source(kind=SourceKind.USER, **peer.caller) if peer.caller else None
+    mid: MessageId = await agent.enqueue(content, delivery=p.delivery, message_id=p.message_id, source=source)
+    if goal is None:
+        return {"messageId": mid}
+    return {"messageId": mid, "goalId": goal.id, "goalStatus": goal.status.value}
+
+
+async def subscribe(host: HostPort, p: Subscribe, peer: Peer) -> Subscribed:
+    """``session/subscribe``: start the connection's pump of one session's events after a sequence
+    number (refused when those were pruned), or of every session's from now on."""
+    rt = runtime(host)
+    if p.session_id is None:
+        sub = rt.store.hub.open(None)
+        peer.tasks.spawn(_pump_all(sub, peer))
+        return {"sessionId": None, "live": True}
+    await rt.session(p.session_id)
+    st = await rt.store.session_state(p.session_id)
+    first = await rt.store.first_kept_seq(p.session_id)
+    after = p.after_seq if p.after_seq is not None else st.last_seq
+    if first is not None and after < first - 1:
+        raise RpcError(
+            ErrorCode.EVENTS_PRUNED, f"events before seq {first} are no longer kept", {"firstSeq": int(first)}
+        )
+    pump = _pump_with_deltas if p.deltas else _pump_session
+    peer.tasks.spawn(pump(rt, p.session_id, after, peer))
+    return {"sessionId": p.session_id, "afterSeq": after}
+
+
+def _session_info(r: SessionRow) -> SessionInfo:
+    return {
+        "sessionId": r.id,
+        "model": r.model,
+        "workdir": r.workdir,
+        "parentSessionId": r.parent_session_id,
+        "createdAt": r.created_at,
+    }
+
+
 def register(d: Dispatcher, host: HostPort) -> None:
     """Add the ``session/*`` and ``agent/status`` methods to ``d``."""
 
     @d.method("session/new", SessionNew)
     async def session_new(p: SessionNew, peer: Peer) -> SessionCreated:
-        taking_work(host)
-        host.models.get(p.model)
-        rt = runtime(host)
-        sid = SessionId.new()
-        workdir = host.workdirs.resolve(p.workdir, sid)
-
-        def create(tx: Tx) -> None:
-            check_nesting(tx, str(workdir))  # no session in (or around) another's work directory
-            create_session(tx, model=p.model, workdir=str(workdir), session_id=sid)
-
-        await rt.store.transact(create)
-        return {"sessionId": sid, "workdir": str(workdir)}
+        return await new_session(host, p)
 
     @d.method("session/prompt", Prompt)
     async def session_prompt(p: Prompt, peer: Peer) -> Enqueued:
-        taking_work(host)
-        rt = runtime(host)
-        await rt.session(p.session_id)
-        goal = await _goal_for_message(host, p)
-        agent = await rt.agent(p.session_id)
-        content = p.text if p.text is not None else p.content
-        assert content is not None  # the params model requires one of them
-        mid: MessageId = await agent.enqueue(content, delivery=p.delivery, message_id=p.message_id)
-        if goal is None:
-            return {"messageId": mid}
-        return {"messageId": mid, "goalId": goal.id, "goalStatus": goal.status.value}
+        return await prompt(host, p, peer)
 
     @d.method("session/cancelMessage", CancelMessage)
     async def cancel_message(p: CancelMessage, peer: Peer) -> Empty:
@@ -155,18 +202,7 @@ def register(d: Dispatcher, host: HostPort) -> None:
     @d.method("session/list", SessionList)
     async def session_list(p: SessionList, peer: Peer) -> SessionListing:
         rows = await runtime(host).sessions(p.prefix or SessionId.prefix, p.limit)
-        return {
-            "sessions": [
-                {
-                    "sessionId": r.id,
-                    "model": r.model,
-                    "workdir": r.workdir,
-                    "parentSessionId": r.parent_session_id,
-                    "createdAt": r.created_at,
-                }
-                for r in rows
-            ]
-        }
+        return {"sessions": [_session_info(r) for r in rows]}
 
     @d.method("agent/status", SessionRef)
     async def agent_status(p: SessionRef, peer: Peer) -> AgentStatusView:
@@ -187,26 +223,11 @@ def register(d: Dispatcher, host: HostPort) -> None:
         }
 
     @d.method("session/subscribe", Subscribe)
-    async def subscribe(p: Subscribe, peer: Peer) -> Subscribed:
-        rt = runtime(host)
-        if p.session_id is None:
-            sub = rt.store.hub.open(None)
-            peer.tasks.spawn(_pump_all(sub, peer))
-            return {"sessionId": None, "live": True}
-        await rt.session(p.session_id)
-        st = await rt.store.session_state(p.session_id)
-        first = await rt.store.first_kept_seq(p.session_id)
-        after = p.after_seq if p.after_seq is not None else st.last_seq
-        if first is not None and after < first - 1:
-            raise RpcError(
-                ErrorCode.EVENTS_PRUNED, f"events before seq {first} are no longer kept", {"firstSeq": int(first)}
-            )
-        pump = _pump_with_deltas if p.deltas else _pump_session
-        peer.tasks.spawn(pump(rt, p.session_id, after, peer))
-        return {"sessionId": p.session_id, "afterSeq": after}
+    async def session_subscribe(p: Subscribe, peer: Peer) -> Subscribed:
+        return await subscribe(host, p, peer)
 
 
-async def _goal_for_message(host: HostPort, p: Prompt) -> Goal | None:
+async def _goal_for_message(host: HostPort, p: Prompt, peer: Peer) -> Goal | None:
     """The goal of the session a message goes to, after what the message asked of it.
 
     A message to a goal whose status is ended (completed, failed, cancelled, exhausted) is refused
@@ -221,16 +242,16 @@ async def _goal_for_message(host: HostPort, p: Prompt) -> Goal | None:
         return None
     if not goal.status.live:
         if not p.reopen:
-            reason = f" ({goal.status_reason})" if goal.status_reason else ""
+            reason = f" ({reason_text(goal.status_reason)})" if goal.status_reason else ""
             raise RpcError(
                 ErrorCode.INVALID_TRANSITION,
                 f"goal {goal.id} of this session is {goal.status.value}{reason}: the message was not sent;"
                 " give reopen (goald send --reopen) to resume the goal with its budgets first",
                 {"goalId": goal.id, "status": goal.status.value, "reason": goal.status_reason},
             )
-        return await eng.resume(goal.id, reopen=True)
+        return await eng.resume(goal.id, reopen=True, caller=peer.caller)
     if goal.status is GoalStatus.PAUSED and p.resume:
-        return await eng.resume(goal.id)
+        return await eng.resume(goal.id, caller=peer.caller)
     return goal
 
 
@@ -257,54 +278,72 @@ class _Delta:
     text: str
 
 
-async def _pump_with_deltas(rt: Runtime, session_id: str, after: int, peer: Peer) -> None:
-    """Like :func:`_pump_session`, and the session's streamed text as ``session.delta`` once live.
+class _Feed:
+    """One subscription's queue: the session's committed events (a store listener, in commit order)
+    and, once live, its live agent's deltas, so text is sent in the order it was streamed relative
+    to commits. The agent of a session can change (it is loaded when it has work, unloaded after):
+    the delta listener follows it at each ``turn/start``, which only a loaded agent commits."""
 
-    Committed events (a store listener, in commit order) and deltas (the live agent's delta
-    listener) share one queue, so text is sent in the order it was streamed relative to commits.
-    The agent of a session can change (it is loaded when it has work, unloaded after): the delta
-    listener follows it at each ``turn/start``, which only a loaded agent commits.
-    """
-    await asyncio.sleep(0)  # let the subscribe response go out first
-    queue: asyncio.Queue[Event | _Delta] = asyncio.Queue()
-    live = False
-    attached: tuple[Agent, Callable[[], None]] | None = None
+    def __init__(self, rt: Runtime, session_id: str) -> None:
+        self.rt = rt
+        self.session_id = session_id
+        self.queue: asyncio.Queue[Event | _Delta] = asyncio.Queue()
+        self.live = False
+        self._attached: tuple[Agent, Callable[[], None]] | None = None
 
-    def on_delta(turn_id: str, text: str) -> None:
-        queue.put_nowait(_Delta(turn_id, text))
+    def on_delta(self, turn_id: str, text: str) -> None:
+        self.queue.put_nowait(_Delta(turn_id, text))
 
-    def attach() -> None:
-        nonlocal attached
-        agent = rt.live_agents.get(session_id)
-        if attached is not None and attached[0] is agent:
+    def on_event(self, event: Event) -> None:
+        if event.session_id != self.session_id:
             return
-        if attached is not None:
-            attached[1]()
-            attached = None
+        self.queue.put_nowait(event)
+        if self.live and event.type == EventType.TURN_START:
+            self.attach()
+
+    def go_live(self) -> None:
+        """The replay is done: deltas are wanted from now on."""
+        self.live = True
+        self.attach()
+
+    def attach(self) -> None:
+        """Listen to the session's live agent's deltas (the one loaded now, if any)."""
+        agent = self.rt.live_agents.get(self.session_id)
+        if self._attached is not None and self._attached[0] is agent:
+            return
+        self.detach()
         if agent is not None:
-            attached = (agent, agent.add_delta_listener(on_delta))
+            self._attached = (agent, agent.add_delta_listener(self.on_delta))
 
-    def on_event(event: Event) -> None:
-        if event.session_id != session_id:
-            return
-        queue.put_nowait(event)
-        if live and event.type == EventType.TURN_START:
-            attach()
+    def detach(self) -> None:
+        if self._attached is not None:
+            self._attached[1]()
+            self._attached = None
 
-    remove = rt.store.hub.add_listener(on_event)
+
+async def _replay(rt: Runtime, session_id: str, after: int, peer: Peer) -> int:
+    """Send the stored events after ``after``; returns the last sequence number sent."""
+    last = after
+    while True:
+        page = await rt.store.events_after(session_id, last, limit=1000)
+        for event in page:
+            await _send_event(peer, event)
+            last = event.seq
+        if len(page) < 1000:
+            return last
+
+
+async def _pump_with_deltas(rt: Runtime, session_id: str, after: int, peer: Peer) -> None:
+    """Like :func:`_pump_session`, and the session's streamed text as ``session.delta`` once live
+    (see :class:`_Feed`)."""
+    await asyncio.sleep(0)  # let the subscribe response go out first
+    feed = _Feed(rt, session_id)
+    remove = rt.store.hub.add_listener(feed.on_event)
     try:
-        last = after
-        while True:  # the replay: stored events only
-            page = await rt.store.events_after(session_id, last, limit=1000)
-            for event in page:
-                await _send_event(peer, event)
-                last = event.seq
-            if len(page) < 1000:
-                break
-        live = True
-        attach()
+        last = await _replay(rt, session_id, after, peer)  # stored events only
+        feed.go_live()
         while True:
-            item = await queue.get()
+            item = await feed.queue.get()
             if isinstance(item, _Delta):
                 await peer.notify("session.delta", {"sessionId": session_id, "turnId": item.turn_id, "text": item.text})
                 continue
@@ -319,8 +358,7 @@ async def _pump_with_deltas(rt: Runtime, session_id: str, after: int, peer: Peer
             last = item.seq
     finally:
         remove()
-        if attached is not None:
-            attached[1]()
+        feed.detach()
 
 
 async def _pump_all(sub: Subscription, peer: Peer) -> None:

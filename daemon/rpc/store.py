@@ -1,5 +1,6 @@
-"""The store's methods: ``store/stats`` (sizes, rows per table, largest sessions) and
-``store/compact`` (retention now, then every free page given back; see :mod:`goals.retention`).
+"""The store's methods: ``store/stats`` (sizes, rows per table, largest sessions),
+``store/compact`` (retention now, then every free page given back; see :mod:`goals.retention`) and
+``store/backup`` (a consistent ``VACUUM INTO`` copy while the daemon serves; see :mod:`daemon.backup`).
 
 The full ``VACUUM`` is not a method: it holds the writer for its whole run, so it is the offline
 ``goald store vacuum``, which refuses while a daemon holds the state directory.
@@ -7,13 +8,15 @@ The full ``VACUUM`` is not a method: it holds the writer for its whole run, so i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic.alias_generators import to_camel
 
 from agent import retention
 from daemon.ports import HostPort
 from daemon.rpc.context import runtime
 from daemon.rpc.params import NoParams, Params
-from daemon.rpc.protocol import Dispatcher, Peer
+from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject
 from goals.retention import compact
 
@@ -22,6 +25,12 @@ class StoreStats(Params):
     """``store/stats``: how many of the largest sessions to list."""
 
     top: int = 10
+
+
+class StoreBackup(Params):
+    """``store/backup``: where the copy goes (an absolute path that does not exist yet)."""
+
+    path: str
 
 
 def register(d: Dispatcher, host: HostPort) -> None:
@@ -38,3 +47,14 @@ def register(d: Dispatcher, host: HostPort) -> None:
         store = runtime(host).store
         report = await compact(store, host.settings.retention.policy(host.settings.roots))
         return {to_camel(k): v for k, v in report.model_dump(mode="json").items()}
+
+    @d.method("store/backup", StoreBackup)
+    async def backup(p: StoreBackup, peer: Peer) -> JsonObject:
+        store = runtime(host).store
+        dest = Path(p.path)
+        if not dest.is_absolute():
+            raise InvalidField(f"path must be absolute, got {p.path!r}", field="path")
+        try:
+            return await store.backup(dest)
+        except OSError as exc:  # exists already, no such directory, not writable
+            raise InvalidField(str(exc), field="path") from None

@@ -1,13 +1,19 @@
-"""How goals and events look on the wire (camelCase, JSON-ready)."""
+"""How goals and events look on the wire (camelCase, JSON-ready).
+
+Every key the protocol writes is camelCase, nested ones too (budgets, rules, sandbox, the last
+verification). Event payloads are the exception: ``data`` is sent as it is stored, so that a
+client reads the same JSON from ``session/events`` as a subscriber got live and as old rows hold.
+"""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TypedDict
 
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel as _to_camel
 
 from agent import Event
-from goals import Goal
+from goals import Goal, VerifyResult
 
 #: A JSON object as the protocol sends it.
 JsonObject = dict[str, object]
@@ -15,6 +21,10 @@ JsonObject = dict[str, object]
 
 class Empty(TypedDict):
     """An empty answer (``{}``)."""
+
+
+#: Field names are few and fixed: convert each once (a list of 1,000 goals converted ~50,000).
+to_camel = lru_cache(maxsize=1024)(_to_camel)
 
 
 def goal_view(goal: Goal) -> JsonObject:
@@ -26,9 +36,18 @@ def goal_view(goal: Goal) -> JsonObject:
     out["sandbox"] = {to_camel(k): v for k, v in data["sandbox"].items()}
     mem = goal.memory
     out["notes"] = mem.notes
-    out["lastVerification"] = [r.model_dump(mode="json") for r in mem.verify_results]
+    out["lastVerification"] = [verify_view(r) for r in mem.verify_results]
     out["lastError"] = mem.last_error
     return out
+
+
+def _camel(data: dict[str, object]) -> JsonObject:
+    return {to_camel(k): v for k, v in data.items()}
+
+
+def verify_view(result: VerifyResult) -> JsonObject:
+    """One verification command's result as the protocol shows it (camelCase)."""
+    return _camel(result.model_dump(mode="json"))
 
 
 def event_view(event: Event) -> JsonObject:

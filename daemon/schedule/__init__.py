@@ -3,8 +3,10 @@
 - :mod:`~daemon.schedule.model`: ids, triggers, specs, rows and run outcomes (pydantic models).
 - :mod:`~daemon.schedule.cron`: cron parsing and its wall-clock arithmetic (why it is ours: there).
 - :mod:`~daemon.schedule.timing`: next and previous fire times, and fires missed while down (pure).
-- :mod:`~daemon.schedule.service`: the :class:`Scheduler` service (owns the ``schedules`` and
-  ``schedule_runs`` tables) with its APScheduler adapter.
+- :mod:`~daemon.schedule.store`: the ``schedules`` and ``schedule_runs`` tables (owned by the
+  daemon): their schema and every query of them.
+- :mod:`~daemon.schedule.adapter`: APScheduler's trigger and executor over goald's arithmetic.
+- :mod:`~daemon.schedule.service`: the :class:`Scheduler` service, which times the rows.
 - :mod:`~daemon.schedule.firing`: what a fire does, a goal from the schedule's template.
 
 The modules import each other, never this package; other packages import the names below.

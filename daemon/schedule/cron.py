@@ -15,7 +15,7 @@ Local time: a cron expression names wall-clock times in the schedule's IANA time
 time that does not exist (skipped by a spring-forward change) does not fire that day; one that
 occurs twice (a fall-back change) fires once, at its first occurrence.
 
-Why not a maintained library (checked against the table tests of ``tests/test_schedule_math.py``,
+Why not a maintained library (checked against the table tests of ``tests/daemon/test_schedule_math.py``,
 cronsim 2.9 and croniter 7.0): both get daylight-saving days wrong for goald's rule. cronsim fires
 a skipped wall time at the end of the gap (``30 2 * * *`` in Berlin fires 2025-03-30 03:00 CEST,
 expected: not that day, next 2025-03-31 02:30) and an hourly job twice in a repeated hour

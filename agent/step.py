@@ -1,0 +1,160 @@
+"""One model step of a running turn: the request, compaction, retries with backoff, the answer.
+
+:class:`ModelStep` is the driver's model-call path; :class:`~agent.driver.Agent` stays the public
+face and hands each step here. Each attempt of the step is reserved, time-bound and settled by
+:class:`~agent.attempts.Attempts`.
+
+Decisions, and why:
+
+* **Retries** happen within the turn for the kinds another attempt may fix (retryable kinds and
+  malformed answers: :attr:`~agent.models.base.ModelError.retried_in_turn`), after jittered
+  exponential backoff or the provider's ``Retry-After`` (:class:`~agent.config.RetryPolicy`). The
+  backoff never sleeps past the end of the guard's time (the next reservation is refused then); a
+  stopping agent does not retry.
+* **A prompt refused as too long** is no error of the goal's: the estimate was low. The meter is
+  calibrated with the answer, the view compacted, and the step tried once more.
+* **An answer cut off by the output limit** loses its tool calls (they are incomplete; never run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from functools import partial
+
+from agent.attempts import Attempts
+from agent.calls import CallId, OutOfTime
+from agent.compaction import compact_view
+from agent.messages import TextBlock, ToolUseBlock
+from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelErrorKind, ModelRequest, ModelResponse
+from agent.payloads import EndReason
+from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd
+
+
+class _Next(enum.Enum):
+    """What a step does after a failed attempt, when the turn goes on."""
+
+    #: Compact the view, then try again (the provider refused the prompt as too long).
+    COMPACT = "compact"
+    #: Try again after the backoff.
+    RETRY = "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """One reserved attempt of a step."""
+
+    turn: OpenedTurn
+    call_id: CallId
+    number: int
+    request: ModelRequest
+    #: The reservation's prompt part: the upper bound of the prompt's tokens.
+    bound: int
+
+
+class ModelStep:
+    """The model steps of one session's driver (see the module docstring)."""
+
+    def __init__(self, attempts: Attempts) -> None:
+        self.attempts = attempts
+
+    async def run(self, turn: OpenedTurn) -> ModelResponse | TurnEnd:
+        """One model step: the answer, committed and added to the view, or how the turn ends."""
+        calls = self.attempts
+        model = calls.model
+        max_tokens = calls.config.max_tokens or model.max_tokens
+        number = 0
+        compact = refused = False
+        while True:
+            number += 1
+            request = await self._prepare(turn, max_tokens, compact)
+            if isinstance(request, TurnEnd):
+                return request
+            compact = False
+            bound = calls.history.estimator.bound(request.prompt_bytes)
+            attempt = _Attempt(turn, CallId.new(), number, request, bound)
+            held = await calls.reserve(turn, model, bound, max_tokens, number, attempt.call_id)
+            if isinstance(held, TurnEnd):
+                return held
+            calls.stream = []
+            try:
+                response = await calls.complete_in_time(request, turn.turn_id)
+            except OutOfTime as cut:
+                await calls.cleanup(turn, CANCELLED_TOOL_TEXT, error_class="deadline")
+                return TurnEnd(reason=EndReason.BUDGET, error=str(cut))
+            except ModelError as exc:
+                after = await self._failed(attempt, model, exc, refused)
+                if after is _Next.COMPACT:
+                    refused = compact = True
+                if isinstance(after, TurnEnd):
+                    return after
+                continue
+            return await self._accept(attempt, model, response)
+
+    async def _prepare(self, turn: OpenedTurn, max_tokens: int, compact: bool) -> ModelRequest | TurnEnd:
+        """The attempt's request, after a compaction when the view is too big (or was refused)."""
+        calls = self.attempts
+        request = calls.request(max_tokens)
+        window = calls.model.context_window
+        if compact or calls.history.meter.over(request.prompt_bytes, max_tokens, window, calls.config.context):
+            ended = await compact_view(calls, turn, request, max_tokens)
+            if ended is not None:
+                return ended
+            request = calls.request(max_tokens)
+        return request
+
+    async def _failed(self, attempt: _Attempt, model: Model, exc: ModelError, refused: bool) -> _Next | TurnEnd:
+        """Settle a failed attempt and say whether the step goes on; backs off before a retry."""
+        calls = self.attempts
+        turn, call_id, number, bound = attempt.turn, attempt.call_id, attempt.number, attempt.bound
+        if exc.kind is ModelErrorKind.CONTEXT_LENGTH and not refused and not calls.is_stopping():
+            # Not an error of the goal's: the estimate was low. Calibrate, compact, retry once.
+            calls.history.meter.refused(attempt.request.prompt_bytes, model.context_window, exc.message)
+            await calls.settle_failed(turn, call_id, exc, attempt=number, retry=True, prompt_bound=bound)
+            return _Next.COMPACT
+        retry = exc.retried_in_turn and calls.config.retry.retries(number, exc.retry_after)
+        retry = retry and not calls.is_stopping()
+        # Read now, as the failure left it: a goal does not count errors of a provider outage.
+        breaker_open = getattr(model, "breaker_open", None)
+        outage = bool(breaker_open()) if callable(breaker_open) else False
+        await calls.settle_failed(
+            turn, call_id, exc, attempt=number, retry=retry, prompt_bound=bound, breaker_open=outage
+        )
+        if not retry:
+            return TurnEnd(reason=EndReason.ERROR, error=str(exc), error_kind=exc.kind.value)
+        delay = calls.config.retry.delay(number, exc.retry_after)
+        left = calls.guard.time_left()
+        # Never sleep past the end of the time: the next reservation is refused then.
+        await asyncio.sleep(delay if left is None else min(delay, max(left, 0.0)))
+        return _Next.RETRY
+
+    async def _accept(self, attempt: _Attempt, model: Model, response: ModelResponse) -> ModelResponse:
+        """Commit an answer (settling its call), add it to the view and calibrate the estimates."""
+        calls = self.attempts
+        calls.stream = []
+        content = response.content
+        if response.finish_reason is FinishReason.MAX_TOKENS:
+            # Tool calls cut off by the output limit are incomplete; never run them.
+            content = [b for b in content if not isinstance(b, ToolUseBlock)]
+        if not content:
+            content = [TextBlock(text="")]
+        usage = response.usage
+        cost = model.price.cost(usage) if model.price else 0.0
+        commit = partial(
+            calls.commit_answer,
+            call_id=attempt.call_id,
+            turn_id=attempt.turn.turn_id,
+            content=content,
+            finish=response.finish_reason.value,
+            usage=usage,
+            cost=cost,
+        )
+        await calls.write(commit)
+        prompt_bytes = attempt.request.prompt_bytes
+        calls.history.estimator.observe(prompt_bytes, usage.prompt_tokens)
+        calls.history.meter.observe(prompt_bytes, usage)
+        calls.history.append(ConvMessage(role="assistant", content=content))
+        if content is not response.content:
+            response = response.model_copy(update={"content": content})
+        return response

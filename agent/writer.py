@@ -1,0 +1,94 @@
+"""The running driver's writes: retried while the store cannot write, a step's tool result deferred.
+
+A storage failure (the disk full) must not end the driver, let alone lose the turn: a write the
+running driver depends on is tried again with backoff, and at once when another write gets
+through, so the session continues by itself when space returns. The store logs the failure once;
+while the agent stops, the failure is raised and crash repair closes the turn at the next start.
+(Writes a caller asks for — ``followup``, ``cancel_message`` — do not come here: they raise
+:class:`~agent.errors.StorageUnavailable`, so that new input is refused, not half-taken.)
+
+A step's only tool result is not committed on its own: it goes in the same transaction as the
+driver's next write (the next call's reservation, steering admitted, the turn's end or its
+cleanup), which follows at once, with nothing awaited in between but that write. So a step costs
+two commits (the assistant message; its tool result with the next reservation) and a crash between
+the tool's end and that commit leaves what a crash just before the result's own commit left: a
+call without a result, repaired as "outcome unknown". Several tool calls of one step run in
+parallel and each result is committed as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+from loguru import logger
+
+from agent.errors import StorageUnavailable
+from agent.store import Store, Tx
+
+#: First and longest wait between attempts of a write the store refused for lack of storage.
+STORAGE_RETRY_FIRST = 0.5
+STORAGE_RETRY_MAX = 15.0
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """A tool result's write, committed with the driver's next write (see :class:`DriverWriter`)."""
+
+    write: Callable[[Tx], None]
+    #: Set on the store thread when the transaction that made the write commits.
+    committed: bool = False
+
+    def mark(self) -> None:
+        self.committed = True
+
+
+def _with_deferred(deferred: tuple[_Deferred, ...], fn: Callable[[Tx], _T], tx: Tx) -> _T:
+    # On the store thread, so ``committed`` is exact: a write an earlier transaction committed
+    # (its caller cancelled before it could see so) is never made twice.
+    for item in deferred:
+        if not item.committed:
+            item.write(tx)
+            tx.on_commit(item.mark)
+    return fn(tx)
+
+
+class DriverWriter:
+    """The writes of one session's running driver (see the module docstring)."""
+
+    def __init__(self, store: Store, session_id: str, stopping: Callable[[], bool]) -> None:
+        self.store = store
+        self.session_id = session_id
+        self._stopping = stopping
+        self._deferred: list[_Deferred] = []
+
+    def defer(self, write: Callable[[Tx], None]) -> None:
+        """Commit ``write`` with the next :meth:`write` (a step's only tool result)."""
+        self._deferred.append(_Deferred(write))
+
+    async def write(self, fn: Callable[[Tx], _T]) -> _T:
+        """Run ``fn`` in a transaction, with any deferred write, retried while the store cannot write."""
+        delay = STORAGE_RETRY_FIRST
+        while True:
+            deferred = tuple(self._deferred)
+            try:
+                result = await self.store.transact(partial(_with_deferred, deferred, fn) if deferred else fn)
+                if deferred:
+                    self._deferred = [d for d in self._deferred if not d.committed]
+                return result
+            except StorageUnavailable as exc:
+                if self._stopping():
+                    raise
+                logger.debug(
+                    "session {}: a write waits for the store ({}); trying again in up to {:.1f}s",
+                    self.session_id,
+                    exc,
+                    delay,
+                )
+                if await self.store.wait_writable(delay):
+                    await asyncio.sleep(STORAGE_RETRY_FIRST / 10)
+                delay = min(delay * 2, STORAGE_RETRY_MAX)

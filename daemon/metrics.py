@@ -1,0 +1,484 @@
+"""Metrics in the Prometheus text format: a file for the node exporter's textfile collector, and
+optionally an HTTP endpoint on a loopback address (``[metrics]`` in the config).
+
+Why a file first: the node exporter already runs on most servers and already is scraped; a file it
+picks up needs no port, no firewall rule and no authentication. The file is rewritten every
+``interval_seconds`` atomically (a temporary file in the same directory, renamed over the old one),
+so the collector never reads half a file; it is made world-readable (0644: the exporter runs as
+another user, and the file holds counts, never a prompt or a secret). The endpoint collects at each
+scrape; it listens on a loopback address only, unless ``allow_remote = true`` says otherwise (it has
+no authentication).
+
+Why the format is written here rather than with a client library: every figure is read from the
+store at collection time (the owners' query functions: :mod:`agent.usage`, :mod:`goals.stats`,
+:mod:`agent.outbox`) or from live objects (provider health, the turn slots), so there is no
+registry of in-process counters to keep; rendering a list of families is a few lines.
+
+**Bounded labels**: no series is per goal or per session. Spend is labelled by provider, model and
+schedule (the schedule's key, else its id; ``""`` for goals no schedule started); model errors by
+provider and error class (an enum); goals by status. The number of series grows with providers,
+models and schedules, which the operator configures, never with the number of goals.
+
+Figures read from the store are sums over the rows still stored, so they are gauges: retention
+(``[retention]``) prunes ended goals' model calls, which lowers them (a counter must never go down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import sqlite3
+import time
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agent.models.health import BreakerState, ProviderHealth
+from agent.outbox import backlog as outbox_backlog
+from agent.retention import file_bytes
+from agent.store import Store
+from agent.usage import call_counts, usage_by_guard
+from goals.model import GoalStatus
+from goals.stats import goal_facts
+
+#: What the notification backlog is read with (the outbox's owner fills it; tests may pass another).
+BacklogFn = Callable[[sqlite3.Connection], Mapping[str, int]]
+
+
+class MetricsSettings(BaseModel):
+    """``[metrics]``: where the metrics go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The file the node exporter's textfile collector reads (a ``.prom`` name in its directory).
+    file: Path | None = None
+    #: Seconds between rewrites of the file.
+    interval_seconds: float = Field(default=15.0, gt=0, le=3600)
+    #: ``HOST:PORT`` to serve ``/metrics`` on (a loopback address unless ``allow_remote``).
+    listen: str | None = None
+    #: Allow ``listen`` on an address that is not loopback (the endpoint has no authentication).
+    allow_remote: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> MetricsSettings:
+        if self.file is not None and not self.file.expanduser().is_absolute():
+            raise ValueError(f"file must be an absolute path, got {str(self.file)!r}")
+        if self.listen is not None:
+            host, port = split_listen(self.listen)
+            if not self.allow_remote and not is_loopback(host):
+                raise ValueError(
+                    f"listen {self.listen!r} is not a loopback address; the endpoint has no authentication"
+                    " (use 127.0.0.1 or ::1, or set allow_remote = true)"
+                )
+            del port
+        return self
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9464`` for IPv6) as host and port; raises ``ValueError`` naming the problem."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"listen {value!r} must be HOST:PORT, e.g. 127.0.0.1:9464")
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"listen {value!r}: the port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listen {value!r}: the port must be 0..65535")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback IP address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# -- the text format --------------------------------------------------------------------------------
+
+
+@dataclass
+class Family:
+    """One metric family: its samples, each a label set and a value."""
+
+    name: str
+    help: str
+    kind: str = "gauge"
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+
+    def add(self, value: float, **labels: str) -> None:
+        """One more sample."""
+        self.samples.append((labels, value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(float(value))
+
+
+def render(families: Iterable[Family]) -> str:
+    """The families in the Prometheus text exposition format (version 0.0.4)."""
+    out: list[str] = []
+    for fam in families:
+        out.append(f"# HELP {fam.name} {fam.help}")
+        out.append(f"# TYPE {fam.name} {fam.kind}")
+        for labels, value in fam.samples:
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+            out.append(f"{fam.name}{{{text}}} {_number(value)}" if text else f"{fam.name} {_number(value)}")
+    return "\n".join(out) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: written to a temporary file beside it, flushed, renamed."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fchmod(fd, 0o644)  # the node exporter runs as another user; the daemon's umask is 077
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+# -- the figures ------------------------------------------------------------------------------------
+
+
+class SlotSemaphore(asyncio.Semaphore):
+    """The daemon's turn slots, counting the turns that wait for one."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.waiting = 0
+
+    async def acquire(self) -> Literal[True]:
+        """Take a slot, counted as waiting while none is free."""
+        if not self.locked():
+            return await super().acquire()
+        self.waiting += 1
+        try:
+            return await super().acquire()
+        finally:
+            self.waiting -= 1
+
+
+class LoopLag:
+    """How late the event loop runs a timer: a probe that sleeps ``period`` and measures the excess."""
+
+    def __init__(self, period: float = 1.0) -> None:
+        self.period = period
+        self.last = 0.0
+        self.max = 0.0
+
+    async def run(self) -> None:
+        """Measure until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await asyncio.sleep(self.period)
+            self.last = max(0.0, loop.time() - started - self.period)
+            self.max = max(self.max, self.last)
+
+    def take_max(self) -> float:
+        """The largest lag since the last call (then forgotten)."""
+        worst, self.max = self.max, self.last
+        return worst
+
+
+@dataclass
+class _Stored:
+    """What one collection read from the store, in one snapshot."""
+
+    goals: list[Any]
+    usage: list[Any]
+    calls: list[Any]
+    schedule_names: dict[str, str]
+    runs: list[tuple[str, str, int]]
+    backlog: Mapping[str, int] | None
+
+
+class Metrics:
+    """Collects every family from the store and the live objects the daemon hands in."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        healths: Mapping[str, ProviderHealth],
+        slots: SlotSemaphore | None = None,
+        lag: LoopLag | None = None,
+        backlog: BacklogFn | None = outbox_backlog,
+    ) -> None:
+        self.store = store
+        self.healths = healths
+        self.slots = slots
+        self.lag = lag
+        self.backlog = backlog
+
+    def _read(self, conn: sqlite3.Connection) -> _Stored:
+        names = {str(r[0]): str(r[1] or r[0]) for r in conn.execute("SELECT id, key FROM schedules")}
+        runs = [
+            (str(r[0]), str(r[1]), int(r[2]))
+            for r in conn.execute(
+                "SELECT schedule_id, outcome, COUNT(*) FROM schedule_runs GROUP BY schedule_id, outcome"
+            )
+        ]
+        backlog = None
+        if self.backlog is not None:
+            try:
+                backlog = self.backlog(conn)
+            except sqlite3.OperationalError as exc:  # an outbox not created yet
+                logger.debug("no notification backlog: {}", exc)
+        return _Stored(goal_facts(conn), usage_by_guard(conn), call_counts(conn), names, runs, backlog)
+
+    async def families(self) -> list[Family]:
+        """Every family, read now."""
+        started = time.perf_counter()
+        stored = await self.store.read(self._read)
+        fams = self._from_store(stored)
+        fams += self._live()
+        size = await asyncio.to_thread(file_bytes, self.store.path)
+        fams.append(
+            Family("goald_database_bytes", "Size of the database file with its WAL, in bytes.", samples=[({}, size)])
+        )
+        fams.append(
+            Family(
+                "goald_metrics_collect_seconds",
+                "Seconds this collection took.",
+                samples=[({}, round(time.perf_counter() - started, 6))],
+            )
+        )
+        return fams
+
+    async def text(self) -> str:
+        """The metrics in the text format."""
+        return render(await self.families())
+
+    def _from_store(self, s: _Stored) -> list[Family]:
+        goals = Family("goald_goals", "Goals by status.")
+        rounds = Family("goald_goal_rounds", "Rounds run, summed over the goals of each status.")
+        by_status: dict[str, int] = dict.fromkeys((st.value for st in GoalStatus), 0)
+        rounds_by: dict[str, int] = dict.fromkeys((st.value for st in GoalStatus), 0)
+        schedule_of_guard: dict[str, str] = {}
+        for g in s.goals:
+            by_status[g.status] = by_status.get(g.status, 0) + 1
+            rounds_by[g.status] = rounds_by.get(g.status, 0) + g.rounds
+            if g.schedule_id is not None:
+                schedule_of_guard[g.guard_id] = s.schedule_names.get(g.schedule_id, g.schedule_id)
+        for status, n in sorted(by_status.items()):
+            goals.add(n, status=status)
+        for status, n in sorted(rounds_by.items()):
+            rounds.add(n, status=status)
+
+        tokens = Family(
+            "goald_model_tokens", "Tokens of the stored model calls, by provider, model, schedule and kind."
+        )
+        cost = Family("goald_model_cost", "Cost of the stored model calls, by provider, model and schedule.")
+        sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+        for u in s.usage:
+            key = (u.provider, u.model, schedule_of_guard.get(u.guard_id or "", ""))
+            acc = sums[key]
+            for i, v in enumerate((u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, u.cost)):
+                acc[i] += v
+        for (provider, model, schedule), acc in sorted(sums.items()):
+            for i, kind in enumerate(("input", "output", "cache_read", "cache_write")):
+                tokens.add(acc[i], provider=provider, model=model, schedule=schedule, kind=kind)
+            cost.add(round(acc[4], 9), provider=provider, model=model, schedule=schedule)
+
+        calls = Family("goald_model_calls", "Stored model calls (attempts), by provider.")
+        errors = Family("goald_model_call_errors", "Stored model calls that failed, by provider and error class.")
+        per_provider: dict[str, int] = defaultdict(int)
+        for c in s.calls:
+            per_provider[c.provider] += c.calls
+            if c.error_class is not None:
+                errors.add(c.calls, provider=c.provider, **{"class": c.error_class})
+        for provider, n in sorted(per_provider.items()):
+            calls.add(n, provider=provider)
+
+        runs = Family("goald_schedule_runs", "Recorded schedule runs, by schedule and outcome.")
+        for schedule_id, outcome, n in sorted(s.runs):
+            runs.add(n, schedule=s.schedule_names.get(schedule_id, schedule_id), outcome=outcome)
+
+        fams = [goals, rounds, tokens, cost, calls, errors, runs]
+        if s.backlog is not None:
+            waiting = int(s.backlog.get("unsealed", 0)) + int(s.backlog.get("pending", 0))
+            fams.append(
+                Family(
+                    "goald_notification_backlog",
+                    "Notifications not delivered yet (not yet sealed into a message, or deliveries pending).",
+                    samples=[({}, waiting)],
+                )
+            )
+            states = Family("goald_notification_deliveries", "Notification rows and deliveries by state.")
+            for state, n in sorted(s.backlog.items()):
+                states.add(n, state=state)
+            fams.append(states)
+        return fams
+
+    def _live(self) -> list[Family]:
+        breaker = Family("goald_breaker_state", "Each provider's circuit breaker: 1 for its current state.")
+        trips = Family("goald_breaker_trips", "Times each provider's circuit breaker opened since the daemon started.")
+        for name, health in sorted(self.healths.items()):
+            snap = health.breaker.snapshot()
+            for state in BreakerState:
+                breaker.add(1 if snap["state"] == state.value else 0, provider=name, state=state.value)
+            trips.add(snap["trips"], provider=name)
+        fams = [breaker, trips]
+        if self.slots is not None:
+            fams.append(
+                Family(
+                    "goald_turns_waiting_for_slot",
+                    "Turns waiting for one of max_concurrent_turns slots.",
+                    samples=[({}, self.slots.waiting)],
+                )
+            )
+        if self.lag is not None:
+            fams.append(
+                Family(
+                    "goald_event_loop_lag_seconds",
+                    "How late the event loop ran its last timer probe.",
+                    samples=[({}, round(self.lag.last, 6))],
+                )
+            )
+            fams.append(
+                Family(
+                    "goald_event_loop_lag_max_seconds",
+                    "The largest event-loop lag since the previous collection.",
+                    samples=[({}, round(self.lag.take_max(), 6))],
+                )
+            )
+        return fams
+
+
+# -- writing and serving ----------------------------------------------------------------------------
+
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+class MetricsService:
+    """Writes the file every interval and serves the endpoint, for as long as the daemon serves."""
+
+    def __init__(self, metrics: Metrics, settings: MetricsSettings) -> None:
+        self.metrics = metrics
+        self.settings = settings
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: The address the endpoint listens on (port 0 in the config: the one the kernel chose).
+        self.address: tuple[str, int] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is a file or an endpoint to serve."""
+        return self.settings.file is not None or self.settings.listen is not None
+
+    async def start(self, spawn: Spawn) -> None:
+        """Write the file once, open the endpoint, and start the loops (with ``spawn``)."""
+        if not self.enabled:
+            return
+        if self.metrics.lag is not None:
+            self._tasks.append(spawn(self.metrics.lag.run()))
+        if self.settings.listen is not None:
+            host, port = split_listen(self.settings.listen)
+            try:
+                self._server = await asyncio.start_server(self._answer, host, port)
+            except OSError as exc:
+                logger.error("metrics endpoint not served on {}: {}", self.settings.listen, exc.strerror or exc)
+            else:
+                sock = self._server.sockets[0].getsockname()
+                self.address = (str(sock[0]), int(sock[1]))
+                logger.info("metrics served on http://{}:{}/metrics", *self.address)
+        if self.settings.file is not None:
+            await self._write()
+            self._tasks.append(spawn(self._write_loop()))
+
+    async def stop(self) -> None:
+        """Stop the loops and the endpoint, then write the file one last time (within a bound)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        if self.settings.file is not None:
+            try:
+                async with asyncio.timeout(5.0):
+                    await self._write()
+            except TimeoutError:
+                logger.warning("the last metrics write took over 5 s; left as it was")
+
+    async def _write(self) -> None:
+        path = self.settings.file
+        assert path is not None
+        try:
+            text = await self.metrics.text()
+            await asyncio.to_thread(write_atomically, path.expanduser(), text)
+        except (OSError, sqlite3.Error) as exc:
+            logger.error("metrics not written to {}: {}", path, exc)
+
+    async def _write_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_seconds)
+            await self._write()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10.0):
+                request = await reader.readuntil(b"\r\n\r\n")
+                method, _, rest = request.decode("latin-1").partition(" ")
+                target = rest.partition(" ")[0]
+                if method != "GET" or target.partition("?")[0] not in ("/metrics", "/"):
+                    await _respond(writer, "404 Not Found", b"not found: GET /metrics\n")
+                    return
+                body = (await self.metrics.text()).encode()
+                await _respond(writer, "200 OK", body, "text/plain; version=0.0.4; charset=utf-8")
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+async def _respond(
+    writer: asyncio.StreamWriter, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8"
+) -> None:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+
+
+async def scrape(host: str, port: int, path: str = "/metrics") -> str:
+    """GET the endpoint once (for ``goald`` tooling and tests); the body as text."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        data = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise ConnectionError(head.decode("latin-1").splitlines()[0] if head else "no answer")
+    return body.decode()

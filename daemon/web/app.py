@@ -1,0 +1,480 @@
+"""The status page's server: routes, access control, and its place in the daemon.
+
+Choices, and why:
+
+- **aiohttp's server**, on the daemon's own event loop (no second process, no thread): it is
+  asyncio-native, small and long maintained, listens on TCP and unix sockets alike, and streams
+  responses (server-sent events, :mod:`daemon.web.live`). It is imported only when ``[web]`` is
+  enabled, so a daemon without the page does not load it.
+- **The same methods as the socket**: every read and every action goes through the control
+  protocol's :class:`~daemon.rpc.protocol.Dispatcher` in-process (``goal/list``, ``goal/describe``,
+  ``goal/pause``, ``session/prompt``...), with a :class:`WebPeer` whose caller is the token's name,
+  so the page shows what ``goald`` shows and an action is recorded like one from the socket
+  (``"web": NAME`` where the socket records ``uid`` and ``pid``).
+- **Access**: every request needs a token (``?token=`` once, then an HttpOnly, SameSite=Strict
+  cookie; or ``Authorization: Bearer``), else 401 with no data; a read-only token's actions are
+  403. A state-changing request must also come from the page itself: an ``Origin`` naming another
+  host, or ``Sec-Fetch-Site`` other than ``same-origin``/``none``, is refused (403), and the form's
+  CSRF token must match. Nothing is logged per request (a URL may hold a token).
+- **Bounded work per request**: the goals table is paged after sorting, the timeline reads a page
+  of bands by sequence number (:mod:`daemon.web.timeline`), the burn-down chart is cached and
+  extended (:mod:`daemon.web.charts`), a band's conversation is read on demand with a cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import math
+import socket
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any, cast
+from urllib.parse import urlencode, urlparse
+
+from aiohttp import web
+from loguru import logger
+
+from agent import Runtime
+from daemon.display import status_text
+from daemon.errors import DaemonError
+from daemon.metrics import LoopLag
+from daemon.ports import HostPort
+from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, map_exception
+from daemon.web import pages
+from daemon.web.charts import BurnCache, burn_svg
+from daemon.web.listen import describe
+from daemon.web.live import Streams, goal_stream, goals_stream
+from daemon.web.settings import WebSettings
+from daemon.web.timeline import bands_before, events_between
+from daemon.web.tokens import TokenFile, WebToken
+
+COOKIE = "goald_web"
+PER_PAGE = 100
+BANDS_PER_PAGE = 10
+CONVERSATION_LIMIT = 500
+#: Where a request keeps the token it was admitted with.
+TOKEN_KEY = "goald.web.token"
+STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+HTTP_OF = {
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.INVALID_PARAMS: 400,
+    ErrorCode.INVALID_TRANSITION: 409,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.STORAGE_UNAVAILABLE: 503,
+}
+
+
+@dataclasses.dataclass
+class WebPeer(Peer):
+    """The page's caller on the control protocol: the token's name stands where the socket puts uid and pid."""
+
+    token_name: str = ""
+
+    @property
+    def caller(self) -> dict[str, int]:
+        """``{"web": NAME}``, recorded in the events an action writes (as ``uid``/``pid`` are for the socket)."""
+        # The events keep whatever the caller holds (their payloads read unknown keys as extra);
+        # the protocol types the mapping's values as the socket's ints.
+        return cast(dict[str, int], {"web": self.token_name})
+
+
+async def _nothing(msg: dict[str, Any]) -> None:
+    return None
+
+
+class Refused(DaemonError):
+    """A request answered with an error page (or JSON for the page's scripts)."""
+
+    def __init__(self, status: int, title: str, text: str) -> None:
+        super().__init__(text)
+        self.status, self.title, self.text = status, title, text
+
+
+class WebService:
+    """The status page, started and stopped by the host with the control socket."""
+
+    def __init__(
+        self, host: HostPort, dispatcher: Dispatcher, settings: WebSettings, sockets: list[socket.socket]
+    ) -> None:
+        self.host = host
+        self.sockets = sockets
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.tokens = TokenFile(settings.tokens_path(host.settings.state_dir))
+        self.streams = Streams(settings.max_live_pages)
+        self.lag = LoopLag()
+        self._burn: BurnCache | None = None
+        self._runner: web.AppRunner | None = None
+        self._lag_task: Any = None
+        #: Where it listens (``http://HOST:PORT`` and/or ``unix:PATH``), once started.
+        self.addresses: list[str] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, spawn: Callable[[Any], Any]) -> None:
+        """Serve on the sockets bound at start (:func:`~daemon.web.listen.bind_listeners`)."""
+        app = web.Application(middlewares=[self._guard], client_max_size=256 * 1024)
+        app.add_routes(
+            [
+                web.get("/", self.goals),
+                web.get("/live", self.goals_live),
+                web.get("/goals/{ref}", self.goal),
+                web.get("/goals/{ref}/timeline", self.timeline),
+                web.get("/goals/{ref}/conversation", self.conversation),
+                web.get("/goals/{ref}/burn.svg", self.burn),
+                web.get("/goals/{ref}/live", self.live),
+                web.get("/goals/{ref}/state", self.state),
+                web.post("/goals/{ref}/{action:pause|resume|cancel|send}", self.act),
+                web.get("/schedules", self.schedules),
+                web.get("/daemon", self.daemon),
+                web.get("/static/{name}", self.static),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)
+        await self._runner.setup()
+        for sock in self.sockets:
+            await web.SockSite(self._runner, sock).start()
+            self.addresses.append(describe(sock))
+        self._lag_task = spawn(self.lag.run())
+        logger.info("status page on {} (tokens in {})", ", ".join(self.addresses), self.tokens.path)
+
+    async def stop(self) -> None:
+        """Close the live pages, then the listeners."""
+        await self.streams.close_all()
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- access ------------------------------------------------------------------------------
+
+    def _who(self, request: web.Request) -> WebToken | None:
+        cookie = request.cookies.get(COOKIE)
+        if cookie:
+            token = self.tokens.by_cookie(cookie)
+            if token is not None:
+                return token
+        auth = request.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            return self.tokens.check(auth[7:].strip())
+        return None
+
+    @web.middleware
+    async def _guard(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            resp = await self._admit(request, handler)
+        except Refused as exc:
+            resp = self._refusal(request, exc)
+        except web.HTTPException as exc:
+            resp = self._refusal(request, Refused(exc.status, exc.reason, exc.text or exc.reason))
+        if not resp.prepared:
+            resp.headers.setdefault("Cache-Control", "no-store")
+            resp.headers["X-Content-Type-Options"] = "nosniff"
+            resp.headers["X-Frame-Options"] = "DENY"
+            resp.headers["Referrer-Policy"] = "no-referrer"
+            resp.headers["Content-Security-Policy"] = (
+                "default-src 'self'; img-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self';"
+                " connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+            )
+        return resp
+
+    async def _admit(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        given = request.query.get("token")
+        if given is not None:
+            token = self.tokens.check(given)
+            if token is None:
+                raise Refused(401, "Unauthorized", "This token is not known (removed, or mistyped).")
+            # Once: the cookie stands for it from now on, and the token leaves the address bar.
+            rest = {k: v for k, v in request.query.items() if k != "token"}
+            resp = _see_other(request.path + (f"?{urlencode(rest)}" if rest else ""))
+            resp.set_cookie(
+                COOKIE,
+                token.cookie,
+                httponly=True,
+                samesite="Strict",
+                secure=self.settings.secure_cookie,
+                path="/",
+                max_age=30 * 86400,
+            )
+            return resp
+        token = self._who(request)
+        if token is None:
+            raise Refused(
+                401,
+                "Unauthorized",
+                "The status page needs a token: `goald web token add NAME` prints one; open the page once"
+                " with ?token=... and a cookie keeps you signed in.",
+            )
+        if request.method not in ("GET", "HEAD"):
+            self._same_origin(request, token)
+        request[TOKEN_KEY] = token
+        return await handler(request)
+
+    def _same_origin(self, request: web.Request, token: WebToken) -> None:
+        site = request.headers.get("Sec-Fetch-Site")
+        if site is not None and site not in ("same-origin", "none"):
+            raise Refused(403, "Forbidden", f"a {site} request cannot change anything here")
+        origin = request.headers.get("Origin")
+        if origin is not None and (origin == "null" or urlparse(origin).netloc != request.host):
+            raise Refused(403, "Forbidden", "a request from another site cannot change anything here")
+        if token.read_only:
+            raise Refused(403, "Forbidden", f"the token {token.name!r} is read-only")
+
+    async def _csrf(self, request: web.Request, token: WebToken) -> dict[str, str]:
+        form = {k: str(v) for k, v in (await request.post()).items()}
+        sent = request.headers.get("X-CSRF-Token") or form.get("csrf", "")
+        if not hmac.compare_digest(sent, token.csrf):
+            raise Refused(403, "Forbidden", "the form's CSRF token is missing or wrong: reload the page")
+        return form
+
+    def _refusal(self, request: web.Request, exc: Refused) -> web.Response:
+        if _wants_json(request):
+            return web.json_response({"error": exc.text}, status=exc.status)
+        return web.Response(
+            text=pages.refusal(exc.status, exc.title, exc.text), status=exc.status, content_type="text/html"
+        )
+
+    # -- calls -------------------------------------------------------------------------------
+
+    async def call(self, request: web.Request, method: str, params: dict[str, Any] | None = None) -> Any:
+        """One control-protocol method, in-process, as the request's token."""
+        token = _token(request)
+        peer = WebPeer(send=_nothing, token_name=token.name)
+        try:
+            return await self.dispatcher.call(method, params or {}, peer)
+        except Exception as exc:
+            err = map_exception(exc)
+            status = HTTP_OF.get(ErrorCode(err.code), 500) if err.code in set(ErrorCode) else 500
+            raise Refused(status, "Refused" if status < 500 else "Unavailable", err.message) from None
+
+    def _rt(self) -> Runtime:
+        if self.host.rt is None:
+            raise Refused(503, "Unavailable", "the daemon is not serving")
+        return self.host.rt
+
+    def _page(self, request: web.Request, title: str, body: str, page: str, extra: str = "") -> web.Response:
+        token = _token(request)
+        html = pages.layout(
+            title, body, page=page, token=token.name, read_only=token.read_only, csrf=token.csrf, extra=extra
+        )
+        return web.Response(text=html, content_type="text/html")
+
+    # -- pages -------------------------------------------------------------------------------
+
+    async def goals(self, request: web.Request) -> web.Response:
+        """The goals table, by attention, filtered and paged."""
+        status = request.query.get("status") or None
+        schedule = request.query.get("schedule") or None
+        page = _int(request.query.get("page"), 1, minimum=1)
+        params = {k: v for k, v in (("status", status), ("schedule", schedule)) if v}
+        listing = await self.call(request, "goal/list", params)
+        ordered = pages.attention_order(list(listing.get("goals") or []))
+        shown = ordered[(page - 1) * PER_PAGE : page * PER_PAGE]
+        body = pages.goals_page(
+            shown, status=status, schedule=schedule, page=page, per_page=PER_PAGE, total=len(ordered)
+        )
+        return self._page(request, "Goals", body, "goals")
+
+    async def goals_live(self, request: web.Request) -> web.StreamResponse:
+        """The goals table's live stream: each moved goal's row, re-rendered (server-sent events)."""
+        if self.streams.full():
+            raise Refused(503, "Busy", f"{self.streams.cap} live pages are open already (web.max_live_pages)")
+        listing = await self.call(request, "goal/list", {})
+        sessions = {str(g["sessionId"]): str(g["id"]) for g in listing.get("goals") or [] if g.get("sessionId")}
+
+        async def row(goal_id: str) -> str | None:
+            try:
+                g = await self.call(request, "goal/get", {"goalId": goal_id})
+            except Refused:
+                return None  # deleted since
+            sessions.setdefault(str(g.get("sessionId")), goal_id)
+            return pages.goal_row(g)
+
+        return await goals_stream(request, hub=self._rt().store.hub, sessions=sessions, row=row, streams=self.streams)
+
+    async def goal(self, request: web.Request) -> web.Response:
+        """One goal: describe data, actions, chart, the newest bands of its timeline."""
+        d = await self.call(request, "goal/describe", {"goalId": request.match_info["ref"], "events": 0})
+        g = d["goal"]
+        rt = self._rt()
+        st = await rt.store.session_state(g["sessionId"])
+        tl = await rt.store.read(lambda conn: bands_before(conn, g["sessionId"], st.last_seq + 1, BANDS_PER_PAGE))
+        last = tl.bands[0].last_seq if tl.bands else 0
+        flash = request.query.get("done")
+        body = pages.goal_page(
+            d,
+            pages.timeline_section(g["id"], tl),
+            csrf=_token(request).csrf,
+            read_only=_token(request).read_only,
+            last_seq=last,
+            flash=f"{flash}: done" if flash else None,
+        )
+        return self._page(request, str(g.get("title")), body, "goal")
+
+    async def timeline(self, request: web.Request) -> web.Response:
+        """Older bands (a fragment for the page's script, or a page of its own without it)."""
+        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
+        before = _int(request.query.get("before"), 2**62, minimum=1)
+        count = _int(request.query.get("limit"), BANDS_PER_PAGE, minimum=1, maximum=100)
+        tl = await self._rt().store.read(lambda conn: bands_before(conn, g["sessionId"], before, count))
+        html = pages.timeline_html(g["id"], tl)
+        if request.headers.get("X-Fragment"):
+            return web.Response(text=html, content_type="text/html")
+        body = f'<h1><a href="/goals/{pages.h(g["id"])}">{pages.h(g.get("title"))}</a>: older rounds</h1>{html}'
+        return self._page(request, "Timeline", body, "goal")
+
+    async def conversation(self, request: web.Request) -> web.Response:
+        """One band's conversation (at most ``CONVERSATION_LIMIT`` events)."""
+        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
+        after = _int(request.query.get("after"), 0, minimum=0)
+        upto = _int(request.query.get("upto"), after + CONVERSATION_LIMIT, minimum=after)
+        events = await self._rt().store.read(
+            lambda conn: events_between(conn, g["sessionId"], after, upto, CONVERSATION_LIMIT)
+        )
+        html = pages.conversation(events)
+        if request.headers.get("X-Fragment"):
+            return web.Response(text=html, content_type="text/html")
+        return self._page(request, "Conversation", f"<h1>{pages.h(g.get('title'))}: conversation</h1>{html}", "goal")
+
+    async def burn(self, request: web.Request) -> web.Response:
+        """The burn-down chart (SVG)."""
+        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
+        if self._burn is None:
+            self._burn = BurnCache(self._rt().store)
+        series = await self._burn.series(g["id"], g["sessionId"])
+        b = g.get("budgets") or {}
+        start = pages.parse_epoch(g.get("createdAt"))
+        end = pages.parse_epoch(g.get("updatedAt")) if g.get("status") not in ("active", "paused") else None
+        svg = burn_svg(
+            series,
+            max_tokens=b.get("maxTokensTotal"),
+            max_cost=b.get("maxCost"),
+            start=start,
+            now=end or pages.now_utc().timestamp(),
+        )
+        return web.Response(text=svg, content_type="image/svg+xml")
+
+    async def state(self, request: web.Request) -> web.Response:
+        """The goal's status and counters as JSON (what a live page refreshes)."""
+        return web.json_response(await self._summary(request, request.match_info["ref"]))
+
+    async def _summary(self, request: web.Request, ref: str) -> dict[str, Any]:
+        d = await self.call(request, "goal/describe", {"goalId": ref, "events": 0})
+        g = d["goal"]
+        b = g.get("budgets") or {}
+        return {
+            "id": g["id"],
+            "status": g.get("status"),
+            "statusText": status_text(g),
+            "activity": (d.get("activity") or {}).get("text"),
+            "rounds": pages.used_text(float(g.get("rounds") or 0), b.get("maxRounds"), "{:,.0f}"),
+            "tokens": pages.used_text(float(g.get("tokens") or 0), b.get("maxTokensTotal"), "{:,.0f}"),
+            "cost": pages.used_text(float(g.get("cost") or 0.0), b.get("maxCost"), "{:.4f}"),
+        }
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        """The goal's live stream (server-sent events), from ``Last-Event-ID`` or ``after``."""
+        ref = request.match_info["ref"]
+        g = await self.call(request, "goal/get", {"goalId": ref})
+        if self.streams.full():
+            raise Refused(503, "Busy", f"{self.streams.cap} live pages are open already (web.max_live_pages)")
+        resume = request.headers.get("Last-Event-ID")
+        after = _int(resume, 0, minimum=0) if resume else _int(request.query.get("after"), 0, minimum=0)
+        rt = self._rt()
+
+        async def summary() -> dict[str, Any]:
+            try:
+                return await self._summary(request, g["id"])
+            except Refused as exc:
+                return {"error": exc.text}
+
+        return await goal_stream(
+            request,
+            store=rt.store,
+            hub=rt.store.hub,
+            session_id=g["sessionId"],
+            after=after,
+            backlog=self.settings.live_backlog,
+            summary=summary,
+            streams=self.streams,
+        )
+
+    async def act(self, request: web.Request) -> web.StreamResponse:
+        """Pause, resume, cancel, or send a message: the socket's methods, recorded with the token's name."""
+        token = _token(request)
+        form = await self._csrf(request, token)
+        ref, action = request.match_info["ref"], request.match_info["action"]
+        if action == "send":
+            text = form.get("text", "").strip()
+            if not text:
+                raise Refused(400, "Bad request", "the message is empty")
+            g = await self.call(request, "goal/get", {"goalId": ref})
+            params: dict[str, Any] = {"sessionId": g["sessionId"], "text": text}
+            if form.get("resume"):
+                params["resume"] = True
+            result = await self.call(request, "session/prompt", params)
+            goal_id = str(g["id"])
+        else:
+            result = await self.call(request, f"goal/{action}", {"goalId": ref})
+            goal_id = str(result.get("id"))
+        logger.info("web: {} {} by token {}", action, goal_id, token.name)
+        if _wants_json(request):
+            return web.json_response({"ok": True, "action": action, "result": result})
+        return _see_other(f"/goals/{goal_id}?{urlencode({'done': action})}")
+
+    async def schedules(self, request: web.Request) -> web.Response:
+        """Schedules with their next fires and last runs."""
+        listing = await self.call(request, "schedule/list")
+        schedules = list(listing.get("schedules") or [])[:200]
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for s in schedules:
+            got = await self.call(request, "schedule/runs", {"scheduleId": s["id"], "limit": 5})
+            runs[str(s["id"])] = list(got.get("runs") or [])
+        return self._page(request, "Schedules", pages.schedules_page(schedules, runs), "schedules")
+
+    async def daemon(self, request: web.Request) -> web.Response:
+        """The daemon's health."""
+        health = await self.call(request, "daemon/health")
+        body = pages.daemon_page(health, loop_lag=self.lag.take_max(), live_pages=len(self.streams.open))
+        return self._page(request, "Daemon", body, "daemon")
+
+    async def static(self, request: web.Request) -> web.Response:
+        """The page's own script and style (shipped in the package)."""
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise Refused(404, "Not found", f"no file {name!r}")
+        data = resources.files("daemon.web").joinpath("static", name).read_bytes()
+        return web.Response(body=data, content_type=STATIC[name], headers={"Cache-Control": "private, max-age=300"})
+
+
+def _token(request: web.Request) -> WebToken:
+    token = request[TOKEN_KEY]
+    assert isinstance(token, WebToken)  # set by the guard before any handler runs
+    return token
+
+
+def _see_other(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location})
+
+
+def _wants_json(request: web.Request) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def _int(raw: str | None, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise Refused(400, "Bad request", f"{raw!r} is not a whole number") from None
+    if value < minimum or (maximum is not None and value > maximum) or math.isinf(value):
+        raise Refused(400, "Bad request", f"{value} is out of range")
+    return value

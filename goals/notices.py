@@ -1,0 +1,74 @@
+"""What a goal tells the outside world: a notification row in the transaction that changes its status.
+
+A goal that reaches ``completed``, ``exhausted``, ``failed``, ``cancelled`` or ``paused`` writes one
+notification (kind ``goal_<status>``) through the runtime's outbox (:mod:`agent.outbox`) in the
+same transaction as the change, from :func:`goals.store.emit_changed`, the one place every status
+change passes. So a change that rolls back (a stale decision) notifies nobody, and one that commits
+is delivered even if the daemon dies a moment later.
+
+Causes shared by many goals are grouped: a pause for ``auth_error`` or ``model_error`` (a revoked
+key, a provider outage) and a failure for an unknown model (a provider removed from the config) are
+keyed by the reason and the provider, so a 401 that pauses a thousand goals is one message naming
+the cause and the count. Everything else is the goal's own and goes out alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.outbox import NotificationId, put
+from agent.store import Tx
+from goals.model import Goal, GoalStatus, StopReason
+
+#: The statuses a goal notifies on reaching.
+NOTIFIED = (GoalStatus.COMPLETED, GoalStatus.EXHAUSTED, GoalStatus.FAILED, GoalStatus.CANCELLED, GoalStatus.PAUSED)
+#: Reasons that come from outside the goal (credentials, the provider): grouped by reason and provider.
+SHARED_CAUSES = (StopReason.AUTH_ERROR.value, StopReason.MODEL_ERROR.value, "unknown_model")
+SUMMARY_CHARS = 300
+
+
+def reason_code(reason: str | None) -> str | None:
+    """The well-known code of a status reason (``stalled``, ``auth_error``, ``unknown_model``, ...):
+    the reason itself or its first word before a colon; ``None`` when it has none."""
+    if not reason:
+        return None
+    head = reason.split(":", 1)[0].strip()
+    if head == "unknown model":
+        return "unknown_model"
+    known = {r.value for r in StopReason}
+    return head if head in known else None
+
+
+def goal_payload(goal: Goal) -> dict[str, Any]:
+    """The documented payload of a goal notification (without id, kind and time, which the outbox adds)."""
+    reason = " ".join((goal.status_reason or "").split()) or None
+    summary = f"goal {goal.title!r} {goal.status.value}"
+    if reason:
+        summary += f": {reason}"
+    summary += f" (round {goal.rounds}, {goal.tokens} tokens, cost {goal.cost:.4f})"
+    if len(summary) > SUMMARY_CHARS:
+        summary = summary[: SUMMARY_CHARS - 1] + "…"
+    return {
+        "goal": {"id": goal.id, "key": goal.key, "title": goal.title},
+        "status": goal.status.value,
+        "reason": reason,
+        "reasonCode": reason_code(goal.status_reason),
+        "provider": provider_of(goal),
+        "counters": {"rounds": goal.rounds, "tokens": goal.tokens, "cost": goal.cost},
+        "summary": summary,
+    }
+
+
+def provider_of(goal: Goal) -> str | None:
+    """The provider part of the goal's ``PROVIDER:MODEL`` (``None``: the daemon's default model)."""
+    return goal.model.split(":", 1)[0] if goal.model and ":" in goal.model else None
+
+
+def notify_status(tx: Tx, before: GoalStatus | None, goal: Goal) -> NotificationId | None:
+    """Write the notification of ``goal``'s new status in ``tx``, if that status is one to notify."""
+    if before is goal.status or goal.status not in NOTIFIED:
+        return None
+    kind = f"goal_{goal.status.value}"
+    code = reason_code(goal.status_reason)
+    group = f"{kind}:{code}:{provider_of(goal) or 'default'}" if code in SHARED_CAUSES else None
+    return put(tx, kind, goal_payload(goal), group=group)

@@ -1,0 +1,109 @@
+"""The ``goals`` table's schema: forward migrations, each with a one-line summary.
+
+The table lives in the runtime's SQLite file (so a decision and its continuation commit in one
+transaction) and is migrated under the name ``goals`` by :meth:`agent.Store.migrate`, which records
+the version reached. The work-directory lock is two triggers rather than a unique index: they also
+refuse nested directories, and they leave alone any two live goals an older goald let share one.
+"""
+
+from __future__ import annotations
+
+from agent import Migration
+
+MIGRATIONS = [
+    Migration(
+        version=1,
+        summary="goals with budgets, counters, cursor and memory; one live goal per session",
+        sql="""
+CREATE TABLE goals (
+    id TEXT PRIMARY KEY,
+    key TEXT UNIQUE,
+    idempotency_key TEXT UNIQUE,
+    title TEXT NOT NULL,
+    objective TEXT NOT NULL,
+    status TEXT NOT NULL,
+    status_reason TEXT,
+    session_id TEXT NOT NULL,
+    guard_id TEXT NOT NULL,
+    workdir TEXT,
+    model TEXT,
+    tools TEXT,
+    budgets TEXT NOT NULL,
+    verify TEXT NOT NULL,
+    rules TEXT NOT NULL,
+    rounds INTEGER NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    cost REAL NOT NULL DEFAULT 0,
+    refused_claims INTEGER NOT NULL DEFAULT 0,
+    stall_streak INTEGER NOT NULL DEFAULT 0,
+    error_streak INTEGER NOT NULL DEFAULT 0,
+    blocked_streak INTEGER NOT NULL DEFAULT 0,
+    wall_used REAL NOT NULL DEFAULT 0,
+    active_since TEXT,
+    continuation_id TEXT,
+    continuation_round INTEGER,
+    evaluated_seq INTEGER NOT NULL DEFAULT 0,
+    not_before TEXT,
+    memory TEXT NOT NULL DEFAULT '{}',
+    result_summary TEXT,
+    evidence TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    revision INTEGER NOT NULL DEFAULT 1
+);
+CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN ('active', 'paused');
+CREATE INDEX goals_status ON goals(status);
+""",
+    ),
+    Migration(
+        version=2,
+        summary="work-directory locks: a live goal's workdir (or one inside or around it) holds off other goals",
+        # Triggers, not a unique index: they also refuse nested directories, and they leave alone
+        # any two live goals an older goald let share a directory (the engine refuses new ones).
+        sql="""
+CREATE TRIGGER goals_workdir_lock_insert BEFORE INSERT ON goals
+WHEN NEW.workdir IS NOT NULL AND NEW.status IN ('active', 'paused') AND EXISTS (
+    SELECT 1 FROM goals o WHERE o.status IN ('active', 'paused') AND o.id != NEW.id AND o.workdir IS NOT NULL
+    AND (o.workdir = NEW.workdir
+         OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+         OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+BEGIN
+    SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
+END;
+CREATE TRIGGER goals_workdir_lock_update BEFORE UPDATE OF status, workdir ON goals
+WHEN NEW.workdir IS NOT NULL AND NEW.status IN ('active', 'paused')
+    AND (OLD.status NOT IN ('active', 'paused') OR OLD.workdir IS NOT NEW.workdir) AND EXISTS (
+    SELECT 1 FROM goals o WHERE o.status IN ('active', 'paused') AND o.id != NEW.id AND o.workdir IS NOT NULL
+    AND (o.workdir = NEW.workdir
+         OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+         OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+BEGIN
+    SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
+END;
+""",
+    ),
+    Migration(
+        version=3,
+        summary="a goal's progress command and its own sandbox settings",
+        sql="""
+ALTER TABLE goals ADD COLUMN progress TEXT;
+ALTER TABLE goals ADD COLUMN sandbox TEXT NOT NULL DEFAULT '{}';
+""",
+    ),
+    Migration(
+        version=4,
+        summary="retention: when an ended goal's session history was pruned and its work directory removed",
+        sql="""
+ALTER TABLE goals ADD COLUMN history_pruned_at TEXT;
+ALTER TABLE goals ADD COLUMN workdir_removed_at TEXT;
+CREATE INDEX goals_ended ON goals(updated_at) WHERE status IN ('completed', 'failed', 'cancelled');
+""",
+    ),
+    Migration(
+        version=5,
+        summary="retention: a goal whose spec keeps its work directory after it ends",
+        sql="ALTER TABLE goals ADD COLUMN keep_workdir INTEGER NOT NULL DEFAULT 0;",
+    ),
+]
+
+__all__ = ["MIGRATIONS"]

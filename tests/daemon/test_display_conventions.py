@@ -1,0 +1,79 @@
+"""The CLI's conventions as pure functions: one wording per reason, local times with their offset
+(or UTC), relative ages, a goal table with a header, exits in words."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from daemon.display import age, exit_text, goal_table, reason_text, span, use_utc, when
+
+NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("stored", "shown"),
+    [
+        ("by_request", "by request"),
+        ("cancelled by request", "by request"),  # an older goald's spelling reads the same
+        ("no_verification", "unverified: no verification"),
+        ("auth_error", "authentication failed"),
+        ("cost_budget", "cost budget spent"),
+        ("model_error: server: boom", "model error: server: boom"),
+        ("blocked: needs a person", "blocked: needs a person"),
+        ("continuation cancelled: gone", "continuation cancelled: gone"),
+        (None, ""),
+    ],
+)
+def test_one_wording_per_reason(stored: str | None, shown: str) -> None:
+    assert reason_text(stored) == shown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (45, "45s"), (60, "1m"), (80, "1m20s"), (600, "10m"), (3600, "1h"), (3900, "1h05m"), (93600, "1d2h")],
+)
+def test_spans(seconds: float, text: str) -> None:
+    assert span(seconds) == text
+
+
+def test_ages_and_times() -> None:
+    assert age(NOW - timedelta(minutes=3), NOW) == "3m ago"
+    assert age(NOW + timedelta(seconds=80), NOW) == "in 1m20s"
+    assert age(NOW, NOW) == "now" and age(None) == "-"
+    try:
+        use_utc(True)
+        assert when("2026-05-01T12:00:00.123456+02:00") == "2026-05-01 10:00:00+00:00"
+    finally:
+        use_utc(False)
+    local = when("2026-05-01T12:00:00+00:00")
+    offset = datetime(2026, 5, 1, 12, tzinfo=UTC).astimezone().strftime("%z")
+    assert local.endswith(f"{offset[:3]}:{offset[3:]}") and "." not in local
+
+
+def test_exits_in_words() -> None:
+    assert exit_text({"exitCode": 127}) == "exit 127 (command not found)"
+    assert exit_text({"exit_code": 126}) == "exit 126 (not executable)"
+    assert exit_text({"exitCode": 1}) == "exit 1"
+    assert exit_text({"exitCode": None, "timedOut": True}) == "timed out"
+
+
+def test_goal_table_has_a_header_and_aligned_columns() -> None:
+    g = {
+        "id": "goal_01",
+        "key": None,
+        "status": "paused",
+        "statusReason": "by_request",
+        "createdAt": (datetime.now(UTC) - timedelta(minutes=5)).isoformat(),
+        "rounds": 2,
+        "budgets": {"maxRounds": 10},
+        "tokens": 12345,
+        "cost": 0.5,
+        "model": "test:worker",
+    }
+    header, row = goal_table([g])
+    assert header.split() == ["ID", "KEY", "STATUS", "REASON", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL"]
+    assert row.split("  ")[0] == "goal_01" and "by request" in row and "5m ago" in row
+    assert row.index("test:worker") == header.index("MODEL")
+    assert row.index("12,345") + len("12,345") == header.index("TOKENS") + len("TOKENS")

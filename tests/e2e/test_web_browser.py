@@ -1,0 +1,247 @@
+"""The status page in a real headless Chromium against a real daemon process.
+
+Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them), driven by selenium with
+the driver's path given explicitly; as root Chromium needs ``--no-sandbox``. Every wait is a
+``WebDriverWait`` on something the page shows, under a time limit. Kept to two tests: a browser is
+heavy on a shared machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import TEST_MODELS, Daemon, all_events, wait_goal
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
+if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+    pytest.skip(
+        f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}):"
+        " apt-get install chromium chromium-driver",
+        allow_module_level=True,
+    )
+
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1100"):
+        opts.add_argument(arg)
+    opts.add_argument(f"--user-data-dir={tmp_path / 'chromium'}")
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def start(tmp_path: Path, port: int) -> tuple[Daemon, str]:
+    config = {**TEST_MODELS, "default_model": "test:worker", "web": {"enabled": True, "listen": f"127.0.0.1:{port}"}}
+    d = Daemon(tmp_path / "state", config=config)
+    token = d.cli("web", "token", "add", "alice").stdout.strip()
+    d.start()
+    return d, token
+
+
+def add_goal(d: Daemon, objective: str, *args: str) -> str:
+    done = d.cli("goal", "add", objective, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()[0]
+
+
+def status_of(d: Daemon, gid: str) -> str:
+    return str(d.cli_json("goal", "show", gid)["status"])
+
+
+def row_status(driver: Any, gid: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, f'tr[data-goal="{gid}"] .status').text)
+
+
+def seqs(driver: Any) -> list[int]:
+    return [
+        int(x)
+        for x in driver.execute_script(
+            "return Array.from(document.querySelectorAll('#timeline li.ev')).map(e => e.dataset.seq)"
+        )
+    ]
+
+
+def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: Any) -> None:
+    port = free_port()
+    d, token = start(tmp_path, port)
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        done = add_goal(d, "Finish quickly [rounds=1 delay=0.01]", "--title", "quick one")
+        exhausted = add_goal(
+            d, "Needs more rounds [rounds=9 delay=0.01]", "--max-rounds", "1", "--title", "short budget"
+        )
+        paused = add_goal(d, "Pause me [rounds=300 delay=0.05]", "--max-tokens", "5000000", "--title", "to pause")
+        running = add_goal(d, "Keep going [rounds=300 delay=0.4]", "--max-tokens", "9000000", "--title", "runner")
+        cancelled = add_goal(d, "Cancel me [rounds=300 delay=0.4]", "--title", "to cancel")
+        asyncio.run(wait_goal(d.socket_path, done, {"completed"}))
+        asyncio.run(wait_goal(d.socket_path, exhausted, {"exhausted"}))
+        d.calls.wait("worker round=3", 60)  # the goal to pause has done some rounds (a chart to draw)
+        assert d.cli("goal", "pause", paused).returncode == 0
+        assert d.cli("goal", "cancel", cancelled).returncode == 0
+        asyncio.run(wait_goal(d.socket_path, paused, {"paused"}))
+        wait = WebDriverWait(browser, 30)
+
+        # The goals table: each goal with its status and reason, as `goald` words them.
+        browser.get(f"http://127.0.0.1:{port}/?token={token}")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table#goals tbody tr"))
+        assert row_status(browser, done) == "completed (unverified: no verification)"
+        assert row_status(browser, exhausted) == "exhausted (round limit reached)"
+        assert row_status(browser, paused) == "paused (by request)"
+        assert row_status(browser, running) == "active"
+        assert row_status(browser, cancelled) == "cancelled (by request)"
+        order = [r.get_attribute("data-goal") for r in browser.find_elements(By.CSS_SELECTOR, "table#goals tbody tr")]
+        assert order.index(paused) < order.index(running) < order.index(done)  # attention first
+        browser.save_screenshot(str(shots / "goals.png"))
+        # The table is live too: the running goal's row is re-rendered as its rounds go by, no reload.
+        browser.execute_script("window.__table_page = true")
+        wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
+
+        def rounds_cell(b: Any) -> str:
+            return str(
+                b.find_element(By.CSS_SELECTOR, f'tr[data-goal="{running}"]').find_elements(By.TAG_NAME, "td")[4].text
+            )
+
+        before = rounds_cell(browser)
+        wait.until(lambda b: rounds_cell(b) != before)
+        assert browser.execute_script("return window.__table_page === true")
+        browser.get(f"http://127.0.0.1:{port}/?status=paused")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table#goals tbody tr"))
+        filtered = [
+            r.get_attribute("data-goal") for r in browser.find_elements(By.CSS_SELECTOR, "table#goals tbody tr")
+        ]
+        assert filtered == [paused]
+
+        # A paused goal: its burn-down chart (drawn) and its timeline of rounds.
+        browser.get(f"http://127.0.0.1:{port}/goals/{paused}")
+        wait.until(
+            lambda b: b.execute_script(
+                "const i = document.getElementById('burn'); return i.complete && i.naturalWidth > 0"
+            )
+        )
+        bands = browser.find_elements(By.CSS_SELECTOR, "#timeline details.band")
+        assert any(b.find_element(By.TAG_NAME, "summary").text.startswith("round ") for b in bands)
+        assert seqs(browser) and len(seqs(browser)) == len(set(seqs(browser)))
+        assert browser.find_element(By.ID, "goal-status").text == "paused (by request)"
+        # A band expands to its conversation, loaded on demand.
+        first = bands[-1]
+        first.find_element(By.TAG_NAME, "summary").click()
+        first.find_element(By.CSS_SELECTOR, "a.conv").click()
+        wait.until(lambda b: first.find_elements(By.CSS_SELECTOR, ".conversation .msg"))
+        browser.save_screenshot(str(shots / "goal-paused.png"))
+
+        # A running goal: new events appear without a reload; pause changes the status in place.
+        browser.get(f"http://127.0.0.1:{port}/goals/{running}")
+        wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
+        browser.execute_script("window.__same_page = true")
+        shown = int(browser.find_element(By.ID, "goal").get_attribute("data-last-seq"))
+        wait.until(lambda b: max(seqs(b)) > shown)
+        browser.find_element(By.ID, "btn-pause").click()
+        WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "goal-status").text == "paused (by request)")
+        assert browser.execute_script("return window.__same_page === true")  # no reload happened
+        assert status_of(d, running) == "paused"
+        show = d.cli("goal", "show", running)
+        assert "paused (by request)" in show.stdout
+        session = d.cli_json("goal", "show", running)["sessionId"]
+        changed = [e for e in asyncio.run(all_events(d.socket_path, session)) if e["type"] == "goal/changed"]
+        assert changed[-1]["data"]["status"] == "paused" and changed[-1]["data"].get("web") == "alice"
+        wait.until(lambda b: any("by web:alice" in e.text for e in b.find_elements(By.CSS_SELECTOR, "li.goal-changed")))
+        browser.save_screenshot(str(shots / "goal-live.png"))
+
+        # Schedules and the daemon.
+        assert (
+            d.cli(
+                "schedule",
+                "add",
+                "--cron",
+                "0 3 * * *",
+                "--timezone",
+                "Europe/Berlin",
+                "--key",
+                "nightly",
+                "Refresh [rounds=1 delay=0.01]",
+            ).returncode
+            == 0
+        )
+        browser.get(f"http://127.0.0.1:{port}/schedules")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "tr[data-schedule]"))
+        assert "Europe/Berlin" in browser.find_element(By.CSS_SELECTOR, "table.schedules").text
+        browser.save_screenshot(str(shots / "schedules.png"))
+        browser.get(f"http://127.0.0.1:{port}/daemon")
+        wait.until(lambda b: b.find_elements(By.ID, "loop-lag"))
+        assert "serving" in browser.find_element(By.TAG_NAME, "main").text
+        browser.save_screenshot(str(shots / "daemon.png"))
+        assert sorted(p.name for p in shots.iterdir()) == [
+            "daemon.png",
+            "goal-live.png",
+            "goal-paused.png",
+            "goals.png",
+            "schedules.png",
+        ]
+    finally:
+        d.close()
+
+
+def test_a_page_open_across_a_restart_resumes_from_the_right_sequence_number(tmp_path: Path, browser: Any) -> None:
+    port = free_port()
+    d, token = start(tmp_path, port)
+    try:
+        gid = add_goal(d, "Long work [rounds=300 delay=0.15]", "--max-tokens", "9000000")
+        d.calls.wait("worker round=2", 60)
+        wait = WebDriverWait(browser, 60)
+        browser.get(f"http://127.0.0.1:{port}/goals/{gid}?token={token}")
+        wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
+        browser.execute_script("window.__same_page = true")
+        before = max(seqs(browser))
+        wait.until(lambda b: max(seqs(b)) > before)  # live before the restart
+
+        assert d.terminate() == 0
+        wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "0")
+        at_stop = max(seqs(browser))
+        d.start()
+        wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
+        d.calls.wait("worker", 60)  # the goal runs again after the restart
+        assert d.cli("goal", "pause", gid).returncode == 0
+        asyncio.run(wait_goal(d.socket_path, gid, {"paused"}))
+        session = d.cli_json("goal", "show", gid)["sessionId"]
+        # Let the paused goal's session reach idle (the page's newest entry): then nothing more is written.
+        newest = (
+            "const l = Array.from(document.querySelectorAll('#timeline li.ev'));"
+            " const top = l.reduce((a, e) => (+e.dataset.seq > +a.dataset.seq ? e : a), l[0]);"
+            " return top.classList.contains('status') && top.textContent.includes('idle')"
+        )
+        WebDriverWait(browser, 60).until(lambda b: b.execute_script(newest))
+        last = max(e["seq"] for e in asyncio.run(all_events(d.socket_path, session)))
+        wait.until(lambda b: max(seqs(b)) == last)
+        shown = seqs(browser)
+        assert len(shown) == len(set(shown)), "a timeline entry was shown twice"
+        assert sorted(shown) == list(range(min(shown), last + 1)), "a timeline entry is missing"
+        assert max(s for s in shown if s <= at_stop) == at_stop and last > at_stop  # resumed past the restart
+        assert browser.execute_script("return window.__same_page === true")
+        browser.save_screenshot(str(tmp_path / "after-restart.png"))
+    finally:
+        d.close()
