@@ -42,7 +42,7 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
     state = (state_dir or Path(tempfile.mkdtemp(prefix="goald-demo-"))).resolve()
     settings = load_settings(None, state_dir=state, default_model="scripted:demo", sandbox="none")
     # The daemon's warning about sandbox = "none" is meant for a configuration that chose it.
-    logger.disable("daemon.settings")
+    logger.disable("daemon.sandbox_settings")
     host = Host(settings)
     server = asyncio.get_running_loop().create_task(host.run())
 
@@ -73,7 +73,7 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
             say(f"  {line}")
         return 0 if final.status is GoalStatus.COMPLETED else 1
     finally:
-        logger.enable("daemon.settings")
+        logger.enable("daemon.sandbox_settings")
         host.request_stop()
         if not (server.done() and not server.cancelled() and server.exception() is not None):
             await asyncio.wait_for(server, 60)

@@ -14,6 +14,12 @@ call that stopped the daemon, still writes its answer) → running turns get the
 grace period to reach a safe point, else end ``interrupted`` → the store closes → exit 0.
 SIGHUP reloads declared goals and schedules by ``key``. The configured MCP servers start before the
 store opens (sessions' tool lists are built from their listings) and stop after it closes.
+
+The host is the lifecycle and the session resolver; its parts live beside it: the run state
+(:mod:`daemon.run_state`), the start-up checks (:mod:`daemon.startup`), the MCP servers' sandboxes
+(:mod:`daemon.mcp_servers`) and the services started after ``READY=1``
+(:mod:`daemon.ready_services`). ``RunState``, ``transition_run_state`` and ``build_mcp_servers``
+are re-exported here.
 """
 
 from __future__ import annotations
@@ -21,14 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import io
-import os
 import signal
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -37,9 +40,7 @@ from agent import (
     DEFAULT_MAX_DEPTH,
     AgentConfig,
     AgentStatus,
-    CommandLimits,
     Delegate,
-    McpServer,
     McpServers,
     ModelRegistry,
     Runtime,
@@ -51,7 +52,6 @@ from agent import (
     Shell,
     ToolContext,
     ToolRegistry,
-    detect_bwrap,
     file_tools,
     session_chain,
 )
@@ -60,19 +60,27 @@ from daemon import __version__
 from daemon.alerts import Alerts
 from daemon.alerts.rpc import register as register_notify
 from daemon.backup import upgrade_store
-from daemon.checks import StateDirUnusable, config_findings, socket_gid, state_dir_problem
-from daemon.declared import GoalsFileError, apply_declared, check_declared
-from daemon.errors import InvalidRunState
+from daemon.declared import GoalsFileError, apply_declared
 from daemon.goal_sandbox import goal_policy, goal_redactor
 from daemon.lock import StateLock
+from daemon.mcp_servers import build_mcp_servers
 from daemon.metrics import LoopLag, Metrics, MetricsService, SlotSemaphore
 from daemon.models import build_registry
-from daemon.notify import Notifier, watchdog_loop
+from daemon.notify import Notifier
+from daemon.ready_services import ReadyServices
 from daemon.rpc.methods import build_dispatcher
-from daemon.rpc.server import ConnectionLimits, UnixServer, raise_nofile_limit, serve_stdio
+from daemon.rpc.server import raise_nofile_limit, serve_stdio
+from daemon.run_state import RunState, transition_run_state
 from daemon.schedule.firing import GoalFiring
 from daemon.schedule.service import Scheduler
 from daemon.settings import ConfigError, Settings, load_settings, sandbox_profile
+from daemon.startup import (
+    check_goals_file,
+    prepare_state_dir,
+    prepare_work_roots,
+    socket_group_id,
+    start_control_socket,
+)
 from daemon.web.listen import bind_listeners
 from daemon.workdirs import Workdirs
 from goals import MIGRATIONS as GOAL_MIGRATIONS
@@ -88,33 +96,6 @@ from goals import (
     sandboxed_runner,
     tools_for_goal_sessions,
 )
-from goals.retention import retention_loop
-
-
-class RunState(enum.StrEnum):
-    """The daemon's lifecycle."""
-
-    #: Opening the store, repairing, resuming goals.
-    STARTING = "starting"
-    #: Serving the control protocol.
-    SERVING = "serving"
-    #: Taking no new work; letting running turns stop.
-    STOPPING = "stopping"
-    #: Everything closed.
-    STOPPED = "stopped"
-
-
-def transition_run_state(current: RunState, target: RunState) -> RunState:
-    """The one place the daemon's run state changes; an illegal step raises."""
-    allowed = {
-        RunState.STARTING: (RunState.SERVING, RunState.STOPPING),
-        RunState.SERVING: (RunState.STOPPING,),
-        RunState.STOPPING: (RunState.STOPPED,),
-        RunState.STOPPED: (),
-    }[current]
-    if target not in allowed:
-        raise InvalidRunState(f"the daemon cannot go from {current.value} to {target.value}")
-    return target
 
 
 def dump_tasks() -> None:
@@ -125,65 +106,6 @@ def dump_tasks() -> None:
         stack = io.StringIO()
         task.print_stack(limit=12, file=stack)
         logger.warning("{}\n{}", task.get_name(), stack.getvalue())
-
-
-async def build_mcp_servers(settings: Settings) -> McpServers:
-    """The configured MCP servers (not started). With ``sandbox = "bwrap"`` each runs in a sandbox
-    whose only writable directory is its own ``<state_dir>/mcp/<name>``; without a usable bwrap
-    none is started (logged), as no command runs unconfined unless the config says so."""
-    s = settings
-    if not s.mcp_servers:
-        return McpServers()
-    bwrap = None
-    if s.sandbox == "bwrap":
-        try:
-            bwrap = await asyncio.to_thread(detect_bwrap)
-        except SandboxUnavailable as exc:
-            logger.error("MCP servers not started: {}", exc)
-            return McpServers()
-    creds = os.environ.get("CREDENTIALS_DIRECTORY")
-    visible = (s.state_dir.expanduser(), s.database_path.parent, s.socket_path.parent, *s.roots)
-    config = [s.config_file] if s.config_file is not None else []
-    hidden = tuple(p for p in (*visible, *([Path(creds)] if creds else []), *config) if p != Path("/"))
-    servers = []
-    for name, cfg in s.mcp_servers.items():
-        home = s.state_dir.expanduser() / "mcp" / name
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        box = None
-        if bwrap is not None:
-            try:
-                # The sandbox starts from an empty environment: the server's variables go in with it,
-                # as secrets (on no command line; redacted from its output).
-                box = Sandbox(
-                    home,
-                    hidden=hidden,
-                    network=cfg.network,
-                    secrets=cfg.env,
-                    bwrap=bwrap.path,
-                    disable_userns=bwrap.disable_userns,
-                    unshare_ipc=bwrap.unshare_ipc,
-                    read_only=(*s.sandbox_read_only_paths, *cfg.read_only_paths),
-                    # Its own group for each start, under these caps (agent.tools.mcp).
-                    limits=CommandLimits.of(
-                        s.sandbox_max_processes if cfg.max_processes is None else cfg.max_processes,
-                        s.sandbox_max_memory_mb if cfg.max_memory_mb is None else cfg.max_memory_mb,
-                    ),
-                )
-            except SandboxUnavailable as exc:
-                logger.error("MCP server {} not started: {}", name, exc)
-                continue
-        servers.append(
-            McpServer(
-                name,
-                cfg.command,
-                cfg.env,
-                sandbox=box,
-                cwd=home,
-                start_timeout=cfg.start_timeout_seconds,
-                call_timeout=cfg.timeout_seconds,
-            )
-        )
-    return McpServers(servers)
 
 
 class Host:
@@ -234,12 +156,7 @@ class Host:
         state_dir = self.settings.state_dir.expanduser()
         # Before anything is written or logged: an unusable state directory is one line and exit 78
         # (not a traceback and exit 1, which systemd would restart for ever).
-        existed = state_dir.is_dir()
-        problem = state_dir_problem(state_dir)
-        if problem is not None:
-            raise StateDirUnusable(problem)
-        if not existed:
-            logger.info("created the state directory {}", state_dir)
+        prepare_state_dir(state_dir)
         # Before the store is opened or repaired, and before the socket is touched (daemon.lock);
         # the database's own lock too, wherever it lies: two state directories, one database.
         lock = StateLock(state_dir, self.settings.database_path)
@@ -251,25 +168,7 @@ class Host:
 
     async def _serve(self, *, stdio: bool) -> int:
         s = self.settings
-        # A group that does not exist refuses to start (exit 78) before the store opens.
-        group = socket_gid(s.socket_group) if s.socket_group is not None else None
-        raise_nofile_limit()
-        for root in s.roots:
-            if not root.is_dir():
-                root.mkdir(parents=True, exist_ok=True, mode=0o700)
-                # Said out loud: a typo in workdir_roots would otherwise become a new directory unseen.
-                log = logger.warning if s.workdir_roots else logger.info
-                log("created the work-directory root {} (workdir_roots): it did not exist", root)
-        if s.goals_file is not None:
-            # An invalid goals file refuses to start (GoalsFileError, exit 78) before the store opens.
-            declared = check_declared(s.goals_file, self)
-            for finding in config_findings(s, self.models, declared):
-                if finding.key.startswith("goals file"):
-                    logger.warning("configuration: {}", finding)
-        self._notifier = Notifier.from_env()
-        self.sandboxing = sandbox_profile(s)
-        loop = asyncio.get_running_loop()
-        self._install_signals(loop)
+        group = self._before_store()
         # Before anything opens the store: a pending schema step is applied after a copy, all or nothing
         # (a failure raises MigrationFailed, the database unchanged; daemon.backup).
         await upgrade_store(s)
@@ -288,61 +187,29 @@ class Host:
         ):
             self.rt = rt
             self.alerts.watch_breakers(self.healths, rt)
-            engine = GoalEngine(
-                rt,
-                allowed_roots=s.roots,
-                model_check=self._check_model,
-                runner=sandboxed_runner(self.sandboxing.sandbox, self.sandboxing.redactor),
-                runner_for=self._goal_runner,
-            )
-            self.engine = engine
-            # Before the engine resumes any goal's session (their tools are set up as they load).
-            await self._learn_live_goal_secrets(rt)
-            await engine.start(defer=True)
+            engine = await self._start_engine(rt)
             await self._start_scheduler()
             dispatcher = build_dispatcher(self)
             register_notify(dispatcher, self.alerts)
-            server = UnixServer(
-                s.socket_path, dispatcher, s.max_frame_bytes, limits=ConnectionLimits.of(s), group=group
-            )
-            try:
-                await server.start()
-            except PermissionError as exc:
-                raise ConfigError(
-                    f"socket_group {s.socket_group!r}: cannot give {s.socket_path} to that group ({exc.strerror});"
-                    " the daemon's user must be a member of it"
-                ) from None
+            server = await start_control_socket(s, dispatcher, group)
             try:
                 page = await self._start_web(dispatcher, rt, web_sockets)  # [web]: the status page, if enabled
             except BaseException:
                 await server.stop()
                 raise
             stdio_task = rt.spawn(self._stdio(serve_stdio, dispatcher)) if stdio else None
-            self._set_state(RunState.SERVING)
-            self.ready.set()
-            live = await rt.store.read(goal_counts)
-            self._notifier.ready(self.status_line(live=live["active"] + live["paused"]))
+            await self._become_ready(rt)
             # The goals' pending decisions, then the turns that were waiting when the process
             # stopped, run now, after READY: readiness waits on neither the number of goals nor
             # any backlog.
             rt.spawn(self._resume(rt, engine))
-            watchdog = rt.spawn(watchdog_loop(self._notifier, self.status_line))
-            retainer = None
-            if s.retention.interval_seconds > 0:
-                retainer = rt.spawn(retention_loop(rt.store, s.retention.policy(s.roots), s.retention.interval_seconds))
-            self.metrics = MetricsService(
-                Metrics(rt.store, healths=self.healths, slots=self._slots, lag=LoopLag()), s.metrics
-            )
-            await self.metrics.start(rt.spawn)
-            alerts = rt.spawn(self.alerts.run(rt.store, self._healthy))
+            services = await self._start_ready_services(rt)
             try:
                 await self._stop.wait()
             finally:
                 self._set_state(RunState.STOPPING)
                 self._notifier.stopping()
-                watchdog.cancel()
-                if retainer is not None:
-                    retainer.cancel()
+                services.stop_first()
                 if stdio_task is not None:
                     stdio_task.cancel()
                 if page is not None:
@@ -351,10 +218,62 @@ class Host:
                 if self.scheduler is not None:
                     await self.scheduler.stop()
                 await engine.stop()
-                await self.metrics.stop()  # the file's last write, before the store closes
-                alerts.cancel()
+                await services.stop_last()
         self._set_state(RunState.STOPPED)
         return 0
+
+    def _before_store(self) -> int | None:
+        """The start-up checks before the store opens (:mod:`daemon.startup`), the sandbox profile and
+        the signal handlers; returns the control socket's group id."""
+        s = self.settings
+        # A group that does not exist refuses to start (exit 78) before the store opens.
+        group = socket_group_id(s)
+        raise_nofile_limit()
+        prepare_work_roots(s)
+        # An invalid goals file refuses to start (GoalsFileError, exit 78) before the store opens.
+        check_goals_file(s, self)
+        self._notifier = Notifier.from_env()
+        self.sandboxing = sandbox_profile(s)
+        self._install_signals(asyncio.get_running_loop())
+        return group
+
+    async def _start_engine(self, rt: Runtime) -> GoalEngine:
+        """The goal engine, listening, its live goals not loaded yet (they load after READY)."""
+        s = self.settings
+        engine = GoalEngine(
+            rt,
+            allowed_roots=s.roots,
+            model_check=self._check_model,
+            runner=sandboxed_runner(self.sandboxing.sandbox, self.sandboxing.redactor),
+            runner_for=self._goal_runner,
+        )
+        self.engine = engine
+        # Before the engine resumes any goal's session (their tools are set up as they load).
+        await self._learn_live_goal_secrets(rt)
+        await engine.start(defer=True)
+        return engine
+
+    async def _become_ready(self, rt: Runtime) -> None:
+        """Serving: ``READY=1`` with the live goals counted in one indexed read."""
+        self._set_state(RunState.SERVING)
+        self.ready.set()
+        live = await rt.store.read(goal_counts)
+        self._notifier.ready(self.status_line(live=live["active"] + live["paused"]))
+
+    async def _start_ready_services(self, rt: Runtime) -> ReadyServices:
+        """The watchdog, retention, metrics and notifications (:mod:`daemon.ready_services`)."""
+        self.metrics = MetricsService(
+            Metrics(rt.store, healths=self.healths, slots=self._slots, lag=LoopLag()), self.settings.metrics
+        )
+        return await ReadyServices.start(
+            rt,
+            self.settings,
+            notifier=self._notifier,
+            status=self.status_line,
+            metrics=self.metrics,
+            alerts=self.alerts,
+            healthy=self._healthy,
+        )
 
     async def _start_web(self, dispatcher: Any, rt: Runtime, sockets: list[Any]) -> Any:
         """The status page (``[web]``) on its bound sockets, through the same dispatcher as the
@@ -569,6 +488,8 @@ class Host:
             "uptimeSeconds": round(self.uptime(), 3),
             "goals": await self.goal_counts() if self.rt is not None else {},
             "sessionsRunning": self.sessions_running(),
+            # Turn slots (max_concurrent_turns): taken, and turns waiting for one.
+            "slots": self._slots.snapshot(),
             "providers": {name: h.snapshot() for name, h in self.healths.items()},
             # Whether the store can write; if not, the error and what to do (cleared by the next write).
             "storage": self.rt.store.storage_health() if self.rt is not None else {"ok": True},

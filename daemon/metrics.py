@@ -164,7 +164,12 @@ class SlotSemaphore(asyncio.Semaphore):
 
     def __init__(self, value: int) -> None:
         super().__init__(value)
+        self.size = value
         self.waiting = 0
+
+    def snapshot(self) -> dict[str, int]:
+        """``{"max", "inUse", "waiting"}``: the slots, those taken, and the turns waiting for one."""
+        return {"max": self.size, "inUse": self.size - self._value, "waiting": self.waiting}
 
     async def acquire(self) -> Literal[True]:
         """Take a slot, counted as waiting while none is free."""

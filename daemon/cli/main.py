@@ -127,15 +127,38 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-
     cmd = args.command
     if cmd in ("serve", "run", "demo", "acp"):
         # The daemon's files (database, WAL, work directories, logs of tools) are its own: 0600 and
         # 0700, outside systemd (whose units set UMask=0077) too.
         os.umask(0o077)
+    local = _without_settings(args)
+    if local is not None:
+        return local
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    offline = _without_daemon(settings, args)
+    if offline is not None:
+        return offline
+    if cmd == "serve":
+        return _serve(settings, args)
+    setup_logging(args.log_level or "WARNING")
+    socket_path = args.socket or settings.socket_path
+
+    handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] | None = COMMANDS.get(cmd)
+    if handler is None:
+        raise UsageError(f"unknown command {cmd}")
+    return asyncio.run(_with_client(socket_path, handler, args))
+
+
+def _without_settings(args: argparse.Namespace) -> int | None:
+    """The exit code of a command that reads its own settings (or none), else ``None``."""
+    cmd = args.command
     if cmd == "demo":
         setup_logging(args.log_level or "WARNING")
-
         return asyncio.run(run_demo(args.state_dir, sys.stdout, plain=args.plain))
     if cmd == "config":
         return _config_check(args)
@@ -144,11 +167,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_OK
     if cmd == "acp":
         return _acp(args)
-    try:
-        settings = _settings(args)
-    except ConfigError as exc:
-        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    return None
+
+
+def _without_daemon(settings: Settings, args: argparse.Namespace) -> int | None:
+    """The exit code of a command that needs the settings but no running daemon, else ``None``."""
+    cmd = args.command
     if cmd == "run":
         return _run(settings, args)
     if cmd == "web":  # the token file itself: no daemon needed
@@ -162,36 +186,32 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "store" and args.store_command == "backup":
         setup_logging(args.log_level or "WARNING")
         return backup(settings, args.socket or settings.socket_path, args.path)
-    if cmd == "serve":
-        setup_logging(args.log_level or settings.log_level, settings.log_format, journal_socket=settings.journal_socket)
+    return None
 
-        try:
-            # An unusable state directory is one line and exit 78, before anything else is said.
-            if (problem := state_dir_problem(settings.state_dir)) is not None:
-                raise StateDirUnusable(problem)
-            host = Host(settings)
-            for finding in config_findings(settings, host.models):
-                logger.warning("configuration: {}", finding)
-            return asyncio.run(host.run(stdio=args.stdio))
-        except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
-            print(f"goald: {exc}", file=sys.stderr)
-            return EXIT_LOCKED
-        except ConfigError as exc:  # e.g. an invalid goals file: the file, entry and field are named
-            print(f"goald: invalid configuration: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
-        except (MigrationFailed, SchemaTooNew) as exc:  # the database unchanged; not worth a restart loop
-            print(f"goald: refusing to start: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
-        except RuntimeError as exc:
-            print(f"goald: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-    setup_logging(args.log_level or "WARNING")
-    socket_path = args.socket or settings.socket_path
 
-    handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] | None = COMMANDS.get(cmd)
-    if handler is None:
-        raise UsageError(f"unknown command {cmd}")
-    return asyncio.run(_with_client(socket_path, handler, args))
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    """``goald serve``: the daemon in this process, each refusal to start mapped to its exit code."""
+    setup_logging(args.log_level or settings.log_level, settings.log_format, journal_socket=settings.journal_socket)
+    try:
+        # An unusable state directory is one line and exit 78, before anything else is said.
+        if (problem := state_dir_problem(settings.state_dir)) is not None:
+            raise StateDirUnusable(problem)
+        host = Host(settings)
+        for finding in config_findings(settings, host.models):
+            logger.warning("configuration: {}", finding)
+        return asyncio.run(host.run(stdio=args.stdio))
+    except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+    except ConfigError as exc:  # e.g. an invalid goals file: the file, entry and field are named
+        print(f"goald: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (MigrationFailed, SchemaTooNew) as exc:  # the database unchanged; not worth a restart loop
+        print(f"goald: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except RuntimeError as exc:
+        print(f"goald: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 async def _with_client(

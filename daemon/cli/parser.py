@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 from pathlib import Path
+from typing import TypeAlias
 
 from daemon import __version__
 from daemon.cli.web import add_web_parser
@@ -33,6 +34,9 @@ class UsageError(DaemonError):
 JSON_HELP = "print JSON (camelCase keys) instead of text"
 GOAL_HELP = "a goal key, goal id, or unique prefix of an id"
 SCHEDULE_HELP = "a schedule key, schedule id, or unique prefix of an id"
+#: What ``add_subparsers`` returns: each command group adds its parsers to it.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
 GOAL_STATUSES = ["active", "paused", "completed", "failed", "cancelled", "exhausted"]
 
 
@@ -118,7 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--utc", action="store_true", help="show times in UTC (default: the local zone, with its offset)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # In this order: ``goald --help`` lists the commands as they are added.
+    _add_serve_parsers(sub)
+    _add_goal_parser(sub)
+    _add_send_parser(sub)
+    _add_schedule_parser(sub)
+    _add_store_parser(sub)
+    _add_notify_parser(sub)
+    _add_config_parser(sub)
+    _add_demo_and_run_parsers(sub)
+    _add_completion_parser(sub)
+    add_web_parser(sub)
+    _add_acp_parser(sub)
+    return parser
 
+
+def _add_serve_parsers(sub: Subparsers) -> None:
+    """``serve`` and ``status``: the daemon itself."""
     serve = sub.add_parser("serve", help="run the daemon")
     serve.add_argument("--stdio", action="store_true", help="also serve the protocol on stdin/stdout")
     serve.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
@@ -126,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="the daemon's health")
     status.add_argument("--json", action="store_true", help=JSON_HELP)
 
+
+def _add_goal_parser(sub: Subparsers) -> None:
+    """``goal ACTION``: create, list, describe, change and move goals."""
     goal = sub.add_parser("goal", help="manage goals")
     gsub = goal.add_subparsers(dest="goal_command", metavar="ACTION")
     add = gsub.add_parser("add", help="create a goal")
@@ -148,6 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("goal", help=GOAL_HELP)
     show.add_argument("--json", action="store_true", help="print the goal as JSON (goal/get)")
     show.add_argument("--watch", action="store_true", help="follow changes until the goal stops")
+    _add_goal_transitions(gsub)
+    edit = gsub.add_parser("edit", help="edit a goal's objective, budgets or verification")
+    edit.add_argument("goal", help=GOAL_HELP)
+    edit.add_argument("--objective", help="the new objective (used from the next round)")
+    _add_goal_options(edit, for_edit=True)
+    edit.add_argument("--json", action="store_true", help=JSON_HELP)
+    logs = gsub.add_parser("logs", help="a goal's events")
+    logs.add_argument("goal", help=GOAL_HELP)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the goal ends")
+    logs.add_argument("--json", action="store_true", help="one JSON object a line")
+    _add_goal_transfer(gsub)
+
+
+def _add_goal_transitions(gsub: Subparsers) -> None:
+    """``goal pause``, ``goal resume`` and ``goal cancel``."""
     for action in ("pause", "resume", "cancel"):
         a = gsub.add_parser(action, help=f"{action} a goal")
         a.add_argument("goal", nargs="?" if action == "resume" else None, help=GOAL_HELP)
@@ -158,15 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
             a.add_argument(
                 "--reason", metavar="REASON", help="with --all: only goals paused for this reason, e.g. auth_error"
             )
-    edit = gsub.add_parser("edit", help="edit a goal's objective, budgets or verification")
-    edit.add_argument("goal", help=GOAL_HELP)
-    edit.add_argument("--objective", help="the new objective (used from the next round)")
-    _add_goal_options(edit, for_edit=True)
-    edit.add_argument("--json", action="store_true", help=JSON_HELP)
-    logs = gsub.add_parser("logs", help="a goal's events")
-    logs.add_argument("goal", help=GOAL_HELP)
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the goal ends")
-    logs.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
+def _add_goal_transfer(gsub: Subparsers) -> None:
+    """``goal export``, ``goal import`` and ``goal delete``: an ended goal leaving or arriving."""
     export = gsub.add_parser("export", help="write an ended goal with its sessions and events as a JSON document")
     export.add_argument("goal", help=GOAL_HELP)
     export.add_argument("-o", "--output", metavar="FILE", help="write here (must not exist) instead of stdout")
@@ -180,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (for scripts)")
     delete.add_argument("--json", action="store_true", help=JSON_HELP)
 
+
+def _add_send_parser(sub: Subparsers) -> None:
+    """``send``: a message to a session or a goal's session."""
     send = sub.add_parser("send", help="send a message to a session or a goal's session")
     send.add_argument("target", metavar="SESSION_OR_GOAL", help="a session id (or prefix), or a goal id or key")
     send.add_argument("text", help="the message")
@@ -198,8 +234,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="to a paused goal: resume it as well (without it the message runs one turn and the goal stays paused)",
     )
 
+
+def _add_schedule_parser(sub: Subparsers) -> None:
+    """``schedule ACTION``: add, list, remove schedules and see their runs."""
     sched = sub.add_parser("schedule", help="manage schedules")
     ssub = sched.add_subparsers(dest="schedule_command", metavar="ACTION")
+    _add_schedule_add(ssub)
+    slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
+    slist.add_argument("--json", action="store_true", help=JSON_HELP)
+    srm = ssub.add_parser("rm", help="remove a schedule")
+    srm.add_argument("schedule", help=SCHEDULE_HELP)
+    sruns = ssub.add_parser("runs", help="a schedule's runs, and how the goal each started ended")
+    sruns.add_argument("schedule", help=SCHEDULE_HELP)
+    sruns.add_argument("--limit", type=int, default=20, metavar="N", help="the latest N runs (default 20)")
+    sruns.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def _add_schedule_add(ssub: Subparsers) -> None:
+    """``schedule add``: when it fires, and the goal each fire creates."""
     sadd = ssub.add_parser("add", help="add (or update, by --key) a schedule that creates a goal")
     trig = sadd.add_mutually_exclusive_group(required=True)
     trig.add_argument("--cron", help='5 fields, e.g. "0 3 * * *" (in --timezone)')
@@ -230,15 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     sadd.add_argument("--tool", action="append", metavar="PATTERN", help="the goal's tool allowlist (repeatable)")
     _add_sandbox_options(sadd)
     sadd.add_argument("--json", action="store_true", help=JSON_HELP)
-    slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
-    slist.add_argument("--json", action="store_true", help=JSON_HELP)
-    srm = ssub.add_parser("rm", help="remove a schedule")
-    srm.add_argument("schedule", help=SCHEDULE_HELP)
-    sruns = ssub.add_parser("runs", help="a schedule's runs, and how the goal each started ended")
-    sruns.add_argument("schedule", help=SCHEDULE_HELP)
-    sruns.add_argument("--limit", type=int, default=20, metavar="N", help="the latest N runs (default 20)")
-    sruns.add_argument("--json", action="store_true", help=JSON_HELP)
 
+
+def _add_store_parser(sub: Subparsers) -> None:
+    """``store ACTION``: the database's sizes, retention, space and backups."""
     store = sub.add_parser("store", help="the database: sizes, retention, space")
     stsub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     ststats = stsub.add_parser("stats", help="database size, rows per table, the largest sessions")
@@ -250,12 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     stbackup = stsub.add_parser("backup", help="a consistent copy of the database (online, through the daemon)")
     stbackup.add_argument("path", type=Path, metavar="PATH", help="the copy to write (must not exist)")
 
+
+def _add_notify_parser(sub: Subparsers) -> None:
+    """``notify test``: the notification sinks."""
     notify = sub.add_parser("notify", help="notifications")
     nsub = notify.add_subparsers(dest="notify_command", metavar="ACTION", required=True)
     ntest = nsub.add_parser("test", help="send a test message to one sink (or every sink) and show the outcome")
     ntest.add_argument("sink", nargs="?", default=None, help="the sink's name (default: every sink)")
     ntest.add_argument("--json", action="store_true", help=JSON_HELP)
 
+
+def _add_config_parser(sub: Subparsers) -> None:
+    """``config check``: the effective settings and their warnings."""
     config = sub.add_parser("config", help="configuration")
     csub = config.add_subparsers(dest="config_command", metavar="ACTION")
     check = csub.add_parser("check", help="validate and print the effective settings (secrets masked)")
@@ -267,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
         " on a model without a price, a path that does not exist",
     )
 
+
+def _add_demo_and_run_parsers(sub: Subparsers) -> None:
+    """``demo`` and ``run``: an embedded host, no daemon needed."""
     demo = sub.add_parser("demo", help="run the demo goal on the embedded defaults")
     demo.add_argument("--state-dir", type=Path, default=None, help="keep the demo's state here (default: temp)")
     demo.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
@@ -286,19 +342,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=int, help="model steps per turn")
     run.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
 
+
+def _add_completion_parser(sub: Subparsers) -> None:
+    """``completion SHELL``: a completion script generated from this parser."""
     completion = sub.add_parser(
         "completion", help='print a shell completion script (e.g. eval "$(goald completion bash)")'
     )
     completion.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell")
 
-    add_web_parser(sub)
 
+def _add_acp_parser(sub: Subparsers) -> None:
+    """``acp``: the Agent Client Protocol on stdio."""
     acp = sub.add_parser("acp", help="serve the Agent Client Protocol on stdio (for editors such as Zed)")
     acp.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
     acp.add_argument(
         "--state-dir", type=Path, default=None, help="the bridge's state directory (default: STATE_DIR/acp)"
     )
-    return parser
 
 
 def parse_deadline(raw: str | None, flag: str = "--deadline") -> str | None:

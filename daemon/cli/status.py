@@ -38,6 +38,9 @@ def status_lines(health: dict[str, Any]) -> list[str]:
         out.append(f"socket:    {h['socketPath']}")
     goals = ", ".join(f"{v} {k}" for k, v in (h.get("goals") or {}).items() if v)
     out.append(f"goals:     {goals or 'none'}; sessions running: {h['sessionsRunning']}")
+    slots = h.get("slots") or {}
+    if slots:
+        out.append(f"slots:     {slots['inUse']} of {slots['max']} in use, {slots['waiting']} turn(s) waiting for one")
     storage = h.get("storage") or {}
     if storage and not storage.get("ok", True):
         out.append(f"storage:   FAILING: {storage.get('error') or storage}")

@@ -11,11 +11,8 @@ Choices, and why:
   ``goal/pause``, ``session/prompt``...), with a :class:`WebPeer` whose caller is the token's name,
   so the page shows what ``goald`` shows and an action is recorded like one from the socket
   (``"web": NAME`` where the socket records ``uid`` and ``pid``).
-- **Access**: every request needs a token (``?token=`` once, then an HttpOnly, SameSite=Strict
-  cookie; or ``Authorization: Bearer``), else 401 with no data; a read-only token's actions are
-  403. A state-changing request must also come from the page itself: an ``Origin`` naming another
-  host, or ``Sec-Fetch-Site`` other than ``same-origin``/``none``, is refused (403), and the form's
-  CSRF token must match. Nothing is logged per request (a URL may hold a token).
+- **Access** (:mod:`daemon.web.access`): a token for every request, a same-origin check and the
+  CSRF token for every action; this module only names the guard as the application's middleware.
 - **Bounded work per request**: the goals table is paged after sorting, the timeline reads a page
   of bands by sequence number (:mod:`daemon.web.timeline`), the burn-down chart is cached and
   extended (:mod:`daemon.web.charts`), a band's conversation is read on demand with a cap.
@@ -24,37 +21,37 @@ Choices, and why:
 from __future__ import annotations
 
 import dataclasses
-import hmac
-import math
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, cast
-from urllib.parse import urlencode, urlparse
+from urllib.parse import urlencode
 
 from aiohttp import web
 from loguru import logger
 
 from agent import Runtime
 from daemon.display import status_text
-from daemon.errors import DaemonError
 from daemon.metrics import LoopLag
 from daemon.ports import HostPort
 from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, map_exception
-from daemon.web import pages
+from daemon.web.access import Access, Refused, query_int, see_other, token_of, wants_json
 from daemon.web.charts import BurnCache, burn_svg
+from daemon.web.goal_view import goal_page
+from daemon.web.goals_view import attention_order, goal_row, goals_page
+from daemon.web.html import h, layout, now_utc, parse_epoch, used_text
 from daemon.web.listen import describe
 from daemon.web.live import Streams, goal_stream, goals_stream
 from daemon.web.settings import WebSettings
+from daemon.web.system_view import daemon_page, schedules_page
 from daemon.web.timeline import bands_before, events_between
-from daemon.web.tokens import TokenFile, WebToken
+from daemon.web.timeline_view import conversation as conversation_html
+from daemon.web.timeline_view import timeline_html, timeline_section
+from daemon.web.tokens import TokenFile
 
-COOKIE = "goald_web"
 PER_PAGE = 100
 BANDS_PER_PAGE = 10
 CONVERSATION_LIMIT = 500
-#: Where a request keeps the token it was admitted with.
-TOKEN_KEY = "goald.web.token"
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 HTTP_OF = {
     ErrorCode.NOT_FOUND: 404,
@@ -84,14 +81,6 @@ async def _nothing(msg: dict[str, Any]) -> None:
     return None
 
 
-class Refused(DaemonError):
-    """A request answered with an error page (or JSON for the page's scripts)."""
-
-    def __init__(self, status: int, title: str, text: str) -> None:
-        super().__init__(text)
-        self.status, self.title, self.text = status, title, text
-
-
 class WebService:
     """The status page, started and stopped by the host with the control socket."""
 
@@ -103,6 +92,7 @@ class WebService:
         self.dispatcher = dispatcher
         self.settings = settings
         self.tokens = TokenFile(settings.tokens_path(host.settings.state_dir))
+        self.access = Access(self.tokens, settings)
         self.streams = Streams(settings.max_live_pages)
         self.lag = LoopLag()
         self._burn: BurnCache | None = None
@@ -115,7 +105,7 @@ class WebService:
 
     async def start(self, spawn: Callable[[Any], Any]) -> None:
         """Serve on the sockets bound at start (:func:`~daemon.web.listen.bind_listeners`)."""
-        app = web.Application(middlewares=[self._guard], client_max_size=256 * 1024)
+        app = web.Application(middlewares=[self.access.guard], client_max_size=256 * 1024)
         app.add_routes(
             [
                 web.get("/", self.goals),
@@ -149,103 +139,11 @@ class WebService:
             await self._runner.cleanup()
             self._runner = None
 
-    # -- access ------------------------------------------------------------------------------
-
-    def _who(self, request: web.Request) -> WebToken | None:
-        cookie = request.cookies.get(COOKIE)
-        if cookie:
-            token = self.tokens.by_cookie(cookie)
-            if token is not None:
-                return token
-        auth = request.headers.get("Authorization", "")
-        if auth.startswith("Bearer "):
-            return self.tokens.check(auth[7:].strip())
-        return None
-
-    @web.middleware
-    async def _guard(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        try:
-            resp = await self._admit(request, handler)
-        except Refused as exc:
-            resp = self._refusal(request, exc)
-        except web.HTTPException as exc:
-            resp = self._refusal(request, Refused(exc.status, exc.reason, exc.text or exc.reason))
-        if not resp.prepared:
-            resp.headers.setdefault("Cache-Control", "no-store")
-            resp.headers["X-Content-Type-Options"] = "nosniff"
-            resp.headers["X-Frame-Options"] = "DENY"
-            resp.headers["Referrer-Policy"] = "no-referrer"
-            resp.headers["Content-Security-Policy"] = (
-                "default-src 'self'; img-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self';"
-                " connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
-            )
-        return resp
-
-    async def _admit(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        given = request.query.get("token")
-        if given is not None:
-            token = self.tokens.check(given)
-            if token is None:
-                raise Refused(401, "Unauthorized", "This token is not known (removed, or mistyped).")
-            # Once: the cookie stands for it from now on, and the token leaves the address bar.
-            rest = {k: v for k, v in request.query.items() if k != "token"}
-            resp = _see_other(request.path + (f"?{urlencode(rest)}" if rest else ""))
-            resp.set_cookie(
-                COOKIE,
-                token.cookie,
-                httponly=True,
-                samesite="Strict",
-                secure=self.settings.secure_cookie,
-                path="/",
-                max_age=30 * 86400,
-            )
-            return resp
-        token = self._who(request)
-        if token is None:
-            raise Refused(
-                401,
-                "Unauthorized",
-                "The status page needs a token: `goald web token add NAME` prints one; open the page once"
-                " with ?token=... and a cookie keeps you signed in.",
-            )
-        if request.method not in ("GET", "HEAD"):
-            self._same_origin(request, token)
-        request[TOKEN_KEY] = token
-        return await handler(request)
-
-    def _same_origin(self, request: web.Request, token: WebToken) -> None:
-        site = request.headers.get("Sec-Fetch-Site")
-        if site is not None and site not in ("same-origin", "none"):
-            raise Refused(403, "Forbidden", f"a {site} request cannot change anything here")
-        origin = request.headers.get("Origin")
-        if origin is not None and (origin == "null" or urlparse(origin).netloc != request.host):
-            raise Refused(403, "Forbidden", "a request from another site cannot change anything here")
-        if token.read_only:
-            raise Refused(403, "Forbidden", f"the token {token.name!r} is read-only")
-
-    async def _csrf(self, request: web.Request, token: WebToken) -> dict[str, str]:
-        form = {k: str(v) for k, v in (await request.post()).items()}
-        sent = request.headers.get("X-CSRF-Token") or form.get("csrf", "")
-        if not hmac.compare_digest(sent, token.csrf):
-            raise Refused(403, "Forbidden", "the form's CSRF token is missing or wrong: reload the page")
-        return form
-
-    def _refusal(self, request: web.Request, exc: Refused) -> web.Response:
-        if _wants_json(request):
-            return web.json_response({"error": exc.text}, status=exc.status)
-        return web.Response(
-            text=pages.refusal(exc.status, exc.title, exc.text), status=exc.status, content_type="text/html"
-        )
-
     # -- calls -------------------------------------------------------------------------------
 
     async def call(self, request: web.Request, method: str, params: dict[str, Any] | None = None) -> Any:
         """One control-protocol method, in-process, as the request's token."""
-        token = _token(request)
+        token = token_of(request)
         peer = WebPeer(send=_nothing, token_name=token.name)
         try:
             return await self.dispatcher.call(method, params or {}, peer)
@@ -260,10 +158,8 @@ class WebService:
         return self.host.rt
 
     def _page(self, request: web.Request, title: str, body: str, page: str, extra: str = "") -> web.Response:
-        token = _token(request)
-        html = pages.layout(
-            title, body, page=page, token=token.name, read_only=token.read_only, csrf=token.csrf, extra=extra
-        )
+        token = token_of(request)
+        html = layout(title, body, page=page, token=token.name, read_only=token.read_only, csrf=token.csrf, extra=extra)
         return web.Response(text=html, content_type="text/html")
 
     # -- pages -------------------------------------------------------------------------------
@@ -272,14 +168,12 @@ class WebService:
         """The goals table, by attention, filtered and paged."""
         status = request.query.get("status") or None
         schedule = request.query.get("schedule") or None
-        page = _int(request.query.get("page"), 1, minimum=1)
+        page = query_int(request.query.get("page"), 1, minimum=1)
         params = {k: v for k, v in (("status", status), ("schedule", schedule)) if v}
         listing = await self.call(request, "goal/list", params)
-        ordered = pages.attention_order(list(listing.get("goals") or []))
+        ordered = attention_order(list(listing.get("goals") or []))
         shown = ordered[(page - 1) * PER_PAGE : page * PER_PAGE]
-        body = pages.goals_page(
-            shown, status=status, schedule=schedule, page=page, per_page=PER_PAGE, total=len(ordered)
-        )
+        body = goals_page(shown, status=status, schedule=schedule, page=page, per_page=PER_PAGE, total=len(ordered))
         return self._page(request, "Goals", body, "goals")
 
     async def goals_live(self, request: web.Request) -> web.StreamResponse:
@@ -295,7 +189,7 @@ class WebService:
             except Refused:
                 return None  # deleted since
             sessions.setdefault(str(g.get("sessionId")), goal_id)
-            return pages.goal_row(g)
+            return goal_row(g)
 
         return await goals_stream(request, hub=self._rt().store.hub, sessions=sessions, row=row, streams=self.streams)
 
@@ -308,11 +202,11 @@ class WebService:
         tl = await rt.store.read(lambda conn: bands_before(conn, g["sessionId"], st.last_seq + 1, BANDS_PER_PAGE))
         last = tl.bands[0].last_seq if tl.bands else 0
         flash = request.query.get("done")
-        body = pages.goal_page(
+        body = goal_page(
             d,
-            pages.timeline_section(g["id"], tl),
-            csrf=_token(request).csrf,
-            read_only=_token(request).read_only,
+            timeline_section(g["id"], tl),
+            csrf=token_of(request).csrf,
+            read_only=token_of(request).read_only,
             last_seq=last,
             flash=f"{flash}: done" if flash else None,
         )
@@ -321,27 +215,27 @@ class WebService:
     async def timeline(self, request: web.Request) -> web.Response:
         """Older bands (a fragment for the page's script, or a page of its own without it)."""
         g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
-        before = _int(request.query.get("before"), 2**62, minimum=1)
-        count = _int(request.query.get("limit"), BANDS_PER_PAGE, minimum=1, maximum=100)
+        before = query_int(request.query.get("before"), 2**62, minimum=1)
+        count = query_int(request.query.get("limit"), BANDS_PER_PAGE, minimum=1, maximum=100)
         tl = await self._rt().store.read(lambda conn: bands_before(conn, g["sessionId"], before, count))
-        html = pages.timeline_html(g["id"], tl)
+        html = timeline_html(g["id"], tl)
         if request.headers.get("X-Fragment"):
             return web.Response(text=html, content_type="text/html")
-        body = f'<h1><a href="/goals/{pages.h(g["id"])}">{pages.h(g.get("title"))}</a>: older rounds</h1>{html}'
+        body = f'<h1><a href="/goals/{h(g["id"])}">{h(g.get("title"))}</a>: older rounds</h1>{html}'
         return self._page(request, "Timeline", body, "goal")
 
     async def conversation(self, request: web.Request) -> web.Response:
         """One band's conversation (at most ``CONVERSATION_LIMIT`` events)."""
         g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
-        after = _int(request.query.get("after"), 0, minimum=0)
-        upto = _int(request.query.get("upto"), after + CONVERSATION_LIMIT, minimum=after)
+        after = query_int(request.query.get("after"), 0, minimum=0)
+        upto = query_int(request.query.get("upto"), after + CONVERSATION_LIMIT, minimum=after)
         events = await self._rt().store.read(
             lambda conn: events_between(conn, g["sessionId"], after, upto, CONVERSATION_LIMIT)
         )
-        html = pages.conversation(events)
+        html = conversation_html(events)
         if request.headers.get("X-Fragment"):
             return web.Response(text=html, content_type="text/html")
-        return self._page(request, "Conversation", f"<h1>{pages.h(g.get('title'))}: conversation</h1>{html}", "goal")
+        return self._page(request, "Conversation", f"<h1>{h(g.get('title'))}: conversation</h1>{html}", "goal")
 
     async def burn(self, request: web.Request) -> web.Response:
         """The burn-down chart (SVG)."""
@@ -350,14 +244,14 @@ class WebService:
             self._burn = BurnCache(self._rt().store)
         series = await self._burn.series(g["id"], g["sessionId"])
         b = g.get("budgets") or {}
-        start = pages.parse_epoch(g.get("createdAt"))
-        end = pages.parse_epoch(g.get("updatedAt")) if g.get("status") not in ("active", "paused") else None
+        start = parse_epoch(g.get("createdAt"))
+        end = parse_epoch(g.get("updatedAt")) if g.get("status") not in ("active", "paused") else None
         svg = burn_svg(
             series,
             max_tokens=b.get("maxTokensTotal"),
             max_cost=b.get("maxCost"),
             start=start,
-            now=end or pages.now_utc().timestamp(),
+            now=end or now_utc().timestamp(),
         )
         return web.Response(text=svg, content_type="image/svg+xml")
 
@@ -374,9 +268,9 @@ class WebService:
             "status": g.get("status"),
             "statusText": status_text(g),
             "activity": (d.get("activity") or {}).get("text"),
-            "rounds": pages.used_text(float(g.get("rounds") or 0), b.get("maxRounds"), "{:,.0f}"),
-            "tokens": pages.used_text(float(g.get("tokens") or 0), b.get("maxTokensTotal"), "{:,.0f}"),
-            "cost": pages.used_text(float(g.get("cost") or 0.0), b.get("maxCost"), "{:.4f}"),
+            "rounds": used_text(float(g.get("rounds") or 0), b.get("maxRounds"), "{:,.0f}"),
+            "tokens": used_text(float(g.get("tokens") or 0), b.get("maxTokensTotal"), "{:,.0f}"),
+            "cost": used_text(float(g.get("cost") or 0.0), b.get("maxCost"), "{:.4f}"),
         }
 
     async def live(self, request: web.Request) -> web.StreamResponse:
@@ -386,7 +280,7 @@ class WebService:
         if self.streams.full():
             raise Refused(503, "Busy", f"{self.streams.cap} live pages are open already (web.max_live_pages)")
         resume = request.headers.get("Last-Event-ID")
-        after = _int(resume, 0, minimum=0) if resume else _int(request.query.get("after"), 0, minimum=0)
+        after = query_int(resume, 0, minimum=0) if resume else query_int(request.query.get("after"), 0, minimum=0)
         rt = self._rt()
 
         async def summary() -> dict[str, Any]:
@@ -408,8 +302,8 @@ class WebService:
 
     async def act(self, request: web.Request) -> web.StreamResponse:
         """Pause, resume, cancel, or send a message: the socket's methods, recorded with the token's name."""
-        token = _token(request)
-        form = await self._csrf(request, token)
+        token = token_of(request)
+        form = await self.access.csrf(request, token)
         ref, action = request.match_info["ref"], request.match_info["action"]
         if action == "send":
             text = form.get("text", "").strip()
@@ -425,9 +319,9 @@ class WebService:
             result = await self.call(request, f"goal/{action}", {"goalId": ref})
             goal_id = str(result.get("id"))
         logger.info("web: {} {} by token {}", action, goal_id, token.name)
-        if _wants_json(request):
+        if wants_json(request):
             return web.json_response({"ok": True, "action": action, "result": result})
-        return _see_other(f"/goals/{goal_id}?{urlencode({'done': action})}")
+        return see_other(f"/goals/{goal_id}?{urlencode({'done': action})}")
 
     async def schedules(self, request: web.Request) -> web.Response:
         """Schedules with their next fires and last runs."""
@@ -437,12 +331,12 @@ class WebService:
         for s in schedules:
             got = await self.call(request, "schedule/runs", {"scheduleId": s["id"], "limit": 5})
             runs[str(s["id"])] = list(got.get("runs") or [])
-        return self._page(request, "Schedules", pages.schedules_page(schedules, runs), "schedules")
+        return self._page(request, "Schedules", schedules_page(schedules, runs), "schedules")
 
     async def daemon(self, request: web.Request) -> web.Response:
         """The daemon's health."""
         health = await self.call(request, "daemon/health")
-        body = pages.daemon_page(health, loop_lag=self.lag.take_max(), live_pages=len(self.streams.open))
+        body = daemon_page(health, loop_lag=self.lag.take_max(), live_pages=len(self.streams.open))
         return self._page(request, "Daemon", body, "daemon")
 
     async def static(self, request: web.Request) -> web.Response:
@@ -452,29 +346,3 @@ class WebService:
             raise Refused(404, "Not found", f"no file {name!r}")
         data = resources.files("daemon.web").joinpath("static", name).read_bytes()
         return web.Response(body=data, content_type=STATIC[name], headers={"Cache-Control": "private, max-age=300"})
-
-
-def _token(request: web.Request) -> WebToken:
-    token = request[TOKEN_KEY]
-    assert isinstance(token, WebToken)  # set by the guard before any handler runs
-    return token
-
-
-def _see_other(location: str) -> web.Response:
-    return web.Response(status=303, headers={"Location": location})
-
-
-def _wants_json(request: web.Request) -> bool:
-    return "application/json" in request.headers.get("Accept", "")
-
-
-def _int(raw: str | None, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise Refused(400, "Bad request", f"{raw!r} is not a whole number") from None
-    if value < minimum or (maximum is not None and value > maximum) or math.isinf(value):
-        raise Refused(400, "Bad request", f"{value} is out of range")
-    return value

@@ -28,8 +28,8 @@ from typing import Any
 from aiohttp import web
 
 from agent import Event, EventHub, Store
-from daemon.web.pages import band_summary, entry
 from daemon.web.timeline import Band, is_idle
+from daemon.web.timeline_view import band_summary, entry
 
 PING_SECONDS = 15.0
 SUMMARY_EVERY = 0.5
@@ -69,6 +69,41 @@ class Streams:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _open(request: web.Request, streams: Streams) -> tuple[web.StreamResponse, asyncio.Task[Any]]:
+    """Start an SSE response and count the task serving it among the live pages."""
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
+    await resp.prepare(request)
+    task = asyncio.current_task()
+    assert task is not None
+    streams.open.add(task)
+    return resp, task
+
+
+async def _catch_up(resp: web.StreamResponse, store: Store, session_id: str, after: int) -> int:
+    """Send the stored events after ``after``, a page at a time; the last sequence number sent."""
+    last = after
+    while True:
+        page = await store.events_after(session_id, last, limit=500)
+        for e in page:
+            await resp.write(event_message(e))
+            last = e.seq
+        if len(page) < 500:
+            return last
+
+
+async def _forward(resp: web.StreamResponse, store: Store, session_id: str, last: int, e: Event) -> int:
+    """Send a live event, and first any the subscription skipped (read from the store), so the page
+    gets each event once and in order (``e`` is newer than ``last``); the last sequence number sent."""
+    if e.seq != last + 1:
+        for missed in await store.events_after(session_id, last, upto=e.seq - 1, limit=e.seq - last - 1):
+            await resp.write(event_message(missed))
+            last = missed.seq
+    await resp.write(event_message(e))
+    return e.seq
+
+
 async def goal_stream(
     request: web.Request,
     *,
@@ -81,24 +116,11 @@ async def goal_stream(
     streams: Streams,
 ) -> web.StreamResponse:
     """Serve one goal's live stream until the client goes or the daemon stops."""
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    )
-    await resp.prepare(request)
-    task = asyncio.current_task()
-    assert task is not None
-    streams.open.add(task)
+    resp, task = await _open(request, streams)
     sub = hub.open(session_id)  # before reading the store: nothing committed in between is missed
     try:
         await resp.write(b"retry: 1000\n\n")
-        last = after
-        while True:
-            page = await store.events_after(session_id, last, limit=500)
-            for e in page:
-                await resp.write(event_message(e))
-                last = e.seq
-            if len(page) < 500:
-                break
+        last = await _catch_up(resp, store, session_id, after)
         await resp.write(named("goal", await summary()))
         await resp.write(named("caught-up", {"seq": last}))
         dirty_since: float | None = None
@@ -122,12 +144,7 @@ async def goal_stream(
                 continue
             if e.seq <= last:
                 continue
-            if e.seq != last + 1:
-                for missed in await store.events_after(session_id, last, upto=e.seq - 1, limit=e.seq - last - 1):
-                    await resp.write(event_message(missed))
-                    last = missed.seq
-            await resp.write(event_message(e))
-            last = e.seq
+            last = await _forward(resp, store, session_id, last, e)
             if e.type.startswith(MOVES_GOAL):
                 dirty_since = dirty_since or time.monotonic()
                 if sub.queue.empty() and time.monotonic() - sent_at >= SUMMARY_EVERY:
@@ -164,13 +181,7 @@ async def goals_stream(
     goals) and one flush reads each dirty goal once, so a busy fleet costs the page one read per
     goal per half second at most. No sequence numbers: a reconnecting page reloads the table.
     """
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    )
-    await resp.prepare(request)
-    task = asyncio.current_task()
-    assert task is not None
-    streams.open.add(task)
+    resp, task = await _open(request, streams)
     dirty: set[str] = set()
     wake = asyncio.Event()
 
@@ -195,19 +206,26 @@ async def goals_stream(
                 continue
             await asyncio.sleep(SUMMARY_EVERY)  # gather what else moves in the next half second
             wake.clear()
-            moved, dirty_now = list(dirty), len(dirty)
+            moved = list(dirty)
             dirty.clear()
-            if dirty_now > MAX_ROWS_PER_FLUSH:
-                await resp.write(named("reload", {"goals": dirty_now}))
-                continue
-            known = set(sessions.values())
-            for gid in moved:
-                html = await row(gid)
-                if html is not None:
-                    await resp.write(named("row", {"goalId": gid, "html": html, "known": gid in known}))
+            await _flush(resp, moved, sessions, row)
     except ConnectionResetError:
         pass  # the page went away
     finally:
         remove()
         streams.open.discard(task)
     return resp
+
+
+async def _flush(
+    resp: web.StreamResponse, moved: list[str], sessions: dict[str, str], row: Callable[[str], Awaitable[str | None]]
+) -> None:
+    """Send each moved goal's re-rendered row, or ``reload`` when more moved than one flush re-renders."""
+    if len(moved) > MAX_ROWS_PER_FLUSH:
+        await resp.write(named("reload", {"goals": len(moved)}))
+        return
+    known = set(sessions.values())
+    for gid in moved:
+        html = await row(gid)
+        if html is not None:
+            await resp.write(named("row", {"goalId": gid, "html": html, "known": gid in known}))

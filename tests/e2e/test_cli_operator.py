@@ -226,6 +226,7 @@ async def test_status_names_the_process_its_files_goals_providers_and_the_next_f
             rf"{re.escape(str(d.state_dir / 'goald.db'))} \(\d+\.\d (KiB|MiB)\)", field(out, "database")
         )
         assert field(out, "goals").startswith("1 active; sessions running: ")
+        assert re.fullmatch(r"[01] of \d+ in use, 0 turn\(s\) waiting for one", field(out, "slots"))
         assert re.fullmatch(r"hourly at \S+ \S+ \(in (59m|1h|\d+m\d*s?)\)", field(out, "next fire")), out
         health = await d.acli_json("status")
         assert health["pid"] == d.proc.pid and health["databaseBytes"] > 0 and health["nextFire"]["key"] == "hourly"

@@ -1,0 +1,63 @@
+"""The services the host starts once it is ready and stops as it stops: the systemd watchdog,
+retention, metrics and notifications.
+
+They start after ``READY=1``, so readiness waits on none of them. They stop in two steps around
+the goal engine's stop: the watchdog and retention first (they take no part in stopping turns),
+the metrics' last write and the notification sender last, while the store is still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent import Runtime
+from daemon.alerts import Alerts
+from daemon.metrics import MetricsService
+from daemon.notify import Notifier, StatusFn, watchdog_loop
+from daemon.settings import Settings
+from goals.retention import retention_loop
+
+
+@dataclass
+class ReadyServices:
+    """The tasks and services started after ``READY=1`` (runtime handles, never serialized)."""
+
+    watchdog: asyncio.Task[None]
+    #: Periodic retention; ``None`` when ``[retention] interval_seconds = 0``.
+    retainer: asyncio.Task[None] | None
+    metrics: MetricsService
+    alerts: asyncio.Task[None]
+
+    @classmethod
+    async def start(
+        cls,
+        rt: Runtime,
+        settings: Settings,
+        *,
+        notifier: Notifier,
+        status: StatusFn,
+        metrics: MetricsService,
+        alerts: Alerts,
+        healthy: Callable[[], bool],
+    ) -> ReadyServices:
+        """Start each service in the runtime's task group."""
+        s = settings
+        watchdog = rt.spawn(watchdog_loop(notifier, status))
+        retainer = None
+        if s.retention.interval_seconds > 0:
+            retainer = rt.spawn(retention_loop(rt.store, s.retention.policy(s.roots), s.retention.interval_seconds))
+        await metrics.start(rt.spawn)
+        return cls(watchdog, retainer, metrics, rt.spawn(alerts.run(rt.store, healthy)))
+
+    def stop_first(self) -> None:
+        """Stop the watchdog and retention (the first step of stopping)."""
+        self.watchdog.cancel()
+        if self.retainer is not None:
+            self.retainer.cancel()
+
+    async def stop_last(self) -> None:
+        """The metrics file's last write and the notification sender, before the store closes."""
+        await self.metrics.stop()
+        self.alerts.cancel()

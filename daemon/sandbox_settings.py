@@ -1,0 +1,227 @@
+"""The sandbox's settings: caps on commands, each goal's sandbox and tool secrets, the MCP servers
+(which run in the sandbox), and :func:`sandbox_profile`, how the daemon sandboxes commands.
+
+Re-exported from :mod:`daemon.settings`. Secrets are read here, when the profile is built at start,
+and every value read feeds the profile's redactor, so no tool output shows one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+from loguru import logger
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agent import Redactor, SandboxPolicy, SandboxProfile, SandboxUnavailable, detect_bwrap
+from agent.allowlist import etc_secrets
+from agent.limits import MIB, MIN_MEMORY_BYTES, MIN_PROCESSES, CommandLimits, limiter
+from agent.sandbox import BASE_VARIABLES
+from daemon.provider_settings import read_secret
+
+if TYPE_CHECKING:
+    from daemon.settings import Settings
+
+
+def _absolute_path(value: Path) -> Path:
+    path = value.expanduser()
+    if not path.is_absolute():
+        raise ValueError(f"must be an absolute path, got {str(value)!r}")
+    return path
+
+
+#: A path a sandbox shows read-only: absolute (``~`` expanded).
+ReadOnlyPath = Annotated[Path, AfterValidator(_absolute_path)]
+
+
+def _cap(minimum: int, unit: str) -> AfterValidator:
+    def check(value: int) -> int:
+        if value != 0 and value < minimum:
+            raise ValueError(f"must be 0 (no cap) or at least {minimum}{unit}")
+        return value
+
+    return AfterValidator(check)
+
+
+#: A cap on a command's processes: 0 (no cap) or at least :data:`~agent.limits.MIN_PROCESSES`.
+Processes = Annotated[int, Field(ge=0), _cap(MIN_PROCESSES, "")]
+#: A cap on a command's memory in MiB: 0 (no cap) or at least 16.
+MemoryMb = Annotated[int, Field(ge=0), _cap(MIN_MEMORY_BYTES // MIB, " MiB")]
+
+
+class McpServerSettings(BaseModel):
+    """One stdio MCP server; its tools are offered to every session as ``NAME__TOOL``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The command line that starts the server (run in the sandbox when ``sandbox = "bwrap"``).
+    command: list[str] = Field(min_length=1)
+    #: Extra environment variables for the server.
+    env: dict[str, str] = {}
+    #: Whether the server may use the network (in the bwrap sandbox; unconfined it always can).
+    network: bool = False
+    #: Paths the server's sandbox shows read-only besides the system directories (its installation).
+    read_only_paths: list[ReadOnlyPath] = []
+    #: Seconds to wait for the server's handshake and tool listing.
+    start_timeout_seconds: float = Field(default=30.0, gt=0)
+    #: Each tool call's timeout.
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    #: Cap on the server's processes (default: ``sandbox_max_processes``; 0: none).
+    max_processes: Processes | None = None
+    #: Cap on the server's memory, in MiB (default: ``sandbox_max_memory_mb``; 0: none).
+    max_memory_mb: MemoryMb | None = None
+
+
+class SecretRef(BaseModel):
+    """Where one tool secret comes from: a systemd credential or an environment variable of the daemon."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: A file in ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
+    credential: str | None = None
+    #: An environment variable of the daemon.
+    env: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretRef:
+        if (self.credential is None) == (self.env is None):
+            raise ValueError("name exactly one of credential or env")
+        if self.credential is not None and ("/" in self.credential or self.credential in ("", ".", "..")):
+            raise ValueError("credential must be a file name in $CREDENTIALS_DIRECTORY")
+        return self
+
+    def describe(self) -> str:
+        """Where the value is looked for (never the value)."""
+        return f"credential {self.credential!r}" if self.credential is not None else f"environment variable {self.env}"
+
+
+class GoalSandbox(BaseModel):
+    """The sandbox of one goal's commands (``[goal_sandbox.<goal key>]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The network on or off for this goal's commands (default: ``sandbox_network``).
+    network: bool | None = None
+    #: Environment variables of this goal's commands only, by name; their values are redacted from tool output.
+    secrets: dict[str, SecretRef] = {}
+    #: Paths this goal's commands see read-only besides the system directories (a toolchain under /opt).
+    read_only_paths: list[ReadOnlyPath] = []
+    #: Cap on the processes of each of this goal's commands (default: ``sandbox_max_processes``; 0: none).
+    max_processes: Processes | None = None
+    #: Cap on the memory of each of this goal's commands, in MiB (default: ``sandbox_max_memory_mb``; 0: none).
+    max_memory_mb: MemoryMb | None = None
+
+    @field_validator("secrets")
+    @classmethod
+    def _names(cls, value: dict[str, SecretRef]) -> dict[str, SecretRef]:
+        for name in value:
+            if not name.isidentifier() or not name.isascii():
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name in BASE_VARIABLES:
+                raise ValueError(f"{name} is set by the sandbox itself")
+        return value
+
+
+def read_tool_secret(ref: SecretRef) -> str | None:
+    """A tool secret's value, or ``None`` when it has none here."""
+    if ref.credential is not None:
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        path = Path(creds) / ref.credential if creds else None
+        if path is None or not path.is_file():
+            return None
+        return path.read_text().strip() or None
+    assert ref.env is not None
+    return os.environ.get(ref.env) or None
+
+
+def sandbox_profile(settings: Settings) -> SandboxProfile:
+    """How the daemon sandboxes commands: bwrap found (or ``sandbox = "none"``), what is hidden, each
+    goal's network and secrets, and a redactor for every secret the daemon holds.
+
+    Logs a warning for ``sandbox = "none"``, an error when bwrap is wanted but cannot work (shell
+    tools are then not offered), and an error for each named tool secret that has no value.
+    """
+    policies, values = _goal_policies(settings)
+    profile = SandboxProfile(
+        kind=settings.sandbox,
+        hidden=tuple(_hidden_paths(settings)),
+        roots=tuple(settings.roots),
+        network=settings.sandbox_network,
+        policies=policies,
+        redactor=Redactor(values + _daemon_secrets(settings)),
+        read_only=tuple(settings.sandbox_read_only_paths),
+        limits=CommandLimits.of(settings.sandbox_max_processes, settings.sandbox_max_memory_mb),
+    )
+    if settings.sandbox == "none":
+        logger.warning('sandbox = "none": shell and verification commands run unconfined, as the daemon\'s user')
+        return profile
+    try:
+        found = detect_bwrap()
+    except SandboxUnavailable as exc:
+        why = f'{exc}; install bubblewrap, or set sandbox = "none" to run commands unconfined'
+        logger.error("no sandbox: {}. The shell tool is not offered and verification commands fail", why)
+        return dataclasses.replace(profile, unavailable=why)
+    logger.info("sandbox: {} (network {})", found.path, "on" if settings.sandbox_network else "off")
+    # Found once per process: at start (logged, a fallback to rlimits as a warning), not in the first command.
+    etc_secrets()
+    if profile.limits.active or any(p.max_processes or p.max_memory_bytes for p in policies.values()):
+        limiter()
+    return dataclasses.replace(profile, bwrap=found)
+
+
+def _goal_policies(settings: Settings) -> tuple[dict[str, SandboxPolicy], list[str]]:
+    """Each ``[goal_sandbox.<key>]`` as a policy, and the values of the tool secrets they read."""
+    policies: dict[str, SandboxPolicy] = {}
+    values: list[str] = []
+    for key, conf in settings.goal_sandbox.items():
+        secrets: dict[str, str] = {}
+        for name, ref in conf.secrets.items():
+            value = read_tool_secret(ref)
+            if value is None:
+                logger.error("tool secret {} of goal {!r} has no value ({}); left unset", name, key, ref.describe())
+                continue
+            secrets[name] = value
+        values += secrets.values()
+        policies[key] = SandboxPolicy(
+            network=conf.network,
+            secrets=secrets,
+            read_only=tuple(conf.read_only_paths),
+            max_processes=conf.max_processes,
+            max_memory_bytes=conf.max_memory_mb * MIB if conf.max_memory_mb is not None else None,
+        )
+    return policies, values
+
+
+def _daemon_secrets(settings: Settings) -> list[str]:
+    """The providers' API keys and the MCP servers' environments: redacted from every tool's output."""
+    values: list[str] = []
+    for provider in settings.providers.values():
+        api_key = read_secret(provider)
+        if api_key:
+            values.append(api_key)
+    for server in settings.mcp_servers.values():
+        values += server.env.values()  # MCP servers' environments carry tokens
+    return values
+
+
+def _hidden_paths(settings: Settings) -> list[Path]:
+    """What no sandboxed command sees: the daemon's state, database, socket, configuration and credentials."""
+    hidden = [settings.state_dir.expanduser(), settings.database_path.parent, settings.socket_path.parent]
+    if settings.config_file is not None:
+        hidden.append(settings.config_file)
+    # systemd's credentials, and the directories it made for the unit (/etc/goald holds the config).
+    hidden.append(Path("/run/credentials"))
+    for variable in (
+        "CREDENTIALS_DIRECTORY",
+        "STATE_DIRECTORY",
+        "RUNTIME_DIRECTORY",
+        "CONFIGURATION_DIRECTORY",
+        "CACHE_DIRECTORY",
+        "LOGS_DIRECTORY",
+    ):
+        hidden += [Path(p) for p in os.environ.get(variable, "").split(":") if p.startswith("/")]
+    if settings.goals_file is not None:
+        hidden.append(settings.goals_file.expanduser())
+    return hidden

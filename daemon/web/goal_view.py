@@ -1,0 +1,141 @@
+"""One goal's page: what ``goal/describe`` says, the action forms, the burn-down chart and the
+timeline (rendered by :mod:`daemon.web.timeline_view`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from daemon.display import age, breaker_words, exit_text, span, status_text, when
+from daemon.web.html import TOKENS, h, kv, used_text
+
+
+def actions(g: Mapping[str, Any], csrf: str, read_only: bool) -> str:
+    """Pause, resume, cancel and send: forms that post with the CSRF token (none for a read-only token)."""
+    if read_only:
+        return '<p class="note">This token is read-only: it cannot pause, resume, cancel or send.</p>'
+    gid = h(g.get("id"))
+    status = str(g.get("status"))
+    hidden = f'<input type="hidden" name="csrf" value="{h(csrf)}">'
+
+    def button(action: str, enabled: bool) -> str:
+        dis = "" if enabled else " disabled"
+        return (
+            f'<form method="post" action="/goals/{gid}/{action}" class="act">{hidden}'
+            f'<button id="btn-{action}" name="do" value="{action}"{dis}>{action}</button></form>'
+        )
+
+    send = (
+        f'<form method="post" action="/goals/{gid}/send" class="act send">{hidden}'
+        '<input name="text" id="send-text" placeholder="a message to the goal\'s agent" required size=40>'
+        '<label><input type="checkbox" name="resume" value="1"> and resume</label>'
+        '<button id="btn-send">send</button></form>'
+    )
+    return (
+        '<div class="actions" id="actions">'
+        + button("pause", status == "active")
+        + button("resume", status == "paused")
+        + button("cancel", status in ("active", "paused"))
+        + send
+        + '<span id="action-result" class="result"></span></div>'
+    )
+
+
+def goal_page(
+    d: Mapping[str, Any], timeline: str, *, csrf: str, read_only: bool, last_seq: int, flash: str | None = None
+) -> str:
+    """One goal: describe data, actions, burn-down chart, timeline."""
+    g: Mapping[str, Any] = d.get("goal") or {}
+    gid = str(g.get("id"))
+    note = f'<p class="flash">{h(flash)}</p>' if flash else ""
+    return (
+        f'<article id="goal" data-goal="{h(gid)}" data-session="{h(g.get("sessionId"))}" data-last-seq="{last_seq}">'
+        f"<h1>{h(g.get('title'))} <small>{h(g.get('key') or gid)}</small></h1>{note}"
+        + actions(g, csrf, read_only)
+        + kv(describe_rows(d))
+        + '<h2>Burn-down</h2><figure class="chart">'
+        f'<img id="burn" src="/goals/{h(gid)}/burn.svg" alt="tokens and cost left of the budget over time"'
+        " width=720 height=240>"
+        "</figure><h2>Timeline</h2>" + timeline + "</article>"
+    )
+
+
+def describe_rows(d: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The goal's facts as (heading, HTML) rows: what ``goald goal describe`` shows."""
+    g: Mapping[str, Any] = d.get("goal") or {}
+    act = d.get("activity") or {}
+    verify = g.get("verify") or []
+    results = _verification_results(g.get("lastVerification") or [])
+    why = d.get("lastError")
+    until = f" until {h(when(act['until']))} ({h(age(act['until']))})" if act.get("until") else ""
+    return [
+        ("objective", f'<div class="objective">{h(g.get("objective"))}</div>'),
+        ("status", f'<span id="goal-status" class="status st-{h(g.get("status"))}">{h(status_text(dict(g)))}</span>'),
+        *([("why", f'<span class="err">{h(why)}</span>')] if why and g.get("status") != "active" else []),
+        ("activity", f'<span id="goal-activity">{h(act.get("text"))}{until}</span>'),
+        ("model", _model_cell(g, d.get("provider"))),
+        *_budget_rows(g),
+        ("work directory", f"<code>{h(g.get('workdir'))}</code>"),
+        ("schedule", _schedule_cell(d.get("schedule"))),
+        ("verification", "<br>".join(f"<code>$ {h(v.get('cmd'))}</code>" for v in verify) or "none (unverified)"),
+        *([("last verification", results)] if results else []),
+        *([("result", h(g.get("resultSummary")))] if g.get("resultSummary") else []),
+        ("created", h(f"{when(g.get('createdAt'))} ({age(g.get('createdAt'))})")),
+        ("session", f"<code>{h(g.get('sessionId'))}</code>"),
+    ]
+
+
+def _budget_rows(g: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Rounds, tokens and cost used of their budgets; wall time and deadline when the goal has them."""
+    b = g.get("budgets") or {}
+    return [
+        (
+            "rounds",
+            f'<span id="goal-rounds">{used_text(float(g.get("rounds") or 0), b.get("maxRounds"), TOKENS)}</span>',
+        ),
+        (
+            "tokens",
+            f'<span id="goal-tokens">{used_text(float(g.get("tokens") or 0), b.get("maxTokensTotal"), TOKENS)}</span>',
+        ),
+        ("cost", f'<span id="goal-cost">{used_text(float(g.get("cost") or 0.0), b.get("maxCost"), "{:.4f}")}</span>'),
+        *(
+            [("wall time", h(f"{span(g.get('wallUsed') or 0)} of {span(b['maxWallSeconds'])}"))]
+            if b.get("maxWallSeconds")
+            else []
+        ),
+        *([("deadline", h(f"{when(b['deadline'])} ({age(b['deadline'])})"))] if b.get("deadline") else []),
+    ]
+
+
+def _model_cell(g: Mapping[str, Any], prov: Mapping[str, Any] | None) -> str:
+    """The model, with its provider's breaker state and last error when the daemon knows them."""
+    model = h(g.get("model"))
+    if prov:
+        model += h(f"  (provider {prov.get('name')}: {breaker_words(prov.get('state'))})")
+        if prov.get("lastError"):
+            model += f'<br><span class="err">{h(str(prov["lastError"])[:300])}</span>'
+    return model
+
+
+def _schedule_cell(sched: Mapping[str, Any] | None) -> str:
+    if not sched:
+        return "none (created directly)"
+    return h(f"{sched.get('key') or sched.get('id')}") + (" (removed since)" if sched.get("removed") else "")
+
+
+def _verification_results(last: list[dict[str, Any]]) -> str:
+    """The last verification's commands, each with its exit and the tail of its output."""
+    return "".join(
+        f'<div class="verify {"good" if r.get("passed") else "bad"}">$ {h(r.get("cmd"))} → {h(exit_text(r))}'
+        + (
+            f"<pre>{h(_tail(r.get('outputTail') or r.get('output') or ''))}</pre>"
+            if r.get("outputTail") or r.get("output")
+            else ""
+        )
+        + "</div>"
+        for r in last
+    )
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    return "\n".join(str(text).splitlines()[-lines:])

@@ -1,0 +1,72 @@
+"""The goals table: sorted by what needs a person first, filtered, paged; one row per goal
+(re-rendered alone by the table's live stream)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from daemon.display import age
+from daemon.web.html import TOKENS, bar, h, status_cell
+
+#: The order a goals table is sorted in: what needs a person first.
+ATTENTION = {"failed": 0, "paused": 1, "exhausted": 2, "active": 3, "completed": 4, "cancelled": 5}
+STATUSES = ("active", "paused", "completed", "failed", "cancelled", "exhausted")
+
+
+def attention_order(goals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Paused, failed and exhausted goals first, then the active ones; most recently moved first within each."""
+    by_time = sorted(goals, key=lambda g: str(g.get("lastActivity") or g.get("updatedAt") or ""), reverse=True)
+    return sorted(by_time, key=lambda g: ATTENTION.get(str(g.get("status")), 9))
+
+
+def goals_page(
+    goals: list[dict[str, Any]], *, status: str | None, schedule: str | None, page: int, per_page: int, total: int
+) -> str:
+    """The goals table (one page of it) with its filters."""
+    options = "".join(
+        f'<option value="{s}"{" selected" if s == status else ""}>{s}</option>' for s in ("", *STATUSES)
+    ).replace('<option value="">', '<option value="">any status')
+    filters = (
+        '<form class="filters" method="get" action="/">'
+        f'<label>status <select name="status">{options}</select></label> '
+        f'<label>schedule <input name="schedule" value="{h(schedule or "")}" placeholder="key or id" size=14></label> '
+        "<button>filter</button></form>"
+    )
+    rows = "".join(goal_row(g) for g in goals)
+    head = "".join(
+        f"<th>{c}</th>" for c in ("status", "key", "title", "model", "round", "age", "last activity", "tokens", "cost")
+    )
+    pages = max(1, -(-total // per_page))
+    nav = ""
+    if pages > 1:
+        q = {k: v for k, v in (("status", status), ("schedule", schedule)) if v}
+        links = []
+        if page > 1:
+            links.append(f'<a href="/?{urlencode({**q, "page": page - 1})}">newer page</a>')
+        links.append(f"page {page} of {pages}")
+        if page < pages:
+            links.append(f'<a href="/?{urlencode({**q, "page": page + 1})}">next page</a>')
+        nav = '<p class="pager">' + " · ".join(links) + "</p>"
+    empty = "" if goals else '<p class="empty">No goals match.</p>'
+    return (
+        f"<h1>Goals <small>{total} shown by attention</small></h1>{filters}"
+        f'<table id="goals" class="goals"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{empty}{nav}'
+    )
+
+
+def goal_row(g: Mapping[str, Any]) -> str:
+    """One row of the goals table."""
+    b = g.get("budgets") or {}
+    gid = str(g.get("id"))
+    rounds = f"{g.get('rounds', 0)}" + (f" / {b['maxRounds']}" if b.get("maxRounds") else "")
+    last = g.get("lastActivity") or g.get("updatedAt")
+    return (
+        f'<tr data-goal="{h(gid)}" data-status="{h(g.get("status"))}">'
+        f"<td>{status_cell(g)}</td><td>{h(g.get('key'))}</td>"
+        f'<td><a href="/goals/{h(gid)}">{h(g.get("title"))}</a></td><td>{h(g.get("model"))}</td>'
+        f"<td>{h(rounds)}</td><td>{h(age(g.get('createdAt')))}</td><td>{h(age(last))}</td>"
+        f"<td>{bar(float(g.get('tokens') or 0), b.get('maxTokensTotal'), TOKENS)}</td>"
+        f"<td>{bar(float(g.get('cost') or 0.0), b.get('maxCost'), '{:.4f}')}</td></tr>"
+    )
