@@ -10,7 +10,6 @@ A repeated ``idempotency_key`` returns the goal first created with it, writing n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from goals.continuation import render
 from goals.errors import GoalConflict, InvalidGoal
 from goals.locks import claim_workdir
 from goals.model import Goal, GoalId, GoalMemory, GoalSpec, GoalStatus
+from goals.payloads import Caller
 from goals.store import (
     emit_changed,
     goal_by_idempotency_key,
@@ -40,7 +40,7 @@ def create_goal(
     baseline: str | None,
     policy: ToolPolicy | None,
     now: datetime,
-    caller: Mapping[str, int] | None = None,
+    caller: Caller | None = None,
 ) -> tuple[Goal, bool]:
     """Create the goal of ``spec`` in ``tx``; ``(goal, created)``, where a repeated idempotency key
     returns the goal first created with it and ``created`` false.

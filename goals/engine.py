@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -66,6 +66,7 @@ from goals.operations import (
     paused_for,
     resume_goal,
 )
+from goals.payloads import Caller
 from goals.policy import decide
 from goals.store import (
     GOAL_VERIFIED,
@@ -185,9 +186,7 @@ class GoalEngine:
 
     # -- the public API --------------------------------------------------------------------
 
-    async def create(
-        self, spec: GoalSpec, *, goal_id: GoalId | None = None, caller: Mapping[str, int] | None = None
-    ) -> Goal:
+    async def create(self, spec: GoalSpec, *, goal_id: GoalId | None = None, caller: Caller | None = None) -> Goal:
         """Create a goal; round 1's continuation is enqueued in the same transaction.
 
         A repeated ``idempotency_key`` returns the goal first created with it. ``caller`` (uid, pid)
@@ -224,15 +223,11 @@ class GoalEngine:
         wanted = GoalStatus(status) if status is not None else None
         return await self.store.read(lambda conn: list_goals(conn, wanted, schedule_id=schedule_id, since=since))
 
-    async def pause(
-        self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Mapping[str, int] | None = None
-    ) -> Goal:
+    async def pause(self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Caller | None = None) -> Goal:
         """Pause: a queued continuation is cancelled; a running turn finishes; nothing new starts."""
         return await self._change(goal_ref, GoalStatus.PAUSED, reason, "goal paused", caller)
 
-    async def cancel(
-        self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Mapping[str, int] | None = None
-    ) -> Goal:
+    async def cancel(self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Caller | None = None) -> Goal:
         """Cancel: the queued continuation is cancelled and a running turn is interrupted."""
         goal = await self._change(goal_ref, GoalStatus.CANCELLED, reason, "goal cancelled", caller)
         agent = self.rt.live_agents.get(goal.session_id)
@@ -246,7 +241,7 @@ class GoalEngine:
         budgets: Budgets | None = None,
         *,
         reopen: bool = False,
-        caller: Mapping[str, int] | None = None,
+        caller: Caller | None = None,
     ) -> Goal:
         """Resume a paused or exhausted goal (an exhausted one needs budgets that are not spent).
 
@@ -265,7 +260,7 @@ class GoalEngine:
         return goal
 
     async def resume_all(
-        self, reason: str | None = None, *, caller: Mapping[str, int] | None = None
+        self, reason: str | None = None, *, caller: Caller | None = None
     ) -> list[tuple[str, Goal | Exception]]:
         """Resume every paused goal (with ``reason``: only those paused for it, e.g. ``auth_error``
         after a key was fixed; a reason such as ``model_error: ...`` matches ``model_error``).
@@ -314,7 +309,7 @@ class GoalEngine:
         budgets: Budgets | None = None,
         verify: list[VerifyCommand] | None = None,
         progress: VerifyCommand | Literal["unchanged"] | None = "unchanged",
-        caller: Mapping[str, int] | None = None,
+        caller: Caller | None = None,
     ) -> Goal:
         """Edit a goal's objective, title, budgets, verification or progress command (durable; used
         from the next round). ``progress=None`` removes the progress command. What changed (each
@@ -421,7 +416,7 @@ class GoalEngine:
         status: GoalStatus,
         reason: str,
         cancel_reason: str,
-        caller: Mapping[str, int] | None = None,
+        caller: Caller | None = None,
     ) -> Goal:
         now = self.clock()
         goal, before = await self.store.transact(

@@ -14,7 +14,6 @@ transactions here leaves the engine to its loop and its evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -28,6 +27,7 @@ from goals.errors import InvalidGoal
 from goals.facts import interval_facts
 from goals.locks import claim_workdir
 from goals.model import Budgets, Goal, GoalStatus, StopReason, VerifyCommand
+from goals.payloads import Caller
 from goals.policy import decide
 from goals.store import (
     cancel_continuation,
@@ -53,7 +53,7 @@ def change_status(
     reason: str,
     cancel_reason: str,
     now: datetime,
-    caller: Mapping[str, int] | None = None,
+    caller: Caller | None = None,
 ) -> tuple[Goal, GoalStatus]:
     """Move the goal to ``status`` (pause, cancel, fail) and cancel its queued continuation with
     ``cancel_reason``; returns the saved goal and its status before."""
@@ -73,7 +73,7 @@ def resume_goal(
     *,
     budgets: Budgets | None = None,
     reopen: bool = False,
-    caller: Mapping[str, int] | None = None,
+    caller: Caller | None = None,
 ) -> tuple[Goal, GoalStatus]:
     """Resume a paused or exhausted goal (``reopen``: an ended one too); returns the saved goal and
     its status before. Its streaks start again, and an idle session gets the next continuation.
@@ -151,7 +151,7 @@ def edit_goal(
     budgets: Budgets | None = None,
     verify: list[VerifyCommand] | None = None,
     progress: VerifyCommand | Unchanged | None = "unchanged",
-    caller: Mapping[str, int] | None = None,
+    caller: Caller | None = None,
 ) -> Goal:
     """Change the fields given (``progress=None`` removes the progress command); returns the saved
     goal. What changed is recorded in a ``goal/edited`` event with ``caller``.

@@ -8,12 +8,17 @@ these models are its read view.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import Payload, register_payloads
 from goals.model import GoalStatus, VerifyResult
+
+#: Who asked for a change, as its event records it: ``uid`` and ``pid`` (from the kernel, for a
+#: caller on the control socket) or ``web`` (the status page token's name).
+Caller = Mapping[str, int | str]
 
 
 class GoalChanged(Payload):

@@ -14,7 +14,6 @@ functions from.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
 from datetime import datetime
 
 from agent import Source, SourceKind, Tx, cancel_pending, enqueue, is_pending, parse_content
@@ -22,6 +21,7 @@ from goals.budgets import with_status
 from goals.errors import GoalConflict, InvalidGoal, StaleDecision
 from goals.model import Goal, GoalStatus, transition
 from goals.notices import notify_status
+from goals.payloads import Caller
 from goals.queries import (
     AMBIGUOUS_SHOWN,
     ENDED_STATUSES,
@@ -119,7 +119,7 @@ def delete_goal_row(tx: Tx, goal: Goal) -> None:
         raise StaleDecision(f"goal {goal.id} changed since it was read")
 
 
-def emit_changed(tx: Tx, before: GoalStatus | None, goal: Goal, caller: Mapping[str, int] | None = None) -> None:
+def emit_changed(tx: Tx, before: GoalStatus | None, goal: Goal, caller: Caller | None = None) -> None:
     """Record a status change as a ``goal/changed`` event in the goal's session (and, for a status
     worth telling someone, its notification in the outbox: :mod:`goals.notices`)."""
     if before is goal.status:
@@ -142,7 +142,7 @@ def emit_changed(tx: Tx, before: GoalStatus | None, goal: Goal, caller: Mapping[
     )
 
 
-def emit_edited(tx: Tx, before: Goal, after: Goal, caller: Mapping[str, int] | None = None) -> None:
+def emit_edited(tx: Tx, before: Goal, after: Goal, caller: Caller | None = None) -> None:
     """Record what an edit changed as a ``goal/edited`` event (nothing when nothing changed)."""
     old, new = before.model_dump(mode="json"), after.model_dump(mode="json")
     fields = ("objective", "title", "budgets", "verify", "progress")

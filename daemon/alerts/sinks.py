@@ -100,6 +100,15 @@ class HttpClient:
             self._client = None
 
 
+def _url(conf: WebhookSink | NtfySink, what: str) -> str | Attempt:
+    """The sink's URL, given or read from its secret; a failed attempt naming what has no value."""
+    url = conf.url or (conf.url_secret.read() if conf.url_secret is not None else None)
+    if url:
+        return url
+    assert conf.url_secret is not None
+    return Attempt(ok=False, error=f"{what} has no value ({conf.url_secret.describe()})")
+
+
 class Webhook:
     """A generic JSON webhook (optionally signed, optionally templated)."""
 
@@ -111,10 +120,9 @@ class Webhook:
     async def deliver(self, payload: dict[str, Any]) -> Attempt:
         """POST the payload (or the filled template) as JSON."""
         conf = self.conf
-        url = conf.url or (conf.url_secret.read() if conf.url_secret is not None else None)
-        if not url:
-            assert conf.url_secret is not None
-            return Attempt(ok=False, error=f"the webhook's URL has no value ({conf.url_secret.describe()})")
+        url = _url(conf, "the webhook's URL")
+        if isinstance(url, Attempt):
+            return url
         body = fill(conf.template, template_values(payload)).encode() if conf.template else dumps(payload)
         headers = _headers(payload, {"Content-Type": "application/json", **conf.headers})
         if conf.secret is not None:
@@ -136,10 +144,9 @@ class Ntfy:
     async def deliver(self, payload: dict[str, Any]) -> Attempt:
         """POST the summary as text."""
         conf = self.conf
-        url = conf.url or (conf.url_secret.read() if conf.url_secret is not None else None)
-        if not url:
-            assert conf.url_secret is not None
-            return Attempt(ok=False, error=f"the ntfy URL has no value ({conf.url_secret.describe()})")
+        url = _url(conf, "the ntfy URL")
+        if isinstance(url, Attempt):
+            return url
         goal = payload.get("goal") or {}
         title = f"goald: {payload['kind'].replace('_', ' ')}" + (f" - {goal['title']}" if goal.get("title") else "")
         headers = _headers(payload, {"Content-Type": "text/plain; charset=utf-8", **conf.headers})

@@ -133,7 +133,7 @@ class Peer:
     pid: int | None = None
 
     @property
-    def caller(self) -> dict[str, int]:
+    def caller(self) -> dict[str, int | str]:
         """``{"uid": ..., "pid": ...}`` for the events a call writes (empty when unknown)."""
         return {k: v for k, v in (("uid", self.uid), ("pid", self.pid)) if v is not None}
 

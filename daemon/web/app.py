@@ -24,7 +24,7 @@ import dataclasses
 import socket
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlencode
 
 from aiohttp import web
@@ -70,11 +70,11 @@ class WebPeer(Peer):
     token_name: str = ""
 
     @property
-    def caller(self) -> dict[str, int]:
+    def caller(self) -> dict[str, int | str]:
         """``{"web": NAME}``, recorded in the events an action writes (as ``uid``/``pid`` are for the socket)."""
         # The events keep whatever the caller holds (their payloads read unknown keys as extra);
         # the protocol types the mapping's values as the socket's ints.
-        return cast(dict[str, int], {"web": self.token_name})
+        return {"web": self.token_name}
 
 
 async def _nothing(msg: dict[str, Any]) -> None:
