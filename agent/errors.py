@@ -32,6 +32,20 @@ class StoreClosed(AgentError, RuntimeError):
     """The store was closed."""
 
 
+class NotSupported(AgentError, RuntimeError):
+    """What was asked is not done by this kind of store (a file backup of PostgreSQL, say); the
+    message says what does it instead."""
+
+
+class HeldElsewhere(Conflict):
+    """Another node of the cluster drives the session: this one does not load it."""
+
+
+class LeaseLost(StoreClosed):
+    """This node no longer holds the lease of the session it was driving (another node took it over
+    after this one stopped renewing): the write was refused and nothing was written."""
+
+
 class SchemaTooNew(AgentError, RuntimeError):
     """The database was written by a newer goald than this one."""
 

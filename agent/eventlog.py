@@ -9,14 +9,14 @@ stored is one contiguous run from :func:`first_kept_seq` on.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 
+from agent.db import Conn
 from agent.events import Event
 
 
 def read_events(
-    conn: sqlite3.Connection,
+    conn: Conn,
     session_id: str,
     after_seq: int,
     *,
@@ -44,7 +44,7 @@ def read_events(
     ]
 
 
-def first_kept_seq(conn: sqlite3.Connection, session_id: str) -> int | None:
+def first_kept_seq(conn: Conn, session_id: str) -> int | None:
     """The lowest sequence number still stored for the session (``None``: it has no events)."""
     row = conn.execute("SELECT MIN(seq) FROM events WHERE session_id=?", (session_id,)).fetchone()
     return int(row[0]) if row is not None and row[0] is not None else None

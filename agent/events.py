@@ -120,6 +120,10 @@ class EventHub:
                 if sub.session_id is None or sub.session_id == event.session_id:
                     sub.queue.put_nowait(event)
 
+    def watches(self, session_id: str) -> bool:
+        """Whether a subscription follows ``session_id`` (or every session)."""
+        return any(sub.session_id is None or sub.session_id == session_id for sub in tuple(self._subs))
+
     def open(self, session_id: str | None) -> Subscription:
         """Register a live queue (events committed from now on)."""
         sub = Subscription(self, session_id)

@@ -13,11 +13,11 @@ check or flips the status itself (no stranded input).
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from agent.db import Conn, IntegrityError, savepoint
 from agent.errors import Conflict, InvalidInput, NotFound
 from agent.events import EventType
 from agent.ids import MessageId
@@ -115,24 +115,27 @@ def _insert(
     queued_seq: int,
 ) -> None:
     """The inbox row of a message queued at ``queued_seq``; a second queued ``pending_key`` is a Conflict."""
+    # The savepoint keeps a PostgreSQL transaction usable after the refusal (the caller goes on).
     try:
-        tx.execute(
-            "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
-            " yields_to_followup, queued_seq, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                mid,
-                session_id,
-                delivery.value,
-                source.kind.value,
-                source.ref,
-                content_json(content),
-                pending_key,
-                int(yields_to_followup),
-                queued_seq,
-                tx.now,
-            ),
-        )
-    except sqlite3.IntegrityError as exc:
+        with savepoint(tx.conn):
+            tx.execute(
+                "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
+                " yields_to_followup, queued_seq, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    mid,
+                    session_id,
+                    delivery.value,
+                    source.kind.value,
+                    source.ref,
+                    content_json(content),
+                    pending_key,
+                    int(yields_to_followup),
+                    queued_seq,
+                    tx.now,
+                ),
+            )
+    except IntegrityError as exc:
+        # SQLite names the column (inbox.pending_key), PostgreSQL the index (inbox_pending_key).
         if pending_key is not None and "pending_key" in str(exc):
             raise Conflict(f"a message with pending key {pending_key!r} is already queued") from None
         raise
@@ -227,11 +230,34 @@ def cancel_pending(tx: Tx, pending_key: str, reason: str) -> list[MessageId]:
     return [MessageId(r["id"]) for r in rows]
 
 
-def is_pending(tx_or_conn: Tx | sqlite3.Connection, pending_key: str) -> bool:
+def is_pending(tx_or_conn: Tx | Conn, pending_key: str) -> bool:
     """Whether a message holding ``pending_key`` is queued."""
     conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
     row = conn.execute("SELECT 1 FROM inbox WHERE pending_key=? AND fate='queued' LIMIT 1", (pending_key,)).fetchone()
     return row is not None
+
+
+def queued_waking(conn: Conn, session_id: str) -> bool:
+    """:func:`has_waking` in a read (a connection rather than a transaction)."""
+    row = conn.execute(
+        "SELECT 1 FROM inbox WHERE session_id=? AND fate='queued' AND delivery IN (?, ?) LIMIT 1",
+        (session_id, *_WAKING),
+    ).fetchone()
+    return row is not None
+
+
+def sessions_with_work(conn: Conn) -> set[str]:
+    """The top-level sessions that need a driver: a waking message queued, or a turn left open."""
+    queued = conn.execute(
+        "SELECT DISTINCT i.session_id FROM inbox i JOIN sessions s ON s.id = i.session_id"
+        " WHERE i.fate='queued' AND i.delivery IN (?, ?) AND s.parent_session_id IS NULL",
+        _WAKING,
+    ).fetchall()
+    open_turns = conn.execute(
+        "SELECT DISTINCT t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id"
+        " WHERE t.end_reason IS NULL AND s.parent_session_id IS NULL"
+    ).fetchall()
+    return {str(r[0]) for r in queued} | {str(r[0]) for r in open_turns}
 
 
 def has_waking(tx: Tx, session_id: str) -> bool:
@@ -312,7 +338,7 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool) -> list[Admitt
     return admitted
 
 
-def get_message(tx_or_conn: Tx | sqlite3.Connection, message_id: str) -> dict[str, Any] | None:
+def get_message(tx_or_conn: Tx | Conn, message_id: str) -> dict[str, Any] | None:
     """The inbox row of ``message_id`` as a plain dict (for inspection and tests)."""
     conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
     row = conn.execute("SELECT * FROM inbox WHERE id=?", (message_id,)).fetchone()

@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-import sqlite3
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agent.db import Conn
 from agent.ids import TypedId
 from agent.store import Store, Tx
 
@@ -118,8 +118,8 @@ def seal(tx: Tx, window: float, sinks_for: Callable[[str], Sequence[str]], limit
     now = datetime.fromisoformat(tx.now)
     cutoff = _iso(now - timedelta(seconds=window))
     rows = tx.all("SELECT id, kind, grp, created_at FROM outbox WHERE message_id IS NULL ORDER BY id LIMIT ?", (limit,))
-    messages: list[list[sqlite3.Row]] = []
-    groups: dict[str, list[sqlite3.Row]] = {}
+    messages: list[list[Any]] = []
+    groups: dict[str, list[Any]] = {}
     for r in rows:
         if r["grp"] is None:
             messages.append([r])
@@ -141,7 +141,8 @@ def seal(tx: Tx, window: float, sinks_for: Callable[[str], Sequence[str]], limit
             tx.execute(f"UPDATE outbox SET message_id=? WHERE id IN ({','.join('?' * len(part))})", (leader, *part))
         for sink in sinks_for(members[0]["kind"]):
             tx.execute(
-                "INSERT OR IGNORE INTO outbox_deliveries(message_id, sink, state, next_at) VALUES (?,?,?,?)",
+                "INSERT INTO outbox_deliveries(message_id, sink, state, next_at) VALUES (?,?,?,?)"
+                " ON CONFLICT (message_id, sink) DO NOTHING",
                 (leader, sink, DeliveryState.PENDING.value, tx.now),
             )
     if len(rows) == limit:
@@ -172,7 +173,7 @@ class Due:
     attempts: int
 
 
-def _message(conn: sqlite3.Connection, message_id: str) -> Message:
+def _message(conn: Conn, message_id: str) -> Message:
     rows = conn.execute(
         "SELECT id, kind, grp, payload, created_at FROM outbox WHERE message_id=? ORDER BY id", (message_id,)
     ).fetchall()
@@ -188,7 +189,7 @@ def _message(conn: sqlite3.Connection, message_id: str) -> Message:
     )
 
 
-def due(conn: sqlite3.Connection, now: datetime, sinks: Iterable[str], limit: int = 200) -> list[Due]:
+def due(conn: Conn, now: datetime, sinks: Iterable[str], limit: int = 200) -> list[Due]:
     """Pending deliveries to ``sinks`` due at ``now``, oldest message first, at most ``limit``."""
     names = list(sinks)
     if not names:
@@ -208,7 +209,7 @@ def due(conn: sqlite3.Connection, now: datetime, sinks: Iterable[str], limit: in
     return out
 
 
-def next_due(conn: sqlite3.Connection, sinks: Iterable[str]) -> datetime | None:
+def next_due(conn: Conn, sinks: Iterable[str]) -> datetime | None:
     """When the earliest pending delivery to ``sinks`` is due (``None``: none is pending)."""
     names = list(sinks)
     if not names:
@@ -234,8 +235,9 @@ def record(tx: Tx, message_id: str, sink: str, attempt_no: int, outcome: Attempt
     """Record attempt ``attempt_no``; the delivery becomes delivered (ok), pending until ``retry_at``,
     or failed (no ``retry_at``)."""
     tx.execute(
-        "INSERT OR REPLACE INTO outbox_attempts(message_id, sink, attempt, at, ok, status, error, seconds)"
-        " VALUES (?,?,?,?,?,?,?,?)",
+        "INSERT INTO outbox_attempts(message_id, sink, attempt, at, ok, status, error, seconds)"
+        " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (message_id, sink, attempt) DO UPDATE SET at=excluded.at,"
+        " ok=excluded.ok, status=excluded.status, error=excluded.error, seconds=excluded.seconds",
         (message_id, sink, attempt_no, tx.now, int(outcome.ok), outcome.status, outcome.error, outcome.seconds),
     )
     if outcome.ok:
@@ -251,7 +253,7 @@ def record(tx: Tx, message_id: str, sink: str, attempt_no: int, outcome: Attempt
     )
 
 
-def attempts(conn: sqlite3.Connection, message_id: str) -> list[dict[str, Any]]:
+def attempts(conn: Conn, message_id: str) -> list[dict[str, Any]]:
     """Every recorded attempt of a message, by sink and number."""
     rows = conn.execute(
         "SELECT sink, attempt, at, ok, status, error, seconds FROM outbox_attempts WHERE message_id=?"
@@ -261,7 +263,7 @@ def attempts(conn: sqlite3.Connection, message_id: str) -> list[dict[str, Any]]:
     return [dict(r) | {"ok": bool(r["ok"])} for r in rows]
 
 
-def backlog(conn: sqlite3.Connection) -> dict[str, int]:
+def backlog(conn: Conn) -> dict[str, int]:
     """Unsealed notifications and deliveries by state (for health and metrics)."""
     unsealed = conn.execute("SELECT COUNT(*) FROM outbox WHERE message_id IS NULL").fetchone()[0]
     counts = {s.value: 0 for s in DeliveryState}

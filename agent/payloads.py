@@ -124,6 +124,8 @@ class TurnStarted(Payload):
 
     type: Literal["turn/start"] = "turn/start"
     turn_id: str
+    #: The node that runs the turn, where several share one database (PostgreSQL); else absent.
+    node: str | None = None
 
 
 class TurnEnded(Payload):

@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from agent.db import Conn, is_postgres
 from agent.payloads import AgentStatus
 from agent.store import Tx
 
@@ -126,10 +127,19 @@ def prune_session_step(
     deleted = n_events + n_inbox + n_calls + n_turns
     if deleted == 0:
         return PruneStep(session_id=session_id, outcome="nothing", first_kept_seq=cut)
+    # CASE, not SQLite's two-argument MAX (PostgreSQL's is GREATEST): both stores take it.
     tx.execute(
-        "UPDATE sessions SET seq_watermark=MAX(seq_watermark, ?), pruned_through_seq=MAX(pruned_through_seq, ?),"
-        " pruned_events=pruned_events+?, pruned_bytes=pruned_bytes+?, pruned_at=? WHERE id=?",
-        (tx.state(session_id).last_seq, cut - 1, n_events, n_bytes, tx.now, session_id),
+        "UPDATE sessions SET seq_watermark=CASE WHEN seq_watermark > :last THEN seq_watermark ELSE :last END,"
+        " pruned_through_seq=CASE WHEN pruned_through_seq > :through THEN pruned_through_seq ELSE :through END,"
+        " pruned_events=pruned_events+:events, pruned_bytes=pruned_bytes+:bytes, pruned_at=:at WHERE id=:id",
+        {
+            "last": tx.state(session_id).last_seq,
+            "through": cut - 1,
+            "events": n_events,
+            "bytes": n_bytes,
+            "at": tx.now,
+            "id": session_id,
+        },
     )
     return PruneStep(
         session_id=session_id,
@@ -147,13 +157,14 @@ def prune_session_step(
 #: After the events, the rows of the pruned turns, in this order (while the turns still say which
 #: turns are pruned): inbox rows (and those cancelled before the cut), model calls (never an open
 #: reservation), then the turns themselves. Parameters: (session, cut[, session, cut], limit).
+#: Rows are named by their primary keys (``rowid`` is SQLite's alone; ``DELETE … LIMIT`` neither's).
 _PRUNE_AFTER_EVENTS = (
-    "DELETE FROM inbox WHERE rowid IN (SELECT rowid FROM inbox WHERE session_id=? AND fate!='queued'"
+    "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE session_id=? AND fate!='queued'"
     " AND queued_seq<? AND (turn_id IS NULL OR turn_id IN"
     " (SELECT id FROM turns WHERE session_id=? AND end_seq IS NOT NULL AND end_seq<?)) LIMIT ?)",
-    "DELETE FROM model_calls WHERE rowid IN (SELECT m.rowid FROM model_calls m JOIN turns t ON t.id=m.turn_id"
+    "DELETE FROM model_calls WHERE id IN (SELECT m.id FROM model_calls m JOIN turns t ON t.id=m.turn_id"
     " WHERE t.session_id=? AND t.end_seq IS NOT NULL AND t.end_seq<? AND m.state!='reserved' LIMIT ?)",
-    "DELETE FROM turns WHERE rowid IN (SELECT t.rowid FROM turns t WHERE t.session_id=?"
+    "DELETE FROM turns WHERE id IN (SELECT t.id FROM turns t WHERE t.session_id=?"
     " AND t.end_seq IS NOT NULL AND t.end_seq<?"
     " AND NOT EXISTS (SELECT 1 FROM model_calls m WHERE m.turn_id=t.id AND m.state='reserved')"
     " LIMIT ?)",
@@ -180,7 +191,7 @@ def _prune_events(tx: Tx, session_id: str, cut: int, batch: int, batch_bytes: in
     return n_events, n_bytes, left - n_events
 
 
-def session_descendants(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> list[str]:
+def session_descendants(tx_or_conn: Tx | Conn, session_id: str) -> list[str]:
     """The subagent sessions under ``session_id`` (children, their children, …), parents first."""
     conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
     rows = conn.execute(
@@ -192,7 +203,7 @@ def session_descendants(tx_or_conn: Tx | sqlite3.Connection, session_id: str) ->
     return [str(r["id"]) for r in rows]
 
 
-def session_retention(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+def session_retention(tx_or_conn: Tx | Conn, session_id: str) -> dict[str, Any] | None:
     """A session's retention summary row (``None``: no such session, or never pruned)."""
     conn = tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
     row = conn.execute(
@@ -211,7 +222,7 @@ def session_retention(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> d
 # -- space ------------------------------------------------------------------------------------
 
 
-def _pragma_int(conn: sqlite3.Connection, name: str) -> int:
+def _pragma_int(conn: Conn, name: str) -> int:
     row = conn.execute(f"PRAGMA {name}").fetchone()
     return int(row[0]) if row is not None else 0
 
@@ -227,15 +238,47 @@ def file_bytes(path: Path) -> int:
     return total
 
 
-def database_stats(conn: sqlite3.Connection, path: Path, *, top: int = 10) -> dict[str, Any]:
+def table_names(conn: Conn) -> list[str]:
+    """The store's tables, by name (SQLite's own ``sqlite_*`` tables left out)."""
+    if is_postgres(conn):
+        sql = (
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            " AND table_type = 'BASE TABLE' ORDER BY table_name"
+        )
+    else:
+        sql = "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+    return [str(r[0]) for r in conn.execute(sql).fetchall()]
+
+
+def _space(conn: Conn, path: Path) -> dict[str, Any]:
+    """The database's size and free space. PostgreSQL's are the server's: its database size in its
+    block size, no free list goald could give back (the server's autovacuum reuses dead space)."""
+    if is_postgres(conn):
+        size = int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+        block = int(conn.execute("SELECT current_setting('block_size')").fetchone()[0])
+        return {
+            "fileBytes": size,
+            "pageSize": block,
+            "pages": size // block,
+            "freePages": 0,
+            "freeBytes": 0,
+            "autoVacuum": "server",
+        }
+    page_size = _pragma_int(conn, "page_size")
+    return {
+        "fileBytes": file_bytes(path),
+        "pageSize": page_size,
+        "pages": _pragma_int(conn, "page_count"),
+        "freePages": _pragma_int(conn, "freelist_count"),
+        "freeBytes": _pragma_int(conn, "freelist_count") * page_size,
+        "autoVacuum": AUTO_VACUUM_MODES.get(_pragma_int(conn, "auto_vacuum"), "unknown"),
+    }
+
+
+def database_stats(conn: Conn, path: Path, *, top: int = 10) -> dict[str, Any]:
     """The database's size, its free pages, its auto-vacuum mode, the rows of every table and the
     ``top`` largest sessions by the bytes of their stored events (on the store thread, in a read)."""
-    tables = [
-        str(r[0])
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
-        ).fetchall()
-    ]
+    tables = table_names(conn)
     # Table names come from the schema itself, quoted as identifiers.
     rows = {t: int(conn.execute('SELECT COUNT(*) FROM "' + t.replace('"', '""') + '"').fetchone()[0]) for t in tables}
     largest = conn.execute(
@@ -243,15 +286,9 @@ def database_stats(conn: sqlite3.Connection, path: Path, *, top: int = 10) -> di
         " GROUP BY session_id ORDER BY b DESC LIMIT ?",
         (top,),
     ).fetchall()
-    page_size = _pragma_int(conn, "page_size")
     return {
         "path": str(path),
-        "fileBytes": file_bytes(path),
-        "pageSize": page_size,
-        "pages": _pragma_int(conn, "page_count"),
-        "freePages": _pragma_int(conn, "freelist_count"),
-        "freeBytes": _pragma_int(conn, "freelist_count") * page_size,
-        "autoVacuum": AUTO_VACUUM_MODES.get(_pragma_int(conn, "auto_vacuum"), "unknown"),
+        **_space(conn, path),
         "rows": rows,
         "largestSessions": [
             {
@@ -329,6 +366,7 @@ __all__ = [
     "prune_session_step",
     "session_descendants",
     "session_retention",
+    "table_names",
     "vacuum_offline",
     "vacuum_step",
 ]

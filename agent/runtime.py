@@ -19,15 +19,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
 
 from agent.driver import Agent
-from agent.errors import NotFound, StoreClosed
+from agent.errors import HeldElsewhere, NotFound, StoreClosed
 from agent.events import Event, EventType
 from agent.guards import create_guard, load_guard, update_guard
-from agent.ids import GuardId, SessionId
+from agent.ids import GuardId, MessageId, SessionId
+from agent.inbox import cancel, enqueue
+from agent.messages import CancelReason, Content, Delivery, Source, parse_content, parse_delivery
 from agent.models.registry import ModelRegistry, echo_model
 from agent.payloads import MessageQueued
 from agent.sessions import SessionRow, create_session, list_sessions, load_session
@@ -39,6 +41,19 @@ from agent.tools.base import GUARD_KEY, ToolRegistry
 from agent.turns import repair
 
 
+class Leases(Protocol):
+    """Which sessions this process may drive, where several share one database (a cluster's lease
+    manager); without one, every session is this process's."""
+
+    async def acquire(self, session_id: str) -> str | None:
+        """Hold ``session_id`` (already held, or claimed now): ``None``; else who drives it."""
+        ...
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this process holds ``session_id`` now."""
+        ...
+
+
 class Runtime:
     """Sessions and agents over one store. Use ``async with Runtime.open(...) as rt``."""
 
@@ -46,6 +61,12 @@ class Runtime:
         self.store = store
         self._resolver = resolver
         self._tg = tg
+        #: Set by a cluster: an agent is loaded (and so driven) only for a session it holds.
+        self.leases: Leases | None = None
+        # Other nodes' commits are read back only for the sessions this process has a use for.
+        store.interest = self._interested
+        #: More interest in other nodes' commits (the goal engine: the sessions of goals it follows).
+        self.watchers: list[Callable[[str], bool]] = []
         self._agents: dict[str, Agent] = {}
         self._loading: dict[str, asyncio.Future[Agent]] = {}
         self._buffers: dict[str, list[Event]] = {}
@@ -66,20 +87,23 @@ class Runtime:
         tools: Callable[[SessionRow], ToolRegistry] | None = None,
         grace: float = 10.0,
         resume: bool = True,
+        repair_all: bool = True,
     ) -> AsyncIterator[Runtime]:
         """Open the store at ``path``, repair it, resume sessions with queued work, and yield.
 
         Either pass a ``resolver`` or a ``models`` registry (and optionally a ``tools`` factory).
         On exit every driver stops (running turns get ``grace`` seconds) and the store closes.
         With ``resume=False`` the sessions with queued work wait for :meth:`resume` (a daemon
-        calls it once it serves, so that a big backlog does not delay its readiness).
+        calls it once it serves, so that a big backlog does not delay its readiness). With
+        ``repair_all=False`` (a node of a cluster) nothing is repaired or resumed here: other nodes
+        drive their sessions, and this one repairs each session it takes over when it takes it.
         """
         if resolver is None:
             resolver = default_resolver(models or ModelRegistry(), tools)
         store = await Store.open(path, durability=durability)
         try:
             # A child whose delegating call died with the process must not run on its own.
-            with_work = await store.transact(lambda tx: settle_orphans(tx, repair(tx)))
+            with_work = await store.transact(lambda tx: settle_orphans(tx, repair(tx))) if repair_all else []
             async with asyncio.TaskGroup() as tg:
                 rt = cls(store, resolver, tg)
                 rt._pending_resume = with_work
@@ -147,6 +171,14 @@ class Runtime:
         pending = self._loading.get(session_id)
         if pending is not None:
             return await asyncio.shield(pending)
+        if self.leases is not None and (holder := await self.leases.acquire(session_id)) is not None:
+            raise HeldElsewhere(f"session {session_id} is driven by {holder}; ask that node")
+        live = self._agents.get(session_id)  # loaded while the lease was being taken
+        if live is not None:
+            return live
+        pending = self._loading.get(session_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
         fut: asyncio.Future[Agent] = asyncio.get_running_loop().create_future()
         self._loading[session_id] = fut
         self._buffers[session_id] = []
@@ -186,6 +218,48 @@ class Runtime:
             raise
         finally:
             self._loading.pop(session_id, None)
+
+    async def enqueue(
+        self,
+        session_id: str,
+        content: str | Content | Any,
+        *,
+        delivery: Delivery | str = Delivery.FOLLOWUP,
+        message_id: MessageId | str | None = None,
+        source: Source | None = None,
+    ) -> MessageId:
+        """Validate and enqueue a message on any session, live here or not (its driver, wherever it
+        runs, is woken by the commit); returns the message's id once it is durable as queued."""
+        blocks = parse_content(content)
+        how = parse_delivery(delivery)
+        mid = MessageId.parse(message_id) if message_id is not None else MessageId.new()
+        sid = SessionId.parse(session_id)
+        await self.store.transact(lambda tx: enqueue(tx, sid, blocks, delivery=how, message_id=mid, source=source))
+        return mid
+
+    async def cancel_message(
+        self, session_id: str, message_id: MessageId | str, reason: str = CancelReason.CANCELLED
+    ) -> None:
+        """Cancel a queued message of any session. Raises ``InvalidTransition`` if it was admitted."""
+        mid = MessageId.parse(message_id)
+        sid = SessionId.parse(session_id)
+        await self.store.transact(lambda tx: cancel(tx, sid, mid, reason))
+
+    def _interested(self, session_id: str) -> bool:
+        # On the store thread: reads of dicts the loop changes (a stale answer costs one read or one
+        # event the next commit brings).
+        return (
+            session_id in self._agents
+            or session_id in self._loading
+            or (self.leases is not None and self.leases.holds(session_id))
+            or self.store.hub.watches(session_id)
+            or any(w(session_id) for w in self.watchers)
+        )
+
+    def wake(self, session_id: str) -> None:
+        """Load the session's agent in the background (it has queued work), quietly if it cannot."""
+        if session_id not in self._agents:
+            self.spawn(self._load_quietly(session_id))
 
     async def create_child(self, parent_id: str, *, tools: ToolRegistry, config: dict[str, Any]) -> Agent:
         """Create a child session of a live parent and load its agent (see :mod:`agent.subagents`).
@@ -266,6 +340,8 @@ class Runtime:
         if buffer is not None:
             buffer.append(event)
             return
+        if self.store.relaying and (self.leases is None or not self.leases.holds(event.session_id)):
+            return  # another node's commit: the node it was made on claims the session if no one holds it
         if (
             not self._closing
             and event.type == EventType.MESSAGE_QUEUED
@@ -279,6 +355,8 @@ class Runtime:
             await self.agent(session_id)
         except StoreClosed:
             pass
+        except HeldElsewhere as exc:  # its holder (woken by the same commit) drives it
+            logger.debug("{}", exc)
         except Exception:
             logger.exception("could not load the agent of session {}", session_id)
 

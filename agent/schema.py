@@ -24,6 +24,10 @@ class Migration(BaseModel):
     version: int
     summary: str
     sql: str
+    #: The step on PostgreSQL where the mechanical translation of ``sql`` (:func:`agent.migrate.pg_ddl`:
+    #: ``INTEGER`` as ``BIGINT``, ``REAL`` as ``DOUBLE PRECISION``, ``AUTOINCREMENT`` as an identity)
+    #: is not it: a trigger's body, say. ``None``: the translation.
+    postgres: str | None = None
 
 
 class MigrationFailed(AgentError, RuntimeError):

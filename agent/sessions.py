@@ -10,11 +10,11 @@ take a connection or a ``Tx``, so they run inside a read snapshot or a transacti
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from agent.db import Conn
 from agent.errors import NotFound
 from agent.events import EventType
 from agent.ids import SessionId
@@ -39,11 +39,11 @@ class SessionRow(BaseModel):
     created_at: str
 
 
-def _conn(tx_or_conn: Tx | sqlite3.Connection) -> sqlite3.Connection:
+def _conn(tx_or_conn: Tx | Conn) -> Conn:
     return tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
 
 
-def _row(row: sqlite3.Row) -> SessionRow:
+def _row(row: Any) -> SessionRow:
     data = dict(row)
     data["config"] = json.loads(data["config"] or "{}")
     return SessionRow.model_validate(data)
@@ -85,7 +85,7 @@ def create_session(
     return sid
 
 
-def load_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> SessionRow:
+def load_session(tx_or_conn: Tx | Conn, session_id: str) -> SessionRow:
     """The stored session ``session_id``.
 
     Raises:
@@ -119,9 +119,7 @@ def update_session(
     return row.model_copy(update={"guard_id": guard_id or row.guard_id, "config": merged})
 
 
-def sessions_with_workdir(
-    tx_or_conn: Tx | sqlite3.Connection, exact: list[str], low: str, high: str
-) -> list[SessionRow]:
+def sessions_with_workdir(tx_or_conn: Tx | Conn, exact: list[str], low: str, high: str) -> list[SessionRow]:
     """Sessions whose work directory is one of ``exact`` or sorts in ``[low, high)`` (a directory
     and everything under it: ``low = path + "/"``, ``high = path + "0"``), oldest first."""
     marks = ", ".join("?" * len(exact))
@@ -137,9 +135,7 @@ def sessions_with_workdir(
     return [_row(r) for r in rows]
 
 
-def list_sessions(
-    tx_or_conn: Tx | sqlite3.Connection, prefix: str = SessionId.prefix, limit: int = 100
-) -> list[SessionRow]:
+def list_sessions(tx_or_conn: Tx | Conn, prefix: str = SessionId.prefix, limit: int = 100) -> list[SessionRow]:
     """Sessions whose id starts with ``prefix``, newest first, at most ``limit``."""
     rows = (
         _conn(tx_or_conn)
@@ -152,7 +148,7 @@ def list_sessions(
     return [_row(r) for r in rows]
 
 
-def session_chain(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> list[SessionId]:
+def session_chain(tx_or_conn: Tx | Conn, session_id: str) -> list[SessionId]:
     """``session_id`` and its parents, up to the root session: ``[session, parent, …, root]``.
 
     Empty when the session does not exist; at most :data:`MAX_CHAIN` + 1 long.

@@ -25,10 +25,12 @@ as soon as another write got through. Nothing polls: the writers' own retries ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -38,12 +40,15 @@ from typing import Any, Literal, TypeVar
 import aiosqlite
 from loguru import logger
 
-from agent.errors import NotFound, StorageUnavailable, StoreClosed
+from agent.backends import Backend, PgBackend, SqliteBackend, masked, pg_failure
+from agent.db import Conn, DatabaseError, PgConn, is_dsn
+from agent.errors import NotFound, NotSupported, StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq as first_kept_seq  # re-exported: its home moved
 from agent.eventlog import read_events as read_events  # re-exported: its home moved
 from agent.events import Event, EventHub, EventType
 from agent.migrate import apply_migrations, backup_into
 from agent.payloads import AgentStatus
+from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, payloads, relay
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import owner_only
 from agent.storage import storage_failure as storage_failure  # re-exported: its home moved
@@ -74,7 +79,7 @@ def _dumps(data: dict[str, Any]) -> str:
 class Tx:
     """One open transaction on the store thread. Only transaction functions receive one."""
 
-    def __init__(self, store: Store, conn: sqlite3.Connection) -> None:
+    def __init__(self, store: Store, conn: Conn) -> None:
         self.store = store
         self.conn = conn
         self.now = utcnow()
@@ -82,25 +87,39 @@ class Tx:
         self._states: dict[str, SessionState] = {}
         self._after: list[Callable[[], None]] = []
         self._committed: list[Callable[[], None]] = []
+        self._fenced: set[str] = set()
 
-    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
-        """Run one statement."""
+    def fence(self, session_id: str) -> None:
+        """Refuse this transaction unless this process may drive ``session_id`` (the store's
+        :attr:`Store.fence` check, once per session and transaction; nothing to check on one node).
+
+        The writes that *drive* a session call it — the driver's (:class:`agent.writer.DriverWriter`)
+        and a goal's decision — so that a node that lost the session's lease adds nothing to it;
+        what any node may do (enqueue, cancel a queued message, a goal's pause) does not."""
+        check = self.store.fence
+        if check is None or session_id in self._fenced:
+            return
+        check(self.conn, session_id)
+        self._fenced.add(session_id)
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """Run one statement (a cursor: ``rowcount``, ``fetchone``, ``fetchall``)."""
         return self.conn.execute(sql, params)
 
-    def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
-        """Run a query and return its first row."""
-        row: sqlite3.Row | None = self.conn.execute(sql, params).fetchone()
-        return row
+    def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """Run a query and return its first row (``None``: no row)."""
+        return self.conn.execute(sql, params).fetchone()
 
-    def all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+    def all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         """Run a query and return every row."""
-        return self.conn.execute(sql, params).fetchall()
+        rows: list[Any] = self.conn.execute(sql, params).fetchall()
+        return rows
 
     def state(self, session_id: str) -> SessionState:
         """The session's cached state as this transaction sees it (changes apply at commit)."""
         st = self._states.get(session_id)
         if st is None:
-            base = self.store._states.get(session_id)
+            base = self.store._states.get(session_id) if self.store._cache_states else None
             if base is None:
                 base = self.store._load_state(self.conn, session_id)
             st = dataclasses.replace(base)
@@ -142,11 +161,31 @@ class Tx:
 class Store:
     """The goald store. Open with :meth:`open`; close with :meth:`close` (or ``async with``)."""
 
-    def __init__(self, path: Path, conn: aiosqlite.Connection, durability: Durability) -> None:
+    def __init__(self, path: Path, backend: Backend, durability: Durability, location: str | None = None) -> None:
+        #: The SQLite file (for PostgreSQL: none; ``location`` names the database).
         self.path = path
+        #: Where the store is, fit to show: the file, or the DSN without its password.
+        self.location = location or str(path)
+        self.kind = backend.kind
         self.durability = durability
         self.hub = EventHub()
-        self._conn = conn
+        self._backend = backend
+        # Each session's state is cached between transactions only where this process is the one
+        # writer of the database (SQLite): on PostgreSQL other nodes write too, so it is read in
+        # every transaction (under the writer lock, so it is current).
+        self._cache_states = backend.kind == "sqlite"
+        #: This process among the nodes on one PostgreSQL database (its notifications carry it).
+        self.node_id = uuid.uuid4().hex[:12]
+        #: Per session, the highest sequence number published to the hub (PostgreSQL: agent.relay).
+        self._published: dict[str, int] = {}
+        self._listener: Listener | None = None
+        #: True while the hub is handed events another node committed (listeners may tell them apart).
+        self.relaying = False
+        #: Which sessions' events committed by other nodes this process publishes (``None``: all);
+        #: the runtime sets it (agent.relay).
+        self.interest: Callable[[str], bool] | None = None
+        #: The lease check of :meth:`Tx.fence` (set by a cluster's lease manager; ``None``: one node).
+        self.fence: Callable[[Conn, str], None] | None = None
         self._loop = asyncio.get_running_loop()
         self._states: dict[str, SessionState] = {}
         self._closed = False
@@ -162,7 +201,13 @@ class Store:
 
     @classmethod
     async def open(cls, path: str | Path, *, durability: Durability = "normal") -> Store:
-        """Open (creating if needed) the store at ``path`` and apply the runtime's migrations."""
+        """Open (creating if needed) the store at ``path`` and apply the runtime's migrations.
+
+        ``path`` is a SQLite file, or a ``postgresql://`` DSN (the database must exist; the
+        password comes from ``PGPASSWORD``, ``~/.pgpass`` or a systemd credential, see
+        :func:`agent.backends.credential_password`)."""
+        if is_dsn(path):
+            return await cls._open_pg(str(path), durability)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         conn = await aiosqlite.connect(str(path), isolation_level=None)
@@ -181,22 +226,73 @@ class Store:
             await conn.execute("PRAGMA busy_timeout=5000")
             await conn.execute("PRAGMA foreign_keys=OFF")
             conn.row_factory = sqlite3.Row
-            store = cls(path, conn, durability)
+            store = cls(path, SqliteBackend(conn), durability)
             await store.migrate("agent", MIGRATIONS)
         except BaseException:
             await conn.close()
             raise
         return store
 
+    @classmethod
+    async def _open_pg(cls, dsn: str, durability: Durability) -> Store:
+        backend = PgBackend(dsn)
+        await asyncio.to_thread(backend.start)
+        store = cls(Path(), backend, durability, location=masked(dsn))
+        try:
+            await store.migrate("agent", MIGRATIONS)
+        except BaseException:
+            await backend.close()
+            raise
+        sql = "SELECT datcollate FROM pg_database WHERE datname = current_database()"
+        collation = await store.read(lambda conn: conn.execute(sql).fetchone())
+        if collation is not None and str(collation[0]) not in ("C", "POSIX", "C.UTF-8", "C.utf8"):
+            logger.warning(
+                "the database {} sorts text by the {} collation; goald compares ids and times as bytes:"
+                " create its database with LC_COLLATE 'C' (CREATE DATABASE ... TEMPLATE template0 LC_COLLATE 'C')",
+                store.location,
+                collation[0],
+            )
+        store._listener = Listener(lambda: PgBackend.connect(dsn).raw, store.node_id, store._relay_soon)
+        store._listener.start()
+        return store
+
+    def _relay_soon(self, spans: dict[str, tuple[int, int]] | None) -> None:
+        # From the listener's thread: other nodes' commits (None: catch up), read on the store thread.
+        with contextlib.suppress(ValueError):  # closed meanwhile
+            self._backend.submit(partial(self._relay, spans))
+
+    def _relay(self, spans: dict[str, tuple[int, int]] | None) -> None:
+        try:
+            conn = self._raw()
+            conn.execute(self._backend.begin_read)
+            try:
+                if spans is None:
+                    events = catch_up(conn, self._published, self.interest)
+                else:
+                    events = relay(conn, self._published, spans, self.interest)
+            finally:
+                conn.execute("ROLLBACK")
+        except DatabaseError as exc:
+            logger.debug("could not read other nodes' events now (the next notification or poll will): {}", exc)
+            return
+        if events:
+            self._loop.call_soon_threadsafe(self._deliver_relayed, events)
+
+    def _deliver_relayed(self, events: list[Event]) -> None:
+        self.relaying = True
+        try:
+            self._deliver(events, [])
+        finally:
+            self.relaying = False
+
     async def close(self) -> None:
         """Close the connection after the queued work finishes."""
         if self._closed:
             return
         self._closed = True
-        try:
-            await self._conn.execute("PRAGMA optimize")
-        finally:
-            await self._conn.close()
+        if self._listener is not None:
+            await asyncio.to_thread(self._listener.stop)
+        await self._backend.close()
 
     async def __aenter__(self) -> Store:
         return self
@@ -212,8 +308,9 @@ class Store:
             SchemaTooNew: a newer goald wrote the database; nothing was changed.
         """
 
-        def run(conn: sqlite3.Connection) -> int:
-            conn.execute("BEGIN IMMEDIATE")
+        def run(conn: Conn) -> int:
+            for statement in self._backend.begin_write:
+                conn.execute(statement)
             try:
                 version = apply_migrations(conn, package, migrations)
                 conn.execute("COMMIT")
@@ -227,6 +324,11 @@ class Store:
     async def backup(self, dest: str | Path) -> dict[str, Any]:
         """Write a consistent copy of the database to ``dest`` while the store serves
         (:func:`backup_into`); returns ``path``, ``bytes`` and ``seconds``."""
+        if self.kind == "postgresql":
+            raise NotSupported(
+                "a PostgreSQL store is backed up with PostgreSQL's own tools: pg_dump for a copy,"
+                " pg_basebackup and WAL archiving for point-in-time recovery"
+            )
         target = Path(dest)
 
         def copy(conn: sqlite3.Connection) -> int:
@@ -236,23 +338,30 @@ class Store:
         size, seconds = await self.maintain(copy)
         return {"path": str(target), "bytes": size, "seconds": round(seconds, 3)}
 
+    async def size_bytes(self) -> int:
+        """What the database takes: the SQLite file and its WAL, or PostgreSQL's
+        ``pg_database_size`` of the database."""
+        if self.kind == "postgresql":
+            sql = "SELECT pg_database_size(current_database())"
+            return int(await self.read(lambda conn: conn.execute(sql).fetchone()[0]))
+        total = 0
+        for name in (self.path, self.path.with_name(self.path.name + "-wal")):
+            with contextlib.suppress(FileNotFoundError):
+                total += name.stat().st_size
+        return total
+
     # -- transactions ----------------------------------------------------------------------
 
-    def _raw(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection = self._conn._conn
-        return conn
+    def _raw(self) -> Any:
+        return self._backend.raw()
 
     async def _call(self, fn: Callable[[], T]) -> T:
         if self._closed:
             raise StoreClosed("the store is closed")
-        if not self._conn._running or self._conn._connection is None:
-            raise ValueError("Connection closed")
         # One hop to the connection's thread for the whole unit of work (see the module docstring),
-        # and one back: the result and the transaction's events come in one loop callback. (The
-        # connection's own ``_execute`` would add a second wake-up of the loop per transaction;
-        # its worker runs a queued function without a future as is.)
+        # and one back: the result and the transaction's events come in one loop callback.
         done: asyncio.Future[T] = self._loop.create_future()
-        self._conn._tx.put_nowait((None, partial(self._work, fn, done)))
+        self._backend.submit(partial(self._work, fn, done))
         return await done
 
     def _work(self, fn: Callable[[], T], done: asyncio.Future[T]) -> None:
@@ -301,7 +410,7 @@ class Store:
 
         return await self._call(run)
 
-    async def maintain(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T, float]:
+    async def maintain(self, fn: Callable[[Any], T]) -> tuple[T, float]:
         """Run ``fn`` on the store thread outside any transaction (a ``PRAGMA incremental_vacuum``
         or a checkpoint, which open their own); returns its result and the seconds it took."""
 
@@ -312,27 +421,41 @@ class Store:
 
         return await self._call(run)
 
+    def _failure_of(self, exc: BaseException) -> StorageUnavailable | None:
+        if self.kind == "sqlite":
+            return storage_failure(exc, self.path)
+        return pg_failure(exc, self.location)
+
     def _run_tx(self, fn: Callable[[Tx], T]) -> T:
-        conn = self._raw()
-        tx = Tx(self, conn)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn = self._raw()
+            tx = Tx(self, conn)
+            for statement in self._backend.begin_write:
+                conn.execute(statement)
+            marks: dict[str, int] = {}
             try:
                 result = fn(tx)
+                if tx.events and self.kind == "postgresql":
+                    tx.events, marks = fill_gaps(conn, self._published, tx.events)
+                    for payload in payloads(self.node_id, tx.events):
+                        conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, payload))
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        except sqlite3.Error as exc:
-            failure = storage_failure(exc, self.path)
+            for sid, seq in marks.items():
+                self._published[sid] = max(self._published.get(sid, 0), seq)
+        except DatabaseError as exc:
+            failure = self._failure_of(exc)
             if failure is None:
                 raise
             self._storage_failed(failure)
             raise failure from exc
         if self._failure is not None:
             self._storage_recovered()
-        self._states.update(tx._states)
+        if self._cache_states:
+            self._states.update(tx._states)
         for mark in tx._committed:
             mark()
         if tx.events or tx._after:
@@ -343,7 +466,7 @@ class Store:
 
     def _storage_failed(self, failure: StorageUnavailable) -> None:
         if self._failure is None or self._failure.message != failure.message:
-            logger.error("the store cannot write: {} ({}); {}", failure.message, self.path, failure.hint)
+            logger.error("the store cannot write: {} ({}); {}", failure.message, self.location, failure.hint)
         if self._failure is None:
             self._failing_since = utcnow()
             self._loop.call_soon_threadsafe(self._writable.clear)
@@ -382,26 +505,47 @@ class Store:
             except Exception:
                 logger.exception("after-commit callback failed")
 
-    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, fn: Callable[[Any], T]) -> T:
         """Run a read-only function on the store thread inside one consistent snapshot."""
 
         def run() -> T:
-            conn = self._raw()
-            conn.execute("BEGIN")
             try:
-                return fn(conn)
-            finally:
-                conn.execute("COMMIT")
+                conn = self._raw()
+                conn.execute(self._backend.begin_read)
+                try:
+                    result = fn(conn)
+                finally:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK" if self.kind == "postgresql" else "COMMIT")
+            except DatabaseError as exc:
+                failure = self._failure_of(exc) if self.kind == "postgresql" else None
+                if failure is None:
+                    raise
+                # An unreachable database stops reads as well as writes: the same condition.
+                self._storage_failed(failure)
+                raise failure from exc
+            if self._failure is not None and self.kind == "postgresql":
+                self._storage_recovered()  # the database answers again
+            return result
 
         return await self._call(run)
 
     async def trace(self, callback: Callable[[str], None] | None) -> None:
         """Install (or remove) a statement trace callback on the connection (benchmarks)."""
-        await self._conn.set_trace_callback(callback)  # type: ignore[arg-type]
+        if isinstance(self._backend, SqliteBackend):
+            await self._backend.conn.set_trace_callback(callback)  # type: ignore[arg-type]
+            return
+
+        def install() -> None:
+            raw = self._backend.raw()
+            assert isinstance(raw, PgConn)
+            raw.trace = callback
+
+        await self._call(install)
 
     # -- session state ---------------------------------------------------------------------
 
-    def _load_state(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
+    def _load_state(self, conn: Conn, session_id: str) -> SessionState:
         row = conn.execute("SELECT seq_watermark FROM sessions WHERE id=?", (session_id,)).fetchone()
         if row is None:
             raise NotFound(f"no session {session_id}")
@@ -425,10 +569,11 @@ class Store:
         """A copy of the session's state as of the last commit."""
 
         def run() -> SessionState:
-            st = self._states.get(session_id)
+            st = self._states.get(session_id) if self._cache_states else None
             if st is None:
                 st = self._load_state(self._raw(), session_id)
-                self._states[session_id] = st
+                if self._cache_states:
+                    self._states[session_id] = st
             return dataclasses.replace(st)
 
         return await self._call(run)

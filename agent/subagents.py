@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -237,11 +238,14 @@ def session_spend(tx: Tx, session_id: str) -> tuple[int, float]:
 
 def settle_child(tx: Tx, child_id: str, turn_id: str | None) -> tuple[int, float]:
     """Charge a child's whole spend to its parent session and mark the child settled (once)."""
-    row = tx.one(
-        "SELECT parent_session_id, json_extract(config, '$.subagent.settled') AS settled FROM sessions WHERE id=?",
-        (child_id,),
-    )
-    if row is None or row["parent_session_id"] is None or row["settled"]:
+    # The config is read and written whole, not with SQLite's json_set (PostgreSQL has none by that
+    # name); the write runs in the same transaction as the read.
+    row = tx.one("SELECT parent_session_id, config FROM sessions WHERE id=?", (child_id,))
+    if row is None or row["parent_session_id"] is None:
+        return 0, 0.0
+    config = json.loads(row["config"] or "{}")
+    subagent = config.get("subagent")
+    if isinstance(subagent, dict) and subagent.get("settled"):
         return 0, 0.0
     tokens, cost = session_spend(tx, child_id)
     if tokens or cost:
@@ -257,23 +261,29 @@ def settle_child(tx: Tx, child_id: str, turn_id: str | None) -> tuple[int, float
                 "reason": "the spend of a subagent",
             },
         )
-    tx.execute(
-        "UPDATE sessions SET config=json_set(config, '$.subagent.settled', json('true')) WHERE id=?", (child_id,)
-    )
+    if subagent is None or isinstance(subagent, dict):
+        config["subagent"] = {**(subagent or {}), "settled": True}
+        tx.execute("UPDATE sessions SET config=? WHERE id=?", (json.dumps(config), child_id))
     return tokens, cost
 
 
-def settle_orphans(tx: Tx, with_work: list[str]) -> list[str]:
+def settle_orphans(tx: Tx, with_work: list[str], sessions: Sequence[str] | None = None) -> list[str]:
     """At open, after crash repair: settle every child whose delegating call died with the process.
 
     Its queued input is cancelled (it must not run with no one to read its result) and its spend
     charged to its parent, the deepest children first so that a grandchild's spend reaches the
     root. Returns ``with_work`` without the orphans.
     """
+    scope, params = "", tuple(sessions or ())
+    if sessions is not None:
+        if not sessions:
+            return with_work
+        scope = f" AND id IN ({','.join('?' * len(sessions))})"  # a taken-over session's subagents
     rows = tx.all(
         "SELECT id FROM sessions WHERE parent_session_id IS NOT NULL"
         " AND json_extract(config, '$.subagent') IS NOT NULL"
-        " AND json_extract(config, '$.subagent.settled') IS NULL ORDER BY depth DESC, id"
+        " AND json_extract(config, '$.subagent.settled') IS NULL" + scope + " ORDER BY depth DESC, id",
+        params,
     )
     orphans = {str(r["id"]) for r in rows}
     for r in rows:

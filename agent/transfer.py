@@ -11,10 +11,10 @@ session or guard id the store already holds: nothing is merged, nothing overwrit
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.db import Conn, is_postgres
 from agent.errors import Conflict, InvalidInput
 from agent.store import Tx
 
@@ -23,7 +23,7 @@ TABLES = ("guards", "sessions", "inbox", "turns", "events", "model_calls")
 Rows = dict[str, list[dict[str, Any]]]
 
 
-def _tree(conn: sqlite3.Connection, root: str) -> list[str]:
+def _tree(conn: Conn, root: str) -> list[str]:
     rows = conn.execute(
         "WITH RECURSIVE tree(id) AS (SELECT id FROM sessions WHERE id=?"
         " UNION SELECT s.id FROM sessions s JOIN tree ON s.parent_session_id = tree.id) SELECT id FROM tree",
@@ -32,12 +32,12 @@ def _tree(conn: sqlite3.Connection, root: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def _dicts(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+def _dicts(cursor: Any) -> list[dict[str, Any]]:
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def export_session_tree(conn: sqlite3.Connection, root: str) -> Rows:
+def export_session_tree(conn: Conn, root: str) -> Rows:
     """Every row of session ``root`` and its descendants, by table (in a read).
 
     Raises:
@@ -64,9 +64,18 @@ def export_session_tree(conn: sqlite3.Connection, root: str) -> Rows:
     return out
 
 
-def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    # The table name is one of TABLES (a constant), never input.
-    return {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+def table_columns(conn: Conn, table: str) -> set[str]:
+    """The names of ``table``'s columns (empty: no such table), on either store: SQLite's
+    ``PRAGMA table_info``, PostgreSQL's ``information_schema``. ``table`` is a constant of the
+    caller's, never input (SQLite's pragma cannot take it as a parameter)."""
+    if is_postgres(conn):
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = ?",
+            (table,),
+        ).fetchall()
+        return {str(r[0]) for r in rows}
+    return {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
 
 
 def import_session_tree(tx: Tx, rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
@@ -84,7 +93,7 @@ def import_session_tree(tx: Tx, rows: Mapping[str, Sequence[Mapping[str, Any]]])
     if not sessions:
         raise InvalidInput("the document has no session")
     for table in TABLES:
-        have = _columns(tx.conn, table)
+        have = table_columns(tx.conn, table)
         for row in rows.get(table, []):
             extra = set(row) - have
             if extra:

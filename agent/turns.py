@@ -9,6 +9,7 @@ every reservation left open in full; queued messages stay queued for the next tu
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -57,7 +58,10 @@ def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
         return None
     turn_id = TurnId.new()
     tx.set_status(session_id, AgentStatus.RUNNING)
-    start = tx.emit(session_id, EventType.TURN_START, {"turnId": turn_id})
+    data: dict[str, Any] = {"turnId": turn_id}
+    if tx.store.kind == "postgresql":
+        data["node"] = tx.store.node_id  # which node ran it (one node at a time: daemon.cluster)
+    start = tx.emit(session_id, EventType.TURN_START, data)
     tx.execute(
         "INSERT INTO turns(id, session_id, start_seq, started_at) VALUES (?,?,?,?)",
         (turn_id, session_id, start.seq, tx.now),
@@ -142,13 +146,19 @@ def charge_open_reservations(
     return [str(r["id"]) for r in rows]
 
 
-def repair(tx: Tx) -> list[str]:
+def repair(tx: Tx, sessions: Sequence[str] | None = None) -> list[str]:
     """Repair every session a dead process left mid-turn; returns the sessions that still have work.
 
-    Runs once when the runtime opens the store, before any driver starts.
+    Runs once when the runtime opens the store, before any driver starts; in a cluster, for the
+    ``sessions`` a node has just taken over (a session and its subagents) before it drives them.
     """
+    scope, params = "", tuple(sessions or ())
+    if sessions is not None:
+        if not sessions:
+            return []
+        scope = f" AND session_id IN ({','.join('?' * len(sessions))})"
     touched: list[str] = []
-    for row in tx.all("SELECT id, session_id, start_seq FROM turns WHERE end_reason IS NULL"):
+    for row in tx.all("SELECT id, session_id, start_seq FROM turns WHERE end_reason IS NULL" + scope, params):
         session_id = row["session_id"]
         closed = close_open_tool_calls(tx, session_id, row["id"], row["start_seq"], OUTCOME_UNKNOWN)
         charged = charge_open_reservations(tx, session_id, row["id"])
@@ -161,12 +171,13 @@ def repair(tx: Tx) -> list[str]:
         touched.append(session_id)
         del closed, charged
     # Reservations left open outside a turn (never expected) are charged too.
-    for row in tx.all("SELECT DISTINCT session_id FROM model_calls WHERE state='reserved'"):
+    for row in tx.all("SELECT DISTINCT session_id FROM model_calls WHERE state='reserved'" + scope, params):
         charge_open_reservations(tx, row["session_id"], None)
     with_work = [
         str(r["session_id"])
         for r in tx.all(
-            "SELECT DISTINCT session_id FROM inbox WHERE fate='queued' AND delivery IN ('followup', 'steer')"
+            "SELECT DISTINCT session_id FROM inbox WHERE fate='queued' AND delivery IN ('followup', 'steer')" + scope,
+            params,
         )
     ]
     # A session whose status says running with no turn and no waking message goes idle.

@@ -10,8 +10,9 @@ labels the caller derives are few. What retention pruned is no longer counted (s
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
+
+from agent.db import Conn
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class CallCount:
     calls: int
 
 
-def usage_by_guard(conn: sqlite3.Connection) -> list[GuardUsage]:
+def usage_by_guard(conn: Conn) -> list[GuardUsage]:
     """Tokens and cost of the stored model calls, by guard, provider and model (in a read)."""
     rows = conn.execute(
         "SELECT guard_id, provider, model, COUNT(*), SUM(input_tokens), SUM(output_tokens),"
@@ -51,7 +52,7 @@ def usage_by_guard(conn: sqlite3.Connection) -> list[GuardUsage]:
     ]
 
 
-def call_counts(conn: sqlite3.Connection) -> list[CallCount]:
+def call_counts(conn: Conn) -> list[CallCount]:
     """Stored model calls by provider and error class (in a read)."""
     rows = conn.execute(
         "SELECT provider, error_class, COUNT(*) FROM model_calls GROUP BY provider, error_class"

@@ -57,6 +57,11 @@ def _with_deferred(deferred: tuple[_Deferred, ...], fn: Callable[[Tx], _T], tx: 
     return fn(tx)
 
 
+def _fenced(session_id: str, deferred: tuple[_Deferred, ...], fn: Callable[[Tx], _T], tx: Tx) -> _T:
+    tx.fence(session_id)
+    return _with_deferred(deferred, fn, tx) if deferred else fn(tx)
+
+
 class DriverWriter:
     """The writes of one session's running driver (see the module docstring)."""
 
@@ -71,12 +76,15 @@ class DriverWriter:
         self._deferred.append(_Deferred(write))
 
     async def write(self, fn: Callable[[Tx], _T]) -> _T:
-        """Run ``fn`` in a transaction, with any deferred write, retried while the store cannot write."""
+        """Run ``fn`` in a transaction, with any deferred write, retried while the store cannot write.
+
+        Every such transaction is fenced (:meth:`agent.store.Tx.fence`): a driver whose node lost the
+        session's lease writes nothing more to it (:class:`~agent.errors.LeaseLost`)."""
         delay = STORAGE_RETRY_FIRST
         while True:
             deferred = tuple(self._deferred)
             try:
-                result = await self.store.transact(partial(_with_deferred, deferred, fn) if deferred else fn)
+                result = await self.store.transact(partial(_fenced, self.session_id, deferred, fn))
                 if deferred:
                     self._deferred = [d for d in self._deferred if not d.committed]
                 return result

@@ -57,6 +57,10 @@ async def upgrade_store(settings: Settings) -> Upgrade | None:
         MigrationFailed: a step failed; the database is unchanged.
         SchemaTooNew: a newer goald wrote the database; nothing was changed.
     """
+    if settings.store is not None:
+        # PostgreSQL: each package's steps run as the store opens, under the cluster-wide writer lock
+        # (agent.backends); the copy before is the operator's pg_dump, not a file goald writes.
+        return None
     return await asyncio.to_thread(upgrade, settings.database_path, SCHEMAS, backups_dir(settings))
 
 

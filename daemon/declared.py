@@ -16,7 +16,6 @@ work directory held by another live goal, a one-shot time already past), and onl
 
 from __future__ import annotations
 
-import sqlite3
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent import InvalidInput, NotFound
+from agent.db import Conn
 from daemon.ports import HostPort
 from daemon.schedule.model import DateTrigger, ScheduleSpec
 from daemon.settings import ConfigError
@@ -195,7 +195,7 @@ def check_declared(path: Path, host: HostPort) -> Declared:
     )
 
 
-def _existing(conn: sqlite3.Connection, keys: list[str]) -> tuple[dict[str, str], list[tuple[str, Path]]]:
+def _existing(conn: Conn, keys: list[str]) -> tuple[dict[str, str], list[tuple[str, Path]]]:
     """Goal ids by declared key, and every live goal's (id, resolved workdir)."""
     ids = {}
     for key in keys:

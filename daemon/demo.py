@@ -28,6 +28,7 @@ from typing import TextIO
 from loguru import logger
 
 from agent import Event, EventType
+from agent.backends import masked
 from daemon.demo_model import DEMO_OBJECTIVE, DEMO_VERIFY
 from daemon.display import describe_event, goal_line
 from daemon.host import Host
@@ -67,7 +68,8 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
             say("report.md:")
             say("".join(f"  {line}\n" for line in report.read_text().splitlines()).rstrip())
         say(f"state directory: {state}")
-        say(f"database (goals, events, inbox, turns): {settings.database_path}")
+        where = masked(settings.store) if settings.store is not None else settings.database_path
+        say(f"database (goals, events, inbox, turns): {where}")
         say("look again (paste into a shell: a daemon on this state, the goal's events, then stop the daemon):")
         for line in look_again(state, final.id):
             say(f"  {line}")

@@ -330,6 +330,8 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
     out.append(f"updated:    {when_age(g.get('updatedAt'))}")
     out.append(f"workdir:    {g.get('workdir') or '-'}")
     out.append(f"session:    {g['sessionId']}")
+    if g.get("nodeLabel"):
+        out.append(f"node label: {g['nodeLabel']} (only a node with this label runs it)")
     sched = d.get("schedule")
     if sched:
         key = f" (key {sched['key']})" if sched.get("key") else ""

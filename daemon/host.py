@@ -34,6 +34,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from loguru import logger
 
 from agent import (
@@ -55,11 +56,14 @@ from agent import (
     file_tools,
     session_chain,
 )
+from agent.errors import StorageUnavailable
 from agent.models.health import ProviderHealth
 from daemon import __version__
 from daemon.alerts import Alerts
 from daemon.alerts.rpc import register as register_notify
 from daemon.backup import upgrade_store
+from daemon.cluster import LeaseManager
+from daemon.cluster.node import join
 from daemon.declared import GoalsFileError, apply_declared
 from daemon.goal_sandbox import goal_policy, goal_redactor
 from daemon.lock import StateLock
@@ -121,6 +125,8 @@ class Host:
         self.started = time.monotonic()
         self.rt: Runtime | None = None
         self.engine: GoalEngine | None = None
+        #: This node's leases (a daemon on PostgreSQL: daemon.cluster), else None.
+        self.leases: LeaseManager | None = None
         self.scheduler: Scheduler | None = None
         self._stop = asyncio.Event()
         self._slots = SlotSemaphore(settings.max_concurrent_turns)  # counts the turns waiting (metrics)
@@ -159,7 +165,10 @@ class Host:
         prepare_state_dir(state_dir)
         # Before the store is opened or repaired, and before the socket is touched (daemon.lock);
         # the database's own lock too, wherever it lies: two state directories, one database.
-        lock = StateLock(state_dir, self.settings.database_path)
+        # On PostgreSQL the database is shared by design (each session leased to one node: daemon.cluster);
+        # the state directory stays this daemon's own.
+        pg = self.settings.store
+        lock = StateLock(state_dir, None if pg is not None else self.settings.database_path)
         lock.acquire()
         try:
             return await self._serve(stdio=stdio)
@@ -178,11 +187,12 @@ class Host:
         async with (
             self.mcp,
             Runtime.open(
-                s.database_path,
+                s.store_location,
                 durability=s.durability,
                 resolver=self._resolve,
                 grace=s.shutdown_grace_seconds,
                 resume=False,
+                repair_all=s.store is None,  # a node repairs each session as it takes it over
             ) as rt,
         ):
             self.rt = rt
@@ -198,11 +208,15 @@ class Host:
                 await server.stop()
                 raise
             stdio_task = rt.spawn(self._stdio(serve_stdio, dispatcher)) if stdio else None
+            if s.store is not None:
+                # A node joins before READY (a registration: its heartbeats claim the work after).
+                self.leases = await join(s.store, rt, engine, s.cluster)
             await self._become_ready(rt)
             # The goals' pending decisions, then the turns that were waiting when the process
             # stopped, run now, after READY: readiness waits on neither the number of goals nor
             # any backlog.
-            rt.spawn(self._resume(rt, engine))
+            if s.store is None:
+                rt.spawn(self._resume(rt, engine))
             services = await self._start_ready_services(rt)
             try:
                 await self._stop.wait()
@@ -219,6 +233,10 @@ class Host:
                     await self.scheduler.stop()
                 await engine.stop()
                 await services.stop_last()
+                if self.leases is not None:
+                    await self.leases.halt()
+        if self.leases is not None:
+            await self.leases.stop()  # the drivers have stopped: the other nodes take over at once
         self._set_state(RunState.STOPPED)
         return 0
 
@@ -263,7 +281,14 @@ class Host:
     async def _start_ready_services(self, rt: Runtime) -> ReadyServices:
         """The watchdog, retention, metrics and notifications (:mod:`daemon.ready_services`)."""
         self.metrics = MetricsService(
-            Metrics(rt.store, healths=self.healths, slots=self._slots, lag=LoopLag()), self.settings.metrics
+            Metrics(
+                rt.store,
+                healths=self.healths,
+                slots=self._slots,
+                lag=LoopLag(),
+                cluster=self.leases.nodes if self.leases is not None else None,
+            ),
+            self.settings.metrics,
         )
         return await ReadyServices.start(
             rt,
@@ -273,6 +298,7 @@ class Host:
             metrics=self.metrics,
             alerts=self.alerts,
             healthy=self._healthy,
+            leases=self.leases,
         )
 
     async def _start_web(self, dispatcher: Any, rt: Runtime, sockets: list[Any]) -> Any:
@@ -480,13 +506,21 @@ class Host:
             live = engine.live_goal_count if engine is not None else 0
         return f"{self.state.value}; {live} live goal(s); {self.sessions_running()} session(s) running"
 
+    async def _goal_counts_now(self) -> dict[str, int]:
+        if self.rt is None:
+            return {}
+        try:
+            return await self.goal_counts()
+        except StorageUnavailable:  # unreachable (PostgreSQL): "storage" says so, the health still answers
+            return {}
+
     async def health(self) -> dict[str, Any]:
         """The ``daemon/health`` answer."""
         return {
             "status": self.state.value,
             "version": __version__,
             "uptimeSeconds": round(self.uptime(), 3),
-            "goals": await self.goal_counts() if self.rt is not None else {},
+            "goals": await self._goal_counts_now(),
             "sessionsRunning": self.sessions_running(),
             # Turn slots (max_concurrent_turns): taken, and turns waiting for one.
             "slots": self._slots.snapshot(),
@@ -494,4 +528,17 @@ class Host:
             # Whether the store can write; if not, the error and what to do (cleared by the next write).
             "storage": self.rt.store.storage_health() if self.rt is not None else {"ok": True},
             "time": datetime.now(UTC).isoformat(),
+            # A node of a cluster (PostgreSQL): this node, and every node with its leases.
+            "cluster": await self._cluster_view(),
         }
+
+    async def _cluster_view(self) -> dict[str, Any] | None:
+        if self.leases is None:
+            return None
+        view = self.leases.snapshot()
+        try:
+            view["nodes"] = await self.leases.nodes()
+        except psycopg.Error as exc:  # unreachable: "storage" says so; this node's own view stands
+            view["nodes"] = None
+            view["error"] = view["error"] or str(exc).strip().splitlines()[0]
+        return view

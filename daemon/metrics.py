@@ -29,10 +29,9 @@ import asyncio
 import contextlib
 import ipaddress
 import os
-import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,16 +39,19 @@ from typing import Any, Literal
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agent.db import Conn, DatabaseError, savepoint
 from agent.models.health import BreakerState, ProviderHealth
 from agent.outbox import backlog as outbox_backlog
-from agent.retention import file_bytes
 from agent.store import Store
 from agent.usage import call_counts, usage_by_guard
 from goals.model import GoalStatus
 from goals.stats import goal_facts
 
 #: What the notification backlog is read with (the outbox's owner fills it; tests may pass another).
-BacklogFn = Callable[[sqlite3.Connection], Mapping[str, int]]
+BacklogFn = Callable[[Conn], Mapping[str, int]]
+
+#: What a metrics write may fail with: the file, or reading either store.
+_WRITE_ERRORS: tuple[type[Exception], ...] = (OSError, *DatabaseError)
 
 
 class MetricsSettings(BaseModel):
@@ -228,14 +230,18 @@ class Metrics:
         slots: SlotSemaphore | None = None,
         lag: LoopLag | None = None,
         backlog: BacklogFn | None = outbox_backlog,
+        cluster: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
     ) -> None:
         self.store = store
         self.healths = healths
         self.slots = slots
         self.lag = lag
         self.backlog = backlog
+        #: A cluster's nodes as the store has them (``LeaseManager.nodes``): every node's metrics
+        #: are its own, and this family is the cluster's view, the same on every node.
+        self.cluster = cluster
 
-    def _read(self, conn: sqlite3.Connection) -> _Stored:
+    def _read(self, conn: Conn) -> _Stored:
         names = {str(r[0]): str(r[1] or r[0]) for r in conn.execute("SELECT id, key FROM schedules")}
         runs = [
             (str(r[0]), str(r[1]), int(r[2]))
@@ -246,8 +252,10 @@ class Metrics:
         backlog = None
         if self.backlog is not None:
             try:
-                backlog = self.backlog(conn)
-            except sqlite3.OperationalError as exc:  # an outbox not created yet
+                # The savepoint keeps a PostgreSQL read usable after the error (a no-op on SQLite).
+                with savepoint(conn):
+                    backlog = self.backlog(conn)
+            except DatabaseError as exc:  # an outbox not created yet
                 logger.debug("no notification backlog: {}", exc)
         return _Stored(goal_facts(conn), usage_by_guard(conn), call_counts(conn), names, runs, backlog)
 
@@ -257,9 +265,14 @@ class Metrics:
         stored = await self.store.read(self._read)
         fams = self._from_store(stored)
         fams += self._live()
-        size = await asyncio.to_thread(file_bytes, self.store.path)
+        fams += await self._cluster()
+        size = await self.store.size_bytes()
         fams.append(
-            Family("goald_database_bytes", "Size of the database file with its WAL, in bytes.", samples=[({}, size)])
+            Family(
+                "goald_database_bytes",
+                "Size of the database (the SQLite file with its WAL, or the PostgreSQL database), in bytes.",
+                samples=[({}, size)],
+            )
         )
         fams.append(
             Family(
@@ -334,6 +347,21 @@ class Metrics:
                 states.add(n, state=state)
             fams.append(states)
         return fams
+
+    async def _cluster(self) -> list[Family]:
+        if self.cluster is None:
+            return []
+        try:
+            nodes = await self.cluster()
+        except Exception as exc:  # the database unreachable: the storage families say so
+            logger.debug("no cluster view: {}", exc)
+            return []
+        leases = Family("goald_cluster_node_leases", "Sessions each node of the cluster holds (the store's view).")
+        alive = Family("goald_cluster_node_alive", "1 if the node renewed its leases within the TTL, else 0.")
+        for n in nodes:
+            leases.add(n["leases"], node=n["name"], node_id=n["nodeId"])
+            alive.add(1 if n["alive"] else 0, node=n["name"], node_id=n["nodeId"])
+        return [leases, alive]
 
     def _live(self) -> list[Family]:
         breaker = Family("goald_breaker_state", "Each provider's circuit breaker: 1 for its current state.")
@@ -436,7 +464,7 @@ class MetricsService:
         try:
             text = await self.metrics.text()
             await asyncio.to_thread(write_atomically, path.expanduser(), text)
-        except (OSError, sqlite3.Error) as exc:
+        except _WRITE_ERRORS as exc:
             logger.error("metrics not written to {}: {}", path, exc)
 
     async def _write_loop(self) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from agent import Runtime
 from daemon.alerts import Alerts
+from daemon.cluster.jobs import one_at_a_time
+from daemon.cluster.leases import LeaseManager
 from daemon.metrics import MetricsService
 from daemon.notify import Notifier, StatusFn, watchdog_loop
 from daemon.settings import Settings
@@ -41,15 +43,19 @@ class ReadyServices:
         metrics: MetricsService,
         alerts: Alerts,
         healthy: Callable[[], bool],
+        leases: LeaseManager | None = None,
     ) -> ReadyServices:
-        """Start each service in the runtime's task group."""
+        """Start each service in the runtime's task group; in a cluster (``leases``), retention and
+        the notification sender (with the dead-man request) run on one node at a time."""
         s = settings
         watchdog = rt.spawn(watchdog_loop(notifier, status))
         retainer = None
         if s.retention.interval_seconds > 0:
-            retainer = rt.spawn(retention_loop(rt.store, s.retention.policy(s.roots), s.retention.interval_seconds))
+            policy, every = s.retention.policy(s.roots), s.retention.interval_seconds
+            retainer = rt.spawn(one_at_a_time(leases, "retention", lambda: retention_loop(rt.store, policy, every)))
         await metrics.start(rt.spawn)
-        return cls(watchdog, retainer, metrics, rt.spawn(alerts.run(rt.store, healthy)))
+        sender = rt.spawn(one_at_a_time(leases, "notifications", lambda: alerts.run(rt.store, healthy)))
+        return cls(watchdog, retainer, metrics, sender)
 
     def stop_first(self) -> None:
         """Stop the watchdog and retention (the first step of stopping)."""

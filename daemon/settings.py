@@ -18,6 +18,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -29,7 +30,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent import McpServer, ToolPolicy
+from agent.db import is_dsn
 from daemon.alerts.config import NotifySettings
+from daemon.cluster.settings import ClusterSettings
 from daemon.errors import DaemonError
 from daemon.metrics import MetricsSettings
 from daemon.provider_settings import ModelLimits, ProviderSettings, read_secret
@@ -77,6 +80,9 @@ class Settings(BaseSettings):
 
     state_dir: Path = Field(default_factory=lambda: _default_state_dir())
     database: Path | None = None
+    #: A PostgreSQL database instead of the SQLite file (``postgresql://user@host:port/dbname``); the
+    #: password never here: ``PGPASSWORD``, ``~/.pgpass`` or the systemd credential ``goald-pg-password``.
+    store: str | None = None
     socket: Path | None = None
     #: A group (name or gid) that may use the control socket: the socket is then mode 0660 and owned
     #: by that group (unset: 0600, the daemon's user only). Every call that changes state records the
@@ -129,6 +135,8 @@ class Settings(BaseSettings):
     summary_model: str | None = None
     #: Retention of ended goals' history and work directories.
     retention: RetentionSettings = RetentionSettings()
+    #: This daemon as a node of several on one PostgreSQL database (read when ``store`` is set).
+    cluster: ClusterSettings = ClusterSettings()
     #: Prometheus metrics: a file for the node exporter's textfile collector, an optional loopback endpoint.
     metrics: MetricsSettings = MetricsSettings()
     #: The journal's native socket, used when stderr is connected to the journal (``daemon.logs``).
@@ -170,6 +178,28 @@ class Settings(BaseSettings):
             raise ValueError(f"must be an absolute path, got {str(value)!r}")
         return value
 
+    @field_validator("store")
+    @classmethod
+    def _store_dsn(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not is_dsn(value):
+            raise ValueError(
+                f"must be a PostgreSQL URL (postgresql://user@host:port/dbname), got {value.split('@')[-1]!r};"
+                " for SQLite leave it unset (and set database, if not the state directory's goald.db)"
+            )
+        try:
+            parts = urlsplit(value)
+            has_password = parts.password is not None or "password=" in parts.query
+        except ValueError as exc:
+            raise ValueError(f"is not a valid PostgreSQL URL: {exc}") from exc
+        if has_password:
+            raise ValueError(
+                "must not hold the password: give it in PGPASSWORD, ~/.pgpass or the systemd credential"
+                " goald-pg-password (LoadCredential=goald-pg-password:/path)"
+            )
+        return value
+
     @field_validator("mcp_servers")
     @classmethod
     def _mcp_names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
@@ -197,6 +227,11 @@ class Settings(BaseSettings):
     def database_path(self) -> Path:
         """The SQLite file."""
         return (self.database or self.state_dir / "goald.db").expanduser()
+
+    @property
+    def store_location(self) -> str | Path:
+        """Where the store is: the PostgreSQL URL (``store``), else the SQLite file."""
+        return self.store if self.store is not None else self.database_path
 
     @property
     def socket_path(self) -> Path:

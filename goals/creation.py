@@ -91,6 +91,7 @@ def _draft(spec: GoalSpec, goal_id: GoalId, workdir: Path | None, baseline: str 
         progress=spec.progress,
         sandbox=spec.sandbox,
         keep_workdir=spec.keep_workdir,
+        node_label=spec.node_label,
         memory=GoalMemory(fingerprint=baseline),
         active_since=now,
         created_at=now,

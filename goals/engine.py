@@ -75,6 +75,7 @@ from goals.store import (
     goals_of_session,
     issue_continuation,
     list_goals,
+    live_goal_of_session,
     live_goals,
     load_goal,
     resolve_goal_id,
@@ -121,6 +122,9 @@ class GoalEngine:
         self._listeners: list[DecisionListener] = []
         self._remove: Callable[[], None] | None = None
         self._timer_task: asyncio.Task[None] | None = None
+        #: In a cluster: whether this node holds a session's lease. The engine follows, times and
+        #: decides only the goals of sessions it holds (``None``: every goal is this process's).
+        self.owns: Callable[[str], bool] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -145,6 +149,7 @@ class GoalEngine:
         """
         await self.store.migrate("goals", MIGRATIONS)
         self._remove = self.store.hub.add_listener(self._on_event)
+        self.rt.watchers.append(self.follows)
         self._timer_task = self.rt.spawn(self._timers.run())
         if not defer:
             await self.follow_live_goals(decide=resume)
@@ -152,7 +157,8 @@ class GoalEngine:
     async def follow_live_goals(self, *, decide: bool = True) -> int:
         """Load and follow every live goal (one whose model is gone fails now), and (``decide``)
         make every active goal's pending decision; returns how many goals are live."""
-        goals = [await self._fail_if_faulty(g) for g in await self.store.read(live_goals)]
+        goals = [g for g in await self.store.read(live_goals) if self.owns is None or self.owns(g.session_id)]
+        goals = [await self._fail_if_faulty(g) for g in goals]
         for goal in goals:
             self._track(goal)
         if decide:
@@ -186,11 +192,21 @@ class GoalEngine:
 
     # -- the public API --------------------------------------------------------------------
 
-    async def create(self, spec: GoalSpec, *, goal_id: GoalId | None = None, caller: Caller | None = None) -> Goal:
+    async def create(
+        self,
+        spec: GoalSpec,
+        *,
+        goal_id: GoalId | None = None,
+        caller: Caller | None = None,
+        also: Callable[[Tx, Goal], object] | None = None,
+    ) -> Goal:
         """Create a goal; round 1's continuation is enqueued in the same transaction.
 
         A repeated ``idempotency_key`` returns the goal first created with it. ``caller`` (uid, pid)
-        is recorded in the creation's ``goal/changed`` event.
+        is recorded in the creation's ``goal/changed`` event. ``also`` runs in the creation's
+        transaction with the goal (new, or the one its idempotency key found): what it writes
+        commits with the goal, and what it raises rolls the creation back and propagates (a
+        schedule claims its fire this way).
         """
         if self.model_check is not None:
             self.model_check(spec.model)
@@ -201,11 +217,15 @@ class GoalEngine:
         goal_id = goal_id or GoalId.new()
         policy = goal_policy(spec.tools)
 
-        goal, created = await self.store.transact(
-            lambda tx: create_goal(
+        def run(tx: Tx) -> tuple[Goal, bool]:
+            made = create_goal(
                 tx, spec, goal_id=goal_id, workdir=workdir, baseline=baseline, policy=policy, now=now, caller=caller
             )
-        )
+            if also is not None:
+                also(tx, made[0])
+            return made
+
+        goal, created = await self.store.transact(run)
         if created:
             log_change(None, goal)
             self._track(goal)
@@ -371,7 +391,7 @@ class GoalEngine:
         # one snapshot (a transaction that writes nothing: the session's state is read as a
         # transaction sees it); only the events after the last evaluation are read.
         goal, st, events = await self.store.transact(lambda tx: _round_of(tx, goal_id))
-        if not goal.status.live:
+        if not goal.status.live or (self.owns is not None and not self.owns(goal.session_id)):
             self._forget(goal)
             return None
         if st.status is not AgentStatus.IDLE or st.open_turn is not None:
@@ -394,7 +414,7 @@ class GoalEngine:
         if decision.kind is DecisionKind.NOTHING:
             return decision
         try:
-            saved = await self.store.transact(lambda tx: _commit(tx, goal, st.status_seq, decision, measured))
+            saved = await self.store.transact(lambda tx: _fenced_commit(tx, goal, st.status_seq, decision, measured))
         except StaleDecision:
             return "stale" if (await self.store.session_state(goal.session_id)).status is AgentStatus.IDLE else None
         log_change(goal.status, saved)
@@ -462,7 +482,38 @@ class GoalEngine:
         guard = await self.rt.guard(goal.guard_id)
         guard.limits = guard_limits(goal, self.clock())
 
+    def follows(self, session_id: str) -> bool:
+        """Whether the engine follows a live goal of ``session_id``."""
+        return session_id in self._sessions
+
+    async def adopt(self, session_id: str, *, check: Callable[[Goal], str | None] | None = None) -> Goal | None:
+        """Follow the live goal of a session this node has just taken over (a cluster's lease), and
+        make its pending decision; returns it (``None``: the session has no live goal).
+
+        ``check`` may give a reason to pause the goal with instead (its work directory is not on
+        this node: it must not start over in an empty one)."""
+        goal = await self.store.read(lambda conn: live_goal_of_session(conn, session_id))
+        if goal is None:
+            return None
+        goal = await self._fail_if_faulty(goal)
+        missing_workdir = check(goal) if check is not None else None
+        if missing_workdir is not None and goal.status is GoalStatus.ACTIVE:
+            goal = await self._change(goal.id, GoalStatus.PAUSED, missing_workdir, "goal paused")
+        self._track(goal)
+        if goal.status is GoalStatus.ACTIVE:
+            self.kick(goal.id)
+        return goal
+
+    def drop(self, session_id: str) -> None:
+        """Stop following the goal of a session this node no longer holds."""
+        goal_id = self._sessions.pop(session_id, None)
+        if goal_id is not None:
+            self._timers.drop(goal_id)
+
     def _track(self, goal: Goal) -> None:
+        if self.owns is not None and not self.owns(goal.session_id):
+            self._forget(goal)  # another node follows it
+            return
         if goal.status.live:
             self._sessions[goal.session_id] = goal.id
         else:
@@ -495,6 +546,12 @@ def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:
         else []
     )
     return goal, dataclasses.replace(st), events
+
+
+def _fenced_commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: Measured) -> Goal:
+    # A decision drives the session: only the node holding its lease makes it (agent.store.Tx.fence).
+    tx.fence(goal.session_id)
+    return _commit(tx, goal, status_seq, decision, measured)
 
 
 def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: Measured) -> Goal:

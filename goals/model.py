@@ -258,6 +258,9 @@ class GoalSpec(BaseModel):
     #: directories after ``[retention] workdir_seconds`` otherwise; a directory its creator named is
     #: never removed).
     keep_workdir: bool = False
+    #: In a cluster: only a node with this label (``[cluster] labels``) runs the goal — the host
+    #: that has its work directory or toolchain. ``None``: any node.
+    node_label: str | None = Field(default=None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
 
     @field_validator("tools")
     @classmethod
@@ -351,6 +354,8 @@ class Goal(BaseModel):
     sandbox: SandboxSpec = SandboxSpec()
     #: Retention keeps its work directory after it ends (:attr:`GoalSpec.keep_workdir`).
     keep_workdir: bool = False
+    #: The node label it needs (:attr:`GoalSpec.node_label`).
+    node_label: str | None = None
     rounds: int = 0
     tokens: int = 0
     cost: float = 0.0

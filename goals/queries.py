@@ -8,18 +8,18 @@ builds goals only through :func:`goals.rows.goal_from_row`. Other packages read 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from agent import Tx
+from agent.db import Conn
 from goals.errors import GoalNotFound, InvalidGoal
 from goals.model import Goal, GoalId, GoalStatus, SandboxSpec
 from goals.rows import conn_of, goal_from_row
 
 
-def load_goal(tx_or_conn: Tx | sqlite3.Connection, goal_id: str) -> Goal:
+def load_goal(tx_or_conn: Tx | Conn, goal_id: str) -> Goal:
     """The goal ``goal_id``. Raises ``NotFound``."""
     conn = conn_of(tx_or_conn)
     row = conn.execute("SELECT * FROM goals WHERE id=?", (goal_id,)).fetchone()
@@ -28,7 +28,7 @@ def load_goal(tx_or_conn: Tx | sqlite3.Connection, goal_id: str) -> Goal:
     return goal_from_row(row)
 
 
-def live_goal_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> Goal | None:
+def live_goal_of_session(tx_or_conn: Tx | Conn, session_id: str) -> Goal | None:
     """The active or paused goal that holds ``session_id``, if any."""
     conn = conn_of(tx_or_conn)
     row = conn.execute(
@@ -37,7 +37,7 @@ def live_goal_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -
     return goal_from_row(row) if row is not None else None
 
 
-def latest_goal_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> Goal | None:
+def latest_goal_of_session(tx_or_conn: Tx | Conn, session_id: str) -> Goal | None:
     """The goal of ``session_id`` created last, whatever its status (``None``: the session never had one)."""
     row = (
         conn_of(tx_or_conn)
@@ -47,7 +47,7 @@ def latest_goal_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str)
     return goal_from_row(row) if row is not None else None
 
 
-def live_goal_of_chain(tx_or_conn: Tx | sqlite3.Connection, chain: Sequence[str]) -> Goal | None:
+def live_goal_of_chain(tx_or_conn: Tx | Conn, chain: Sequence[str]) -> Goal | None:
     """The live goal of the topmost session in ``chain`` (a session and its parents, root last) that has one.
 
     A subagent's session has no goal of its own: it works under its root's.
@@ -59,15 +59,36 @@ def live_goal_of_chain(tx_or_conn: Tx | sqlite3.Connection, chain: Sequence[str]
     return None
 
 
-def live_goals(tx_or_conn: Tx | sqlite3.Connection) -> list[Goal]:
+def live_goals(tx_or_conn: Tx | Conn) -> list[Goal]:
     """Every active or paused goal, oldest first."""
     sql = "SELECT * FROM goals WHERE status IN ('active', 'paused') ORDER BY id"
     rows = conn_of(tx_or_conn).execute(sql).fetchall()
     return [goal_from_row(r) for r in rows]
 
 
+def live_goal_sessions(tx_or_conn: Tx | Conn) -> dict[str, str | None]:
+    """The sessions of every active or paused goal (what a cluster's nodes must hold), each with
+    the node label its goal needs (``None``: any node)."""
+    rows = (
+        conn_of(tx_or_conn)
+        .execute("SELECT session_id, node_label FROM goals WHERE status IN ('active', 'paused')")
+        .fetchall()
+    )
+    return {str(r[0]): r[1] for r in rows}
+
+
+def session_node_label(tx_or_conn: Tx | Conn, session_id: str) -> str | None:
+    """The node label the live goal of ``session_id`` needs (``None``: none, or no live goal)."""
+    row = (
+        conn_of(tx_or_conn)
+        .execute("SELECT node_label FROM goals WHERE session_id = ? AND status IN ('active', 'paused')", (session_id,))
+        .fetchone()
+    )
+    return row[0] if row is not None else None
+
+
 def list_goals(
-    tx_or_conn: Tx | sqlite3.Connection,
+    tx_or_conn: Tx | Conn,
     status: GoalStatus | None = None,
     *,
     schedule_id: str | None = None,
@@ -97,19 +118,19 @@ def schedule_of(goal: Goal) -> str | None:
     return head if at and head.startswith("sch_") else None
 
 
-def goal_by_key(tx_or_conn: Tx | sqlite3.Connection, key: str) -> Goal | None:
+def goal_by_key(tx_or_conn: Tx | Conn, key: str) -> Goal | None:
     """The goal with the unique ``key`` (a declared goal's, say), if any."""
     row = conn_of(tx_or_conn).execute("SELECT * FROM goals WHERE key=?", (key,)).fetchone()
     return goal_from_row(row) if row is not None else None
 
 
-def goal_by_idempotency_key(tx_or_conn: Tx | sqlite3.Connection, key: str) -> Goal | None:
+def goal_by_idempotency_key(tx_or_conn: Tx | Conn, key: str) -> Goal | None:
     """The goal first created with the idempotency ``key``, if any."""
     row = conn_of(tx_or_conn).execute("SELECT * FROM goals WHERE idempotency_key=?", (key,)).fetchone()
     return goal_from_row(row) if row is not None else None
 
 
-def live_goal_sandboxes_with_secrets(tx_or_conn: Tx | sqlite3.Connection) -> list[SandboxSpec]:
+def live_goal_sandboxes_with_secrets(tx_or_conn: Tx | Conn) -> list[SandboxSpec]:
     """The sandbox settings of every live goal that names secrets (what must be redacted before any
     of their sessions runs), without building the goals: a daemon reads this before it serves."""
     rows = conn_of(tx_or_conn).execute(
@@ -119,7 +140,7 @@ def live_goal_sandboxes_with_secrets(tx_or_conn: Tx | sqlite3.Connection) -> lis
     return [SandboxSpec.model_validate_json(r[0]) for r in rows]
 
 
-def goal_counts(tx_or_conn: Tx | sqlite3.Connection) -> dict[str, int]:
+def goal_counts(tx_or_conn: Tx | Conn) -> dict[str, int]:
     """How many goals there are of each status (every status listed, zero included)."""
     rows = conn_of(tx_or_conn).execute("SELECT status, COUNT(*) AS n FROM goals GROUP BY status").fetchall()
     counts = {s.value: 0 for s in GoalStatus}
@@ -131,7 +152,7 @@ def goal_counts(tx_or_conn: Tx | sqlite3.Connection) -> dict[str, int]:
 AMBIGUOUS_SHOWN = 10
 
 
-def resolve_goal_id(conn: sqlite3.Connection, ref: str) -> str:
+def resolve_goal_id(conn: Conn, ref: str) -> str:
     """A goal id from a goal key, a full id or a unique id prefix.
 
     A key that exists wins (keys are unique); otherwise ``ref`` must be an id or an id prefix.
@@ -168,7 +189,7 @@ def resolve_goal_id(conn: sqlite3.Connection, ref: str) -> str:
     return str(rows[0]["id"])
 
 
-def goals_of_session(tx_or_conn: Tx | sqlite3.Connection, session_id: str) -> list[str]:
+def goals_of_session(tx_or_conn: Tx | Conn, session_id: str) -> list[str]:
     """The ids of every goal (any status) that ran on ``session_id``."""
     rows = conn_of(tx_or_conn).execute("SELECT id FROM goals WHERE session_id=?", (session_id,)).fetchall()
     return [str(r["id"]) for r in rows]
@@ -184,9 +205,7 @@ ENDED_STATUSES = (GoalStatus.COMPLETED, GoalStatus.FAILED, GoalStatus.CANCELLED)
 _HOLDS = "(o.status IN ('active', 'paused', 'exhausted') OR o.updated_at >= :cutoff)"
 
 
-def sessions_due_for_pruning(
-    tx_or_conn: Tx | sqlite3.Connection, ended_before: str, limit: int
-) -> list[tuple[str, str]]:
+def sessions_due_for_pruning(tx_or_conn: Tx | Conn, ended_before: str, limit: int) -> list[tuple[str, str]]:
     """``(goal id, session id)`` of goals that ended (completed, failed, cancelled) before
     ``ended_before`` and whose session history was not pruned yet, oldest first; a session that a
     live, resumable or more recent goal holds is left out. A goal's ``updated_at`` is when it ended:
@@ -206,7 +225,7 @@ def sessions_due_for_pruning(
 
 
 def workdirs_due_for_removal(
-    tx_or_conn: Tx | sqlite3.Connection, ended_before: str, limit: int
+    tx_or_conn: Tx | Conn, ended_before: str, limit: int
 ) -> list[tuple[str, str | None, str, bool]]:
     """``(goal id, goal key, work directory, whether the goal's spec keeps it)`` of goals that ended
     before ``ended_before`` and whose work directory was not removed yet, oldest first; a directory
@@ -229,7 +248,7 @@ def workdirs_due_for_removal(
     return [(str(r["id"]), r["key"], str(r["workdir"]), bool(r["keep_workdir"])) for r in rows]
 
 
-def goal_retention(tx_or_conn: Tx | sqlite3.Connection, goal_id: str) -> dict[str, Any]:
+def goal_retention(tx_or_conn: Tx | Conn, goal_id: str) -> dict[str, Any]:
     """What retention did to the goal: ``historyPrunedAt`` and ``workdirRemovedAt`` (``"kept"``
     when the directory is kept for good), each ``None`` when not (yet). Raises ``GoalNotFound``."""
     row = (

@@ -109,6 +109,8 @@ def _cutoff(now: datetime, seconds: float) -> str:
 
 
 async def _vacuum(store: Store, policy: RetentionPolicy, report: RetentionReport) -> int:
+    if store.kind == "postgresql":
+        return 0  # PostgreSQL's autovacuum reuses the space (a file to shrink is SQLite's)
     freed, held = await store.maintain(lambda conn: retention.vacuum_step(conn, policy.vacuum_pages))
     report.hold(held, "vacuum")
     report.pages_freed += freed
@@ -189,7 +191,7 @@ async def run_retention(store: Store, policy: RetentionPolicy, *, now: datetime 
     """Prune the sessions of goals that ended long enough ago and remove their work directories
     (see the module docstring); bounded steps, each its own short transaction."""
     now = now or datetime.now(UTC)
-    report = RetentionReport(bytes_before=retention.file_bytes(store.path))
+    report = RetentionReport(bytes_before=await store.size_bytes())
     if policy.history_seconds > 0:
         cutoff = _cutoff(now, policy.history_seconds)
         due = await store.read(lambda conn: sessions_due_for_pruning(conn, cutoff, policy.goals_per_run))
@@ -208,7 +210,7 @@ async def run_retention(store: Store, policy: RetentionPolicy, *, now: datetime 
                 report.hold(held, "mark")
                 report.goals_pruned += 1
     await _remove_workdirs(store, policy, now, report)
-    report.bytes_after = retention.file_bytes(store.path)
+    report.bytes_after = await store.size_bytes()
     if report.goals_pruned or report.workdirs_removed:
         logger.info(
             "retention: {} goals pruned ({} events, {} bytes), {} work directories removed; longest step {:.1f} ms",
@@ -226,12 +228,13 @@ async def compact(store: Store, policy: RetentionPolicy, *, now: datetime | None
     the file shrinks (with ``auto_vacuum = incremental``; an older database needs the offline
     vacuum once)."""
     report = await run_retention(store, policy, now=now)
-    report.bytes_before = report.bytes_before or retention.file_bytes(store.path)
+    report.bytes_before = report.bytes_before or await store.size_bytes()
     while await _vacuum(store, policy, report):
         pass
-    _, held = await store.maintain(retention.checkpoint)
-    report.hold(held, "checkpoint")
-    report.bytes_after = retention.file_bytes(store.path)
+    if store.kind == "sqlite":
+        _, held = await store.maintain(retention.checkpoint)
+        report.hold(held, "checkpoint")
+    report.bytes_after = await store.size_bytes()
     return report
 
 

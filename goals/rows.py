@@ -8,10 +8,10 @@ only through :func:`goal_from_row` and store them only through :func:`row_values
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from agent import Tx
+from agent.db import Conn
 from goals.model import Budgets, Goal, GoalMemory, SandboxSpec, StopRules, VerifyCommand
 
 #: Every column of ``goals``, in the order the inserts name them.
@@ -20,11 +20,11 @@ COLUMNS = (
     "workdir", "model", "tools", "budgets", "verify", "rules", "rounds", "tokens", "cost", "refused_claims",
     "stall_streak", "error_streak", "blocked_streak", "wall_used", "active_since", "continuation_id",
     "continuation_round", "evaluated_seq", "not_before", "memory", "result_summary", "evidence", "created_at",
-    "updated_at", "revision", "progress", "sandbox", "keep_workdir",
+    "updated_at", "revision", "progress", "sandbox", "keep_workdir", "node_label",
 )  # fmt: skip
 
 
-def goal_from_row(row: sqlite3.Row | dict[str, Any]) -> Goal:
+def goal_from_row(row: Any | dict[str, Any]) -> Goal:
     """Build a :class:`Goal` from a ``goals`` row."""
     d = dict(row)
     d["budgets"] = Budgets.model_validate_json(d["budgets"])
@@ -78,10 +78,11 @@ def row_values(goal: Goal) -> dict[str, Any]:
         "progress": goal.progress.model_dump_json() if goal.progress is not None else None,
         "sandbox": goal.sandbox.model_dump_json(exclude_defaults=True),
         "keep_workdir": int(goal.keep_workdir),
+        "node_label": goal.node_label,
     }
 
 
-def conn_of(tx_or_conn: Tx | sqlite3.Connection) -> sqlite3.Connection:
+def conn_of(tx_or_conn: Tx | Conn) -> Conn:
     """The connection of a transaction, or the connection itself (the queries take either)."""
     return tx_or_conn.conn if isinstance(tx_or_conn, Tx) else tx_or_conn
 

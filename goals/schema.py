@@ -81,6 +81,35 @@ BEGIN
     SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
 END;
 """,
+        # PostgreSQL: the same two triggers around one function (a trigger's WHEN may not hold a
+        # subquery there, so the EXISTS moves into the function), refusing with the same text as a
+        # check violation, which its driver raises as an IntegrityError. The transaction-scoped
+        # advisory lock serializes the writes that make a goal hold a directory: SQLite has one
+        # writer, but two PostgreSQL transactions could each pass the check before the other
+        # commits; the check, run after the lock, sees what the holder committed.
+        postgres="""
+CREATE FUNCTION goals_workdir_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('goals.workdir'));
+    IF EXISTS (
+        SELECT 1 FROM goals o WHERE o.status IN ('active', 'paused') AND o.id != NEW.id AND o.workdir IS NOT NULL
+        AND (o.workdir = NEW.workdir
+             OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+             OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+    THEN
+        RAISE EXCEPTION 'goals.workdir is held by another active or paused goal' USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER goals_workdir_lock_insert BEFORE INSERT ON goals FOR EACH ROW
+WHEN (NEW.workdir IS NOT NULL AND NEW.status IN ('active', 'paused'))
+EXECUTE FUNCTION goals_workdir_lock();
+CREATE TRIGGER goals_workdir_lock_update BEFORE UPDATE OF status, workdir ON goals FOR EACH ROW
+WHEN (NEW.workdir IS NOT NULL AND NEW.status IN ('active', 'paused')
+      AND (OLD.status NOT IN ('active', 'paused') OR OLD.workdir IS DISTINCT FROM NEW.workdir))
+EXECUTE FUNCTION goals_workdir_lock();
+""",
     ),
     Migration(
         version=3,
@@ -103,6 +132,11 @@ CREATE INDEX goals_ended ON goals(updated_at) WHERE status IN ('completed', 'fai
         version=5,
         summary="retention: a goal whose spec keeps its work directory after it ends",
         sql="ALTER TABLE goals ADD COLUMN keep_workdir INTEGER NOT NULL DEFAULT 0;",
+    ),
+    Migration(
+        version=6,
+        summary="placement: the node label a goal needs in a cluster",
+        sql="ALTER TABLE goals ADD COLUMN node_label TEXT;",
     ),
 ]
 

@@ -7,8 +7,9 @@ spend by schedule, a label set as small as the number of schedules.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
+
+from agent.db import Conn
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ def _schedule_of(idempotency_key: str | None) -> str | None:
     return head if at and head.startswith("sch_") else None
 
 
-def goal_facts(conn: sqlite3.Connection) -> list[GoalFact]:
+def goal_facts(conn: Conn) -> list[GoalFact]:
     """One :class:`GoalFact` per goal (in a read)."""
     rows = conn.execute("SELECT status, guard_id, idempotency_key, rounds FROM goals").fetchall()
     return [GoalFact(str(r[0]), str(r[1]), _schedule_of(r[2]), int(r[3])) for r in rows]

@@ -13,10 +13,10 @@ functions from.
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 
 from agent import Source, SourceKind, Tx, cancel_pending, enqueue, is_pending, parse_content
+from agent.db import Conn, IntegrityError, savepoint
 from goals.budgets import with_status
 from goals.errors import GoalConflict, InvalidGoal, StaleDecision
 from goals.model import Goal, GoalStatus, transition
@@ -35,10 +35,12 @@ from goals.queries import (
     live_goal_of_chain,
     live_goal_of_session,
     live_goal_sandboxes_with_secrets,
+    live_goal_sessions,
     live_goals,
     load_goal,
     resolve_goal_id,
     schedule_of,
+    session_node_label,
     sessions_due_for_pruning,
     workdirs_due_for_removal,
 )
@@ -54,16 +56,37 @@ GOAL_BLOCKED = "goal/blocked"
 GOAL_VERIFIED = "goal/verified"
 
 
+#: PostgreSQL's names of the goals table's unique indexes, as SQLite's errors name their columns.
+_INDEX_COLUMNS = {
+    "goals_live_session": "goals.session_id",
+    "goals_key_key": "goals.key",
+    "goals_idempotency_key_key": "goals.idempotency_key",
+}
+
+
+def _refusal(exc: Exception) -> str:
+    """A constraint error's text, naming the column as SQLite does (``UNIQUE constraint failed:
+    goals.key``) on either store: PostgreSQL names the index instead, and the work-directory
+    triggers raise the same ``goals.workdir …`` text on both (the savepoints around the statements
+    keep a PostgreSQL transaction usable after the refusal)."""
+    text = str(exc)
+    index = getattr(getattr(exc, "diag", None), "constraint_name", None)
+    if index in _INDEX_COLUMNS:
+        text += f" ({_INDEX_COLUMNS[index]})"
+    return text
+
+
 def insert_goal(tx: Tx, goal: Goal) -> None:
     """Insert a new goal row."""
     values = row_values(goal)
     try:
-        tx.execute(
-            f"INSERT INTO goals({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-            [values[c] for c in COLUMNS],
-        )
-    except sqlite3.IntegrityError as exc:
-        text = str(exc)
+        with savepoint(tx.conn):
+            tx.execute(
+                f"INSERT INTO goals({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                [values[c] for c in COLUMNS],
+            )
+    except IntegrityError as exc:
+        text = _refusal(exc)
         if "goals.session_id" in text:
             raise GoalConflict(
                 f"session {goal.session_id} already has an active or paused goal: cancel that goal first,"
@@ -89,12 +112,13 @@ def save_goal(tx: Tx, goal: Goal, expected_revision: int) -> Goal:
     values = row_values(saved)
     cols = [c for c in COLUMNS if c not in ("id", "created_at")]
     try:
-        cur = tx.execute(
-            f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
-            [*(values[c] for c in cols), goal.id, expected_revision],
-        )
-    except sqlite3.IntegrityError as exc:
-        if "goals.workdir" in str(exc):
+        with savepoint(tx.conn):
+            cur = tx.execute(
+                f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
+                [*(values[c] for c in cols), goal.id, expected_revision],
+            )
+    except IntegrityError as exc:
+        if "goals.workdir" in _refusal(exc):
             raise GoalConflict(
                 f"work directory {goal.workdir} is held by another active or paused goal:"
                 " wait for it to end, or cancel it"
@@ -174,7 +198,7 @@ def cancel_continuation(tx: Tx, goal: Goal, reason: str) -> None:
     cancel_pending(tx, pending_key(goal.id), reason)
 
 
-def continuation_queued(tx_or_conn: Tx | sqlite3.Connection, goal: Goal) -> bool:
+def continuation_queued(tx_or_conn: Tx | Conn, goal: Goal) -> bool:
     """Whether the goal's continuation is queued."""
     return is_pending(tx_or_conn, pending_key(goal.id))
 
@@ -233,6 +257,7 @@ __all__ = [
     "live_goal_of_chain",
     "live_goal_of_session",
     "live_goal_sandboxes_with_secrets",
+    "live_goal_sessions",
     "live_goals",
     "load_goal",
     "mark_history_pruned",
@@ -241,6 +266,7 @@ __all__ = [
     "resolve_goal_id",
     "save_goal",
     "schedule_of",
+    "session_node_label",
     "sessions_due_for_pruning",
     "set_status",
     "workdirs_due_for_removal",

@@ -8,18 +8,19 @@ holds (nothing is overwritten) and a column this schema does not know.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
 from agent import Tx
+from agent.db import Conn
+from agent.transfer import table_columns
 from goals.errors import GoalConflict, GoalNotFound, InvalidGoal
 
 #: Statuses a goal may move in.
 ENDED = ("completed", "failed", "cancelled", "exhausted")
 
 
-def export_goal_row(conn: sqlite3.Connection, goal_id: str) -> dict[str, Any]:
+def export_goal_row(conn: Conn, goal_id: str) -> dict[str, Any]:
     """The goal's row as ``{column: value}`` (in a read).
 
     Raises:
@@ -47,7 +48,7 @@ def import_goal_row(tx: Tx, row: Mapping[str, Any]) -> str:
     """
     if row.get("status") not in ENDED:
         raise InvalidGoal(f"the goal's status is {row.get('status')!r}: only an ended goal moves ({', '.join(ENDED)})")
-    have = {str(r[1]) for r in tx.conn.execute("PRAGMA table_info(goals)")}
+    have = table_columns(tx.conn, "goals")
     extra = set(row) - have
     if extra:
         raise InvalidGoal(f"the goal has column(s) {sorted(extra)} this goald does not know")

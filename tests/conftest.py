@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pgkit import NO_POSTGRES, PgServer, dbname_of
 from pydantic import BaseModel
 
 from agent import FunctionTool, ModelRegistry, Runtime, ScriptedModel, ToolContext, ToolRegistry
@@ -87,9 +88,49 @@ def outside() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One real PostgreSQL server for the whole session (started at first use; skips, saying why,
+    where PostgreSQL is not installed)."""
+    if NO_POSTGRES is not None:
+        pytest.skip(f"PostgreSQL is not available: {NO_POSTGRES}")
+    server = PgServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    """A fresh SQLite file path in the test's temp dir."""
+def pg_dsn(pg_server: PgServer) -> Iterator[str]:
+    """The DSN of a fresh, empty database of the session's server, dropped after the test."""
+    dsn = pg_server.create_database()
+    try:
+        yield dsn
+    finally:
+        pg_server.drop_database(dbname_of(dsn))
+
+
+STORES = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test (or module, or class) marked ``both_stores`` runs once per store: ``db_path`` is
+    parametrized over :data:`STORES`."""
+    if "db_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_stores") is not None:
+        metafunc.parametrize("db_path", STORES, ids=STORES, indirect=True)
+
+
+@pytest.fixture
+def db_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """A fresh store: a SQLite file path in the test's temp dir; under ``both_stores``, for the
+    ``postgresql`` parameter, the DSN of a fresh PostgreSQL database (:func:`pg_dsn`)."""
+    store = getattr(request, "param", "sqlite")
+    if store == "postgresql":
+        if NO_POSTGRES is not None:
+            pytest.skip(f"PostgreSQL is not available: {NO_POSTGRES}")
+        dsn: str = request.getfixturevalue("pg_dsn")
+        return dsn
     return tmp_path / "goald.db"
 
 
@@ -107,7 +148,7 @@ def noop_tool(name: str = "noop") -> FunctionTool[NoArgs]:
 
 
 @pytest.fixture
-def open_runtime(db_path: Path) -> Callable[..., AbstractAsyncContextManager[Runtime]]:
+def open_runtime(db_path: Path | str) -> Callable[..., AbstractAsyncContextManager[Runtime]]:
     """``async with open_runtime(model, tools=[...]) as rt``: a runtime on the test's database.
 
     ``model`` (a :class:`ScriptedModel`) is registered as the default model.
@@ -117,7 +158,7 @@ def open_runtime(db_path: Path) -> Callable[..., AbstractAsyncContextManager[Run
         model: ScriptedModel | None = None,
         *,
         tools: list[Any] | None = None,
-        path: Path | None = None,
+        path: Path | str | None = None,
         **kw: Any,
     ) -> AbstractAsyncContextManager[Runtime]:
         registry = ModelRegistry()

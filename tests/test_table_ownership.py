@@ -54,6 +54,8 @@ EXPECTED_OWNERS = {
     "goals": "goals",
     "schedules": "daemon",
     "schedule_runs": "daemon",
+    "nodes": "daemon",
+    "leases": "daemon",
 }
 
 

@@ -38,6 +38,8 @@ BATCH = 200
 PRUNE_EVERY = 3600.0
 #: Longest sleep after an unexpected failure of the loop itself.
 LOOP_BACKOFF_MAX = 30.0
+#: How often the sender looks for other nodes' notifications (a cluster on PostgreSQL), in seconds.
+OTHER_NODES_POLL = 2.0
 
 Clock = Callable[[], datetime]
 
@@ -80,6 +82,9 @@ class Sender:
                 logger.exception("the notification sender failed; it goes on in {:.0f}s", wait)
             if wait is not None and wait <= 0:
                 continue
+            if self.store.kind == "postgresql":
+                # Other nodes write outbox rows too and their commits set no event here: look again soon.
+                wait = min(wait, OTHER_NODES_POLL) if wait is not None else OTHER_NODES_POLL
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._signal.wait()

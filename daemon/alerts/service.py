@@ -58,7 +58,8 @@ class Alerts:
     # -- running -----------------------------------------------------------------------------
 
     async def run(self, store: Store, healthy: Callable[[], bool]) -> None:
-        """Deliver notifications (and request the dead-man URL) until cancelled."""
+        """Deliver notifications (and request the dead-man URL) until cancelled (again after a
+        cancel: in a cluster this runs on one node at a time, and may move back here)."""
         self.sender = Sender(store, self.conf, self.sinks)
         try:
             async with asyncio.TaskGroup() as tg:

@@ -150,6 +150,7 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
         "progress": progress_params(args),
         "sandbox": sandbox_params(args),
         "keepWorkdir": args.keep_workdir,
+        "nodeLabel": args.node_label,
     }
     created = await client.call("goal/create", params)
     if args.json:

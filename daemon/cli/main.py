@@ -21,6 +21,7 @@ from agent.schema import MigrationFailed
 from daemon.checks import StateDirUnusable, config_findings, state_dir_problem
 from daemon.cli.completion import completion_script
 from daemon.cli.goal import goal
+from daemon.cli.node import node_command
 from daemon.cli.notify import notify_command
 from daemon.cli.parser import (
     EXIT_CONFIG,
@@ -57,6 +58,7 @@ COMMANDS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] 
     "send": send,
     "schedule": schedule_command,
     "store": store_command,
+    "node": node_command,
     "notify": notify_command,
 }
 

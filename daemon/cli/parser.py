@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_send_parser(sub)
     _add_schedule_parser(sub)
     _add_store_parser(sub)
+    _add_node_parser(sub)
     _add_notify_parser(sub)
     _add_config_parser(sub)
     _add_demo_and_run_parsers(sub)
@@ -158,6 +159,11 @@ def _add_goal_parser(sub: Subparsers) -> None:
         "--keep-workdir",
         action="store_true",
         help="keep the work directory goald makes for the goal after it ends (retention removes it otherwise)",
+    )
+    add.add_argument(
+        "--node-label",
+        metavar="LABEL",
+        help="in a cluster, run the goal only on a node with this label ([cluster] labels): the host with its files",
     )
     add.add_argument("--json", action="store_true", help=JSON_HELP)
     lst = gsub.add_parser("list", help="list goals as a table (newest first)")
@@ -296,6 +302,22 @@ def _add_store_parser(sub: Subparsers) -> None:
     stsub.add_parser("vacuum", help="offline full VACUUM (refused while a daemon runs)")
     stbackup = stsub.add_parser("backup", help="a consistent copy of the database (online, through the daemon)")
     stbackup.add_argument("path", type=Path, metavar="PATH", help="the copy to write (must not exist)")
+
+
+def _add_node_parser(sub: Subparsers) -> None:
+    """``node ACTION``: the daemons sharing one PostgreSQL database (a cluster)."""
+    node = sub.add_parser("node", help="the cluster's nodes (daemons on one PostgreSQL database)")
+    nsub = node.add_subparsers(dest="node_command", metavar="ACTION", required=True)
+    nlist = nsub.add_parser("list", help="every node: alive or not, leases held of its limit, last heartbeat, labels")
+    nlist.add_argument("--json", action="store_true", help=JSON_HELP)
+    drain = nsub.add_parser(
+        "drain", help="make a node hand its sessions back at their next idle (for maintenance); it takes no new work"
+    )
+    drain.add_argument(
+        "node", nargs="?", default=None, metavar="NODE", help="the node's name or id (default: the node answering)"
+    )
+    drain.add_argument("--undo", action="store_true", help="let the node take work again")
+    drain.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _add_notify_parser(sub: Subparsers) -> None:

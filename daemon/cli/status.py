@@ -1,8 +1,10 @@
 """``goald status``: the daemon's health in the words an operator looks for.
 
 What runs (version, PID, state, uptime), where (config file, state directory, database and its
-size, socket), goals by status, each provider's state in words that do not read as "down" when
-all is well (``ok (circuit closed)``) with its last error, and the next schedule fire.
+size — on PostgreSQL the URL without its password — socket), goals by status, each provider's state
+in words that do not read as "down" when all is well (``ok (circuit closed)``) with its last error,
+the cluster's nodes when daemons share a PostgreSQL database (:mod:`daemon.cli.node`), and the next
+schedule fire.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 from typing import Any
 
 from daemon.cli.goal import print_json
+from daemon.cli.node import cluster_lines
 from daemon.cli.parser import EXIT_OK
 from daemon.client import Connection
 from daemon.display import age, breaker_words, span, use_utc, when
@@ -33,7 +36,11 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     out.append(f"config:    {h.get('configPath') or 'none (built-in defaults)'}")
     out.append(f"state dir: {h.get('stateDir', '-')}")
     if h.get("databasePath"):
-        out.append(f"database:  {h['databasePath']} ({size_text(int(h.get('databaseBytes') or 0))})")
+        size = size_text(int(h["databaseBytes"])) if h.get("databaseBytes") is not None else "size unknown"
+        if h.get("store") == "postgresql":
+            out.append(f"store:     PostgreSQL {h['databasePath']} ({size})")
+        else:
+            out.append(f"database:  {h['databasePath']} ({size})")
     if h.get("socketPath"):
         out.append(f"socket:    {h['socketPath']}")
     goals = ", ".join(f"{v} {k}" for k, v in (h.get("goals") or {}).items() if v)
@@ -50,6 +57,7 @@ def status_lines(health: dict[str, Any]) -> list[str]:
         out.extend(f"  {provider_line(name, p)}" for name, p in sorted(providers.items()))
     else:
         out.append("providers: none with a circuit (scripted models only)")
+    out.extend(cluster_lines(h.get("cluster")))
     nxt = h.get("nextFire")
     if nxt and nxt.get("at"):
         who = nxt.get("key") or nxt["scheduleId"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import retention
+from agent.backends import masked
 from daemon.backup import backup_offline
 from daemon.client import Connection, DaemonUnavailable
 from daemon.lock import StateDirLocked, StateLock
@@ -62,8 +63,25 @@ async def store_command(client: Connection, args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``store backup`` and ``store vacuum`` say on PostgreSQL, where they are the server's business.
+PG_BACKUP = (
+    "the store is PostgreSQL ({}): back it up with PostgreSQL's own tools — pg_dump for a copy"
+    " (pg_dump -Fc -f goald.dump DBNAME), pg_basebackup with WAL archiving for point-in-time recovery"
+)
+PG_VACUUM = "the store is PostgreSQL ({}): its autovacuum reuses the space; VACUUM FULL is the operator's (psql)"
+
+
+def _pg(settings: Any, template: str) -> int | None:
+    if getattr(settings, "store", None) is None:
+        return None
+    print(f"goald: {template.format(masked(settings.store))}", file=sys.stderr)
+    return 64
+
+
 def vacuum(settings: Any) -> int:
     """``goald store vacuum``: the offline full ``VACUUM`` (exit 75 while a daemon holds the state dir)."""
+    if (code := _pg(settings, PG_VACUUM)) is not None:
+        return code
     state_dir = settings.state_dir.expanduser()
     lock = StateLock(state_dir, settings.database_path)
     try:
@@ -103,6 +121,8 @@ async def _backup_online(socket_path: Path, dest: Path) -> dict[str, Any] | None
 def backup(settings: Any, socket_path: Path, path: Path) -> int:
     """``goald store backup PATH``: a consistent copy of the database at ``PATH`` (which must not
     exist), made by the running daemon, or here under the state lock when none runs."""
+    if (code := _pg(settings, PG_BACKUP)) is not None:
+        return code
     dest = path.expanduser().absolute()  # the daemon's working directory is not ours
     try:
         answer = asyncio.run(_backup_online(socket_path, dest))

@@ -11,6 +11,7 @@ import asyncio
 import os
 from typing import TypedDict
 
+from agent.errors import StorageUnavailable
 from agent.retention import file_bytes
 from daemon import __version__
 from daemon.rpc.context import HostPort
@@ -48,8 +49,19 @@ def register(d: Dispatcher, host: HostPort) -> None:
         out["pid"] = os.getpid()
         out["configPath"] = str(s.config_file) if s.config_file is not None else None
         out["stateDir"] = str(s.state_dir.expanduser())
-        out["databasePath"] = str(s.database_path)
-        out["databaseBytes"] = await asyncio.to_thread(file_bytes, s.database_path)
+        rt = host.rt
+        if rt is not None:
+            # The store as it is open: the SQLite file, or the PostgreSQL URL without a password.
+            out["store"] = rt.store.kind
+            out["databasePath"] = rt.store.location
+            try:
+                out["databaseBytes"] = await rt.store.size_bytes()
+            except StorageUnavailable:  # the outage is in "storage"; the health still answers
+                out["databaseBytes"] = None
+        else:
+            out["store"] = "postgresql" if s.store is not None else "sqlite"
+            out["databasePath"] = str(s.database_path)
+            out["databaseBytes"] = await asyncio.to_thread(file_bytes, s.database_path)
         out["socketPath"] = str(s.socket_path)
         out["nextFire"] = await _next_fire(host.scheduler)
         return out
@@ -68,7 +80,11 @@ async def _next_fire(sched: Scheduler | None) -> JsonObject | None:
     """The soonest planned fire of any schedule (``None``: no schedule will fire)."""
     if sched is None:
         return None
-    planned = [s for s in await sched.list() if s.next_fire_at is not None]
+    try:
+        listed = await sched.list()
+    except StorageUnavailable:  # unreachable (PostgreSQL): the health says so under "storage"
+        return None
+    planned = [s for s in listed if s.next_fire_at is not None]
     if not planned:
         return None
     first = min(planned, key=lambda s: s.next_fire_at or 0)

@@ -74,6 +74,7 @@ def _spec_of(host: HostPort, p: GoalCreate) -> GoalSpec:
         progress=VerifyCommand.model_validate(p.progress.model_dump()) if p.progress is not None else None,
         sandbox=p.sandbox.to_spec() if p.sandbox is not None else SandboxSpec(),
         keep_workdir=p.keep_workdir,
+        node_label=p.node_label,
     )
 
 

@@ -9,7 +9,7 @@ dispatcher with typed params and result. They see the daemon only as a
 from __future__ import annotations
 
 from daemon.ports import HostPort
-from daemon.rpc import daemon, goal, schedule, session, store, transfer
+from daemon.rpc import daemon, goal, node, schedule, session, store, transfer
 from daemon.rpc.protocol import Dispatcher
 
 
@@ -22,4 +22,5 @@ def build_dispatcher(host: HostPort) -> Dispatcher:
     schedule.register(d, host)
     store.register(d, host)
     transfer.register(d, host)
+    node.register(d, host)
     return d

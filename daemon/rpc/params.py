@@ -177,6 +177,8 @@ class GoalCreate(Params):
     sandbox: SandboxIn | None = None
     #: Keep the work directory goald makes for the goal after it ends.
     keep_workdir: bool = False
+    #: In a cluster, only a node with this label runs the goal.
+    node_label: str | None = None
 
 
 class GoalRef(Params):

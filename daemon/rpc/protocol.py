@@ -25,6 +25,7 @@ from loguru import logger
 from pydantic import BaseModel, ValidationError
 
 from agent import Conflict, InvalidInput, InvalidTransition, NotFound, StorageUnavailable, TaskSet
+from agent.errors import NotSupported
 from daemon.errors import DaemonError
 
 PROTOCOL_VERSION = 1
@@ -50,6 +51,8 @@ class ErrorCode(enum.IntEnum):
     EVENTS_PRUNED = -32005
     #: The store cannot write (disk full, I/O error): the request changed nothing; retry later.
     STORAGE_UNAVAILABLE = -32006
+    #: Not done by this kind of store (a file backup of PostgreSQL): the message says what does it.
+    NOT_SUPPORTED = -32007
 
 
 class RpcError(DaemonError):
@@ -96,6 +99,8 @@ def map_exception(exc: BaseException) -> RpcError:
             return invalid_params(exc)
         case NotFound():
             return RpcError(ErrorCode.NOT_FOUND, str(exc))
+        case NotSupported():
+            return RpcError(ErrorCode.NOT_SUPPORTED, str(exc))
         case InvalidTransition():
             return RpcError(ErrorCode.INVALID_TRANSITION, str(exc))
         case Conflict():

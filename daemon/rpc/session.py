@@ -24,7 +24,6 @@ from agent import (
     Agent,
     Event,
     EventType,
-    MessageId,
     Runtime,
     SessionId,
     SessionRow,
@@ -135,11 +134,11 @@ async def prompt(host: HostPort, p: Prompt, peer: Peer) -> Enqueued:
     rt = runtime(host)
     await rt.session(p.session_id)
     goal = await _goal_for_message(host, p, peer)
-    agent = await rt.agent(p.session_id)
     content = p.text if p.text is not None else p.content
     assert content is not None  # the params model requires one of them
     source = Source(kind=SourceKind.USER, **peer.caller) if peer.caller else None
-    mid: MessageId = await agent.enqueue(content, delivery=p.delivery, message_id=p.message_id, source=source)
+    # Enqueued here whichever node drives the session: the commit wakes its driver (agent.relay).
+    mid = await rt.enqueue(p.session_id, content, delivery=p.delivery, message_id=p.message_id, source=source)
     if goal is None:
         return {"messageId": mid}
     return {"messageId": mid, "goalId": goal.id, "goalStatus": goal.status.value}
@@ -189,8 +188,7 @@ def register(d: Dispatcher, host: HostPort) -> None:
 
     @d.method("session/cancelMessage", CancelMessage)
     async def cancel_message(p: CancelMessage, peer: Peer) -> Empty:
-        agent = await runtime(host).agent(p.session_id)
-        await agent.cancel_message(p.message_id)
+        await runtime(host).cancel_message(p.session_id, p.message_id)
         return {}
 
     @d.method("session/interrupt", Interrupt)

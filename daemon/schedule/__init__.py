@@ -8,10 +8,12 @@
 - :mod:`~daemon.schedule.adapter`: APScheduler's trigger and executor over goald's arithmetic.
 - :mod:`~daemon.schedule.service`: the :class:`Scheduler` service, which times the rows.
 - :mod:`~daemon.schedule.firing`: what a fire does, a goal from the schedule's template.
+- :mod:`~daemon.schedule.claims`: how one node of several claims each scheduled instant.
 
 The modules import each other, never this package; other packages import the names below.
 """
 
+from daemon.schedule.claims import FireClaim, FireTaken
 from daemon.schedule.cron import CronFields, parse_cron
 from daemon.schedule.firing import GoalFiring, cancel_goal, goal_status
 from daemon.schedule.model import (
@@ -37,6 +39,8 @@ __all__ = [
     "CronFields",
     "CronTrigger",
     "DateTrigger",
+    "FireClaim",
+    "FireTaken",
     "GoalFiring",
     "IntervalTrigger",
     "MissedRun",

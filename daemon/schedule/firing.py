@@ -1,9 +1,12 @@
 """How the scheduler reaches the goal engine: a fire creates a goal from the schedule's template.
 
-The goal's idempotency key is ``<schedule id>@<scheduled instant>``, so a fire is exactly-once
-even when the daemon dies between creating the goal and recording the run: the retried fire
-finds the goal it already made. Firing needs the engine, the work-directory service, the default
-model and the secret redaction hook, and nothing else of the host: it is given exactly those.
+The goal and the instant's ``fired`` run row are written in one transaction: the fire's claim
+(:class:`daemon.schedule.claims.FireClaim`) is recorded in the goal's creation transaction, so of
+several daemons firing the same instant exactly one makes its goal, and a crash leaves either both
+or neither. The goal's idempotency key stays ``<schedule id>@<scheduled instant>`` (a goal made
+before the claim existed is found again, not made twice). Firing needs the engine, the
+work-directory service, the default model and the secret redaction hook, and nothing else of the
+host: it is given exactly those.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from daemon.schedule.claims import FireClaim
 from daemon.schedule.model import Schedule
 from daemon.workdirs import Workdirs
 from goals import GoalEngine, GoalSpec, SandboxSpec
@@ -28,8 +32,12 @@ class GoalFiring:
     #: Redact a goal sandbox's secrets from the new session's tool output.
     learn_secrets: Callable[[SandboxSpec], None]
 
-    async def fire(self, schedule: Schedule, at: datetime) -> str:
-        """Create the goal of one fire; returns its id."""
+    async def fire(self, schedule: Schedule, at: datetime, claim: FireClaim) -> str:
+        """Create the goal of one fire, claiming the instant in the same transaction; returns its id.
+
+        Raises:
+            FireTaken: another node (or an earlier pass) handled the instant; nothing was made.
+        """
         template: dict[str, Any] = dict(schedule.goal)
         stamp = at.strftime("%Y%m%dT%H%M%S")
         workdir = self.workdirs.resolve(template.pop("workdir", None), f"{schedule.id}-{stamp}")
@@ -39,7 +47,7 @@ class GoalFiring:
             {**template, "workdir": str(workdir), "idempotency_key": f"{schedule.id}@{at.isoformat()}"}
         )
         self.learn_secrets(spec.sandbox)
-        goal = await self.engine.create(spec)
+        goal = await self.engine.create(spec, also=lambda tx, made: claim.record(tx, str(made.id)))
         return str(goal.id)
 
     async def goal_status(self, goal_id: str) -> str | None:

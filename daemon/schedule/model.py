@@ -231,6 +231,8 @@ class ScheduleRun(_Model):
     reason: str
     goal_id: str | None = None
     recorded_at: datetime
+    #: The node that recorded the run, on a PostgreSQL cluster (``None`` on SQLite: one daemon).
+    node_id: str | None = None
 
     def public(self) -> dict[str, Any]:
         """The run as the control protocol shows it (camelCase, JSON-ready)."""

@@ -1,23 +1,40 @@
 """The scheduler service: schedules are rows in the goald store; APScheduler does the timing.
 
 The rows are the single source of truth. APScheduler 3's ``AsyncIOScheduler`` holds in-memory
-jobs rebuilt from the rows at start and after every change, with ``misfire_grace_time=None``
-(a late fire is never dropped by APScheduler) and without its own coalescing: every instant it
-hands over reaches :meth:`Scheduler._run_due`, which records what became of it. Its job triggers
-wrap :func:`daemon.schedule.timing.next_fire`, so the times a job fires at and the next fire time that
-``schedule list`` shows come from the same arithmetic.
+jobs rebuilt from the rows at start and after every change (this node's, or another node's: below),
+with ``misfire_grace_time=None`` (a late fire is never dropped by APScheduler) and without its own
+coalescing: every instant it hands over reaches :meth:`Scheduler._run_due`, which records what
+became of it. Its job triggers wrap :func:`daemon.schedule.timing.next_fire`, so the times a job
+fires at and the next fire time that ``schedule list`` shows come from the same arithmetic.
 
 Every scheduled instant ends as exactly one ``schedule_runs`` row (``fired``,
 ``skipped_concurrency``, ``missed``, ``coalesced`` or ``error``, with a reason) and a
 ``schedule/run`` event in the schedule's own session, committed in one transaction with the
-schedule's cursor ``last_fire_at`` (the latest instant handled) and ``last_goal_id``. The goal
-itself is created by the ``fire`` callback before that transaction, with the idempotency key
-``<schedule id>@<instant>``: if goald dies in between, the instant is still due at the next
-start and firing it again finds the goal it already made.
+schedule's cursor ``last_fire_at`` (the latest instant handled) and ``last_goal_id``. That row is
+also the instant's *claim*: several daemons sharing one store all time the same schedules, and the
+first to write the row handles the instant while the others write nothing
+(:mod:`daemon.schedule.claims`). A ``fired`` row is written in the goal's own creation transaction
+(the ``fire`` callback gets the :class:`~daemon.schedule.claims.FireClaim` to record), so a goal
+and its run commit together or not at all.
 
 At start, fires that came due while goald was down are settled from ``last_fire_at`` and the
 injected clock (:func:`daemon.schedule.timing.missed_runs`). The clock is also the authority for
 deadlines; APScheduler's own wall clock only decides when to wake up.
+
+**Every node follows the table** (PostgreSQL). A schedule added, re-timed or removed through one
+node's socket must be timed by every node, or it fires only where it was added and not at all once
+that node dies. So a node on PostgreSQL re-reads the table every :data:`FOLLOW_SECONDS` (at once on
+a relayed ``schedule/changed``, for a schedule whose session it already follows: a new schedule's
+session is known to no other node, so the poll is what finds it): one query of ids and
+``active_since``, which changes exactly when a schedule is added or its timing changes (its other
+columns are read at each fire). What is new or re-timed is armed as at start: the instants that
+came due before this node armed it are settled by the misfire policy (a live node that already fired
+one wins its claim, so this settles only what no node handled), the later ones timed. What is gone
+is disarmed. A cheap poll and not ``LISTEN``: schedules change rarely, and the poll also covers a
+notification missed while a connection was down. On SQLite the one daemon makes every change itself,
+so nothing is re-read. Since every node times every schedule, a node's death changes nothing for
+the others: they fire the next instants as before; instants when no node was up are settled once
+by the claims at the next start.
 
 APScheduler is imported, and its scheduler made, when the first schedule is armed: its import
 scans every installed distribution's entry points, which the daemon's start (on the way to
@@ -31,14 +48,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from loguru import logger
 
-from agent import AgentError, InvalidInput, NotFound, Store, TaskSet
+from agent import AgentError, Event, InvalidInput, NotFound, Store, TaskSet
 from daemon.schedule.adapter import aps_classes
+from daemon.schedule.claims import FireClaim, FireTaken
 from daemon.schedule.model import RunOutcome, Schedule, ScheduleRun, ScheduleSpec
 from daemon.schedule.store import (
     MIGRATIONS,
@@ -53,16 +72,27 @@ from daemon.schedule.store import (
     record_runs,
     resolve_schedule,
     save_schedule,
+    schedule_timings,
 )
-from daemon.schedule.timing import missed_runs, next_fire
+from daemon.schedule.timing import missed_runs, next_fire, prev_fire
 
 #: Goal statuses during which the previous goal still counts as running (concurrency policy).
 _LIVE = ("active", "paused")
 #: How long :meth:`Scheduler.stop` lets fires in flight finish before cancelling them.
 STOP_GRACE_SECONDS = 10.0
+#: How often a node on PostgreSQL re-reads the table for schedules other nodes added, re-timed or
+#: removed (sooner on a relayed ``schedule/changed``). A schedule first armed this late has its
+#: instants of the delay settled by its misfire policy, so it bounds how late such a fire can be.
+FOLLOW_SECONDS = 2.0
+#: When the fires settled at start came due; and when those settled on learning of a schedule came due.
+_WHILE_DOWN = "while goald was not running"
+_BEFORE_ARMED = "before this node armed the schedule"
 
 Clock = Callable[[], datetime]
-FireFn = Callable[[Schedule, datetime], Awaitable[str]]
+#: Makes the goal of one fire and returns its id, calling the claim's ``record`` in the goal's
+#: creation transaction (or ``commit`` before making a goal outside the store); raises
+#: :class:`~daemon.schedule.claims.FireTaken` (from ``record``) when the instant was another's.
+FireFn = Callable[[Schedule, datetime, FireClaim], Awaitable[str]]
 
 
 def _utcnow() -> datetime:
@@ -80,6 +110,7 @@ class Scheduler:
         goal_status: Callable[[str], Awaitable[str | None]],
         cancel_goal: Callable[[str], Awaitable[None]],
         clock: Clock = _utcnow,
+        follow_seconds: float = FOLLOW_SECONDS,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -92,6 +123,13 @@ class Scheduler:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks = TaskSet()
         self._stopping = False
+        #: Re-read the table this often (PostgreSQL: other nodes write it); ``None`` on SQLite.
+        self._follow_every = follow_seconds if store.kind == "postgresql" else None
+        #: Per schedule armed (or known to need no job), the ``active_since`` of the timing armed.
+        self._armed: dict[str, datetime] = {}
+        self._follower = TaskSet()
+        self._poke = asyncio.Event()
+        self._unlisten: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -102,14 +140,23 @@ class Scheduler:
         self._running = True
         schedules = await self.list()
         for sched in schedules:
-            await self._catch_up(sched)
-            self._plan(await self.get(sched.id))
+            await self._arm(sched, _WHILE_DOWN)
+        if self._follow_every is not None:
+            self._poke.clear()
+            self._unlisten = self.store.hub.add_listener(self._on_event)
+            self._follower.spawn(self._follow(self._follow_every), name="schedules-follow")
         logger.info("scheduler started: {} schedule(s), {} armed", len(schedules), len(self.planned()))
 
     async def stop(self) -> None:
         """Stop timing; fires in flight get a grace period to finish, then are cancelled."""
         self._stopping = True
         self._running = False
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        self._poke.set()  # the follower ends after the pass in flight (its fires finish, as below)
+        await self._follower.drain(STOP_GRACE_SECONDS)
+        self._armed.clear()
         if self._aps is not None and self._aps.running:
             self._aps.shutdown(wait=False)
             # AsyncIOScheduler.shutdown runs as a loop callback; callbacks run in order.
@@ -156,9 +203,7 @@ class Scheduler:
         """Remove a schedule (by id, unique id prefix or key); its runs and session stay as history."""
 
         sched = await self.store.transact(lambda tx: delete_schedule(tx, ref))
-        if self._aps is not None and self._aps.get_job(sched.id) is not None:
-            self._aps.remove_job(sched.id)
-        self._locks.pop(sched.id, None)
+        self._disarm(sched.id)
         return sched
 
     async def runs(self, ref: str, limit: int = 20) -> builtins.list[ScheduleRun]:
@@ -197,13 +242,19 @@ class Scheduler:
             after = max(after, sched.last_fire_at)
         return sched.model_copy(update={"next_fire_at": next_fire(sched.effective_trigger(), sched.timezone, after)})
 
-    def _plan(self, sched: Schedule) -> None:
-        """(Re)build the schedule's APScheduler job from its row."""
+    def _plan(self, sched: Schedule, after: datetime | None = None) -> None:
+        """(Re)build the schedule's APScheduler job from its row: its first wake-up is the row's
+        next fire time, or (``after`` given) the first instant after ``after`` and the cursor."""
         if not self._running:
             return
         if self._aps is not None and self._aps.get_job(sched.id) is not None:
             self._aps.remove_job(sched.id)
-        if sched.next_fire_at is None:
+        self._armed[sched.id] = sched.active_since
+        first = sched.next_fire_at
+        if after is not None:
+            since = after if sched.last_fire_at is None else max(after, sched.last_fire_at)
+            first = next_fire(sched.effective_trigger(), sched.timezone, since)
+        if first is None:
             return
         scheduler_class, trigger_class, executor_class = aps_classes()
         if self._aps is None:
@@ -219,28 +270,105 @@ class Scheduler:
             args=(sched.id,),
             id=sched.id,
             name=sched.key or sched.id,
-            next_run_time=sched.next_fire_at,
+            next_run_time=first,
             misfire_grace_time=None,
             coalesce=False,
         )
 
-    async def _catch_up(self, sched: Schedule) -> None:
+    def _disarm(self, schedule_id: str) -> None:
+        if self._aps is not None and self._aps.get_job(schedule_id) is not None:
+            self._aps.remove_job(schedule_id)
+        self._locks.pop(schedule_id, None)
+        self._armed.pop(schedule_id, None)
+
+    async def _arm(self, sched: Schedule, gap: str) -> None:
+        """Settle the schedule's instants up to now (by its misfire policy; ``gap`` says when they
+        came due), then time the ones after: one ``now`` for both, so no instant falls between."""
+        now = self.clock()
+        await self._catch_up(sched, now, gap)
+        try:
+            current = await self.get(sched.id)
+        except NotFound:  # removed meanwhile (through another node)
+            self._disarm(sched.id)
+            return
+        self._plan(current, after=now)
+
+    # -- following the table (PostgreSQL) --------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        # Another node changed a schedule whose session this node follows: re-read at once.
+        if event.type == SCHEDULE_CHANGED and self.store.relaying:
+            self._poke.set()
+
+    async def _follow(self, every: float) -> None:
+        """Re-read the table every ``every`` seconds (or when poked), and :meth:`sync`."""
+        failing = False
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(every):
+                    await self._poke.wait()
+            self._poke.clear()
+            if self._stopping:
+                return
+            try:
+                await self.sync()
+            except Exception as exc:
+                if not failing:
+                    logger.warning("schedules: could not re-read the table ({}); retrying every {:g}s", exc, every)
+                failing = True
+            else:
+                if failing:
+                    logger.info("schedules: the table can be read again")
+                failing = False
+
+    async def sync(self) -> None:
+        """Arm what other nodes added or re-timed, and disarm what they removed (what the table says).
+
+        A schedule is compared by when its current timing took effect (``active_since``); its other
+        columns are read at each fire. Its instants that came due before this node armed it are
+        settled as at start (a live node that fired them already wins their claims).
+        """
+        known = dict(self._armed)  # what was armed before the read (this node may add one meanwhile)
+        timings = await self.store.read(schedule_timings)
+        for schedule_id, armed in known.items():
+            if schedule_id not in timings and self._armed.get(schedule_id) == armed:
+                logger.info("schedule {}: removed (through another node); disarmed", schedule_id)
+                self._disarm(schedule_id)
+        for schedule_id, active_since in timings.items():
+            if not self._running:
+                return
+            if self._armed.get(schedule_id) == active_since:
+                continue
+            try:
+                sched = await self.get(schedule_id)
+            except NotFound:
+                continue
+            logger.info(
+                "schedule {}: {} (through another node); armed",
+                schedule_id,
+                "added" if schedule_id not in self._armed else "re-timed",
+            )
+            await self._arm(sched, _BEFORE_ARMED)
+
+    async def _catch_up(self, sched: Schedule, now: datetime, gap: str) -> None:
         since = max(t for t in (sched.last_fire_at, sched.active_since) if t is not None)
         plan = missed_runs(
             sched.effective_trigger(),
             sched.timezone,
             since,
-            self.clock(),
+            now,
             sched.misfire,
             sched.starting_deadline_seconds,
+            gap=gap,
         )
         settled: list[RunRow] = [
             (r.scheduled_for, r.outcome, r.reason, None) for r in plan if r.outcome != RunOutcome.FIRED
         ]
         async with self._lock(sched.id):
             if settled:
-                await self.store.transact(lambda tx: record_runs(tx, sched, settled))
-                logger.info("schedule {}: {} fire(s) missed while goald was down", sched.id, len(settled))
+                recorded = await self.store.transact(lambda tx: record_runs(tx, sched, settled))
+                if recorded:
+                    logger.info("schedule {}: {} fire(s) missed {}", sched.id, len(recorded), gap)
             for r in plan:
                 if r.outcome == RunOutcome.FIRED:
                     await self._fire_locked(sched.id, r.scheduled_for, r.reason)
@@ -259,6 +387,13 @@ class Scheduler:
                     return
                 cursor = sched.last_fire_at
                 due = sorted(t for t in run_times if cursor is None or t > cursor)
+                current = [t for t in due if self._current(sched, t)]
+                if len(current) < len(due):
+                    # A job timed from an older trigger: another node re-timed the schedule and this
+                    # node has not re-read the table yet. Those instants are not the schedule's.
+                    logger.info("schedule {}: its timing changed through another node; re-arming", schedule_id)
+                    self._poke.set()
+                    due = current
                 if not due:
                     return
                 *earlier, last = due
@@ -287,21 +422,26 @@ class Scheduler:
         except Exception:
             logger.exception("schedule {}: settling due fires failed", schedule_id)
 
+    @staticmethod
+    def _current(sched: Schedule, at: datetime) -> bool:
+        """Whether ``at`` is an instant of the schedule's current trigger (a job armed before another
+        node re-timed it may still hand over instants of the old one)."""
+        return prev_fire(sched.effective_trigger(), sched.timezone, at) == at
+
     async def _fire_locked(self, schedule_id: str, scheduled_for: datetime, note: str | None) -> ScheduleRun | None:
         sched = await self.store.read(lambda conn: load_schedule(conn, schedule_id))
         if sched.last_fire_at is not None and scheduled_for <= sched.last_fire_at:
             logger.debug("schedule {}: {} was already handled", schedule_id, scheduled_for)
             return None
-        outcome, goal_id, reason = await self._attempt(sched, scheduled_for)
-        if note:
-            reason = f"{reason}; {note}"
-        runs = await self.store.transact(lambda tx: record_runs(tx, sched, [(scheduled_for, outcome, reason, goal_id)]))
-        logger.info("schedule {} at {}: {} ({})", schedule_id, iso(scheduled_for), outcome.value, reason)
-        return runs[0]
+        run = await self._attempt(FireClaim(self.store, sched, scheduled_for, note))
+        if run is not None:
+            logger.info("schedule {} at {}: {} ({})", schedule_id, iso(scheduled_for), run.outcome.value, run.reason)
+        return run
 
-    async def _attempt(self, sched: Schedule, scheduled_for: datetime) -> tuple[RunOutcome, str | None, str]:
-        """Apply the concurrency policy and fire; returns the outcome, the goal id and the reason."""
-        replaced = ""
+    async def _attempt(self, claim: FireClaim) -> ScheduleRun | None:
+        """Apply the concurrency policy and fire, claiming the instant; returns the run recorded
+        (``None``: the instant was another node's, and nothing was written)."""
+        sched, scheduled_for = claim.schedule, claim.scheduled_for
         try:
             prev = sched.last_goal_id
             if prev is not None and sched.concurrency != "allow":
@@ -309,24 +449,43 @@ class Scheduler:
                 if status in _LIVE:
                     if sched.concurrency == "forbid":
                         reason = f"the previous goal {prev} is still {status} (concurrency forbid)"
-                        return RunOutcome.SKIPPED_CONCURRENCY, None, reason
+                        return await claim.settle(RunOutcome.SKIPPED_CONCURRENCY, reason)
                     try:
                         await self._cancel_goal(prev)
-                        replaced = f"; cancelled the previous goal {prev}, which was {status} (concurrency replace)"
+                        claim.replaced = (
+                            f"; cancelled the previous goal {prev}, which was {status} (concurrency replace)"
+                        )
                     except Exception:
                         # It may have ended between the two calls; only a goal still live is a problem.
                         now_status = await self._goal_status(prev)
                         if now_status in _LIVE:
                             raise
-                        replaced = f"; the previous goal {prev} ended ({now_status}) before it could be replaced"
-            goal_id = await self._fire(sched, scheduled_for)
+                        claim.replaced = f"; the previous goal {prev} ended ({now_status}) before it could be replaced"
+            goal_id = await self._fire(sched, scheduled_for, claim)
+            if claim.run is None:
+                raise RuntimeError(f"the fire callback made goal {goal_id} without claiming the instant")
+        except FireTaken:
+            claim.taken()
+            return None
         except Exception as exc:
+            if claim.run is not None:  # the goal and its run committed; what failed came after
+                logger.opt(exception=exc).error("schedule {}: after firing {}", sched.id, iso(scheduled_for))
+                return claim.run
             if isinstance(exc, AgentError | ValueError | LookupError):  # bad template, workdir, model: no trace
                 logger.warning("schedule {}: firing {} failed: {}", sched.id, iso(scheduled_for), exc)
             else:
                 logger.opt(exception=exc).error("schedule {}: firing {} failed", sched.id, iso(scheduled_for))
-            return RunOutcome.ERROR, None, f"{type(exc).__name__}: {exc}"
-        return RunOutcome.FIRED, goal_id, f"created goal {goal_id}{replaced}"
+            return await claim.settle(RunOutcome.ERROR, f"{type(exc).__name__}: {exc}")
+        return claim.run
 
 
-__all__ = ["MIGRATIONS", "SCHEDULE_CHANGED", "SCHEDULE_RUN", "STOP_GRACE_SECONDS", "Clock", "FireFn", "Scheduler"]
+__all__ = [
+    "FOLLOW_SECONDS",
+    "MIGRATIONS",
+    "SCHEDULE_CHANGED",
+    "SCHEDULE_RUN",
+    "STOP_GRACE_SECONDS",
+    "Clock",
+    "FireFn",
+    "Scheduler",
+]

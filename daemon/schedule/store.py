@@ -10,11 +10,11 @@ The daemon owns these tables; nothing outside this module names them in SQL.
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent import InvalidInput, Migration, NotFound, Tx, create_session
+from agent.db import Conn
 from daemon.alerts.kinds import notify_schedule_run
 from daemon.schedule.model import (
     DateTrigger,
@@ -63,6 +63,16 @@ CREATE TABLE schedule_runs (
 CREATE INDEX schedule_runs_schedule ON schedule_runs(schedule_id, id);
 """,
     ),
+    Migration(
+        version=2,
+        summary="at most one schedule_runs row per schedule and instant: the claim that lets one node fire it",
+        sql="CREATE UNIQUE INDEX schedule_runs_instant ON schedule_runs(schedule_id, scheduled_for);",
+    ),
+    Migration(
+        version=3,
+        summary="the node that recorded each schedule run (PostgreSQL clusters; NULL for a daemon on SQLite)",
+        sql="ALTER TABLE schedule_runs ADD COLUMN node_id TEXT;",
+    ),
 ]
 
 #: One run to record: the scheduled instant, its outcome, the reason and the goal it created.
@@ -74,7 +84,7 @@ def iso(dt: datetime) -> str:
     return dt.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def load_schedule(conn: sqlite3.Connection, schedule_id: str) -> Schedule:
+def load_schedule(conn: Conn, schedule_id: str) -> Schedule:
     """The schedule ``schedule_id`` with its last outcome. Raises ``NotFound``."""
     row = conn.execute("SELECT * FROM schedules WHERE id=?", (schedule_id,)).fetchone()
     if row is None:
@@ -82,7 +92,7 @@ def load_schedule(conn: sqlite3.Connection, schedule_id: str) -> Schedule:
     return schedule_from_row(conn, row)
 
 
-def schedule_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> Schedule:
+def schedule_from_row(conn: Conn, row: Any) -> Schedule:
     """A schedule from its row, with its last run's outcome and reason."""
     d = dict(row)
     d["trigger"] = json.loads(d["trigger"])
@@ -95,14 +105,16 @@ def schedule_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> Schedule:
     return Schedule.model_validate(d)
 
 
-def resolve_schedule(conn: sqlite3.Connection, ref: str) -> str:
+def resolve_schedule(conn: Conn, ref: str) -> str:
     """A schedule id from a full id, a unique id prefix, or a schedule key."""
     if not ref.startswith(ScheduleId.prefix):
         row = conn.execute("SELECT id FROM schedules WHERE key=?", (ref,)).fetchone()
         if row is None:
             raise NotFound(f"no schedule with id or key {ref[:80]!r}")
         return str(row["id"])
-    rows = conn.execute("SELECT id FROM schedules WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "\uffff")).fetchall()
+    rows = conn.execute(
+        "SELECT id FROM schedules WHERE id >= ? AND id < ? ORDER BY id LIMIT 2", (ref, ref + "\uffff")
+    ).fetchall()
     if not rows:
         raise NotFound(f"no schedule {ref[:80]}")
     if len(rows) > 1 and rows[0]["id"] != ref:
@@ -111,15 +123,31 @@ def resolve_schedule(conn: sqlite3.Connection, ref: str) -> str:
 
 
 def record_runs(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun]:
-    """Insert runs, emit their events, and move the schedule's cursor, in the caller's transaction."""
+    """Claim and record runs, emit their events, and move the schedule's cursor, in the caller's
+    transaction; returns the runs recorded.
+
+    A run is recorded only if its instant is still unclaimed: after the cursor (as this transaction
+    reads it) and without a row (the unique index of migration 2, met with ``ON CONFLICT DO
+    NOTHING``: a failed statement would abort a PostgreSQL transaction). An instant another node
+    (or an earlier pass) handled, or any instant of a removed schedule, is left out.
+    """
+    row = tx.one("SELECT last_fire_at FROM schedules WHERE id=?", (sched.id,))
+    if row is None:
+        return []
+    handled = datetime.fromisoformat(row["last_fire_at"]) if row["last_fire_at"] is not None else None
+    # Which node handled the instant, where there can be several (as a turn names its node: agent.turns).
+    node = tx.store.node_id if tx.store.kind == "postgresql" else None
     out = []
     for scheduled_for, outcome, reason, goal_id in rows:
-        cur = tx.execute(
-            "INSERT INTO schedule_runs(schedule_id, scheduled_for, outcome, reason, goal_id, recorded_at)"
-            " VALUES (?,?,?,?,?,?)",
-            (sched.id, iso(scheduled_for), outcome.value, reason, goal_id, tx.now),
+        if handled is not None and scheduled_for <= handled:
+            continue
+        inserted = tx.one(
+            "INSERT INTO schedule_runs(schedule_id, scheduled_for, outcome, reason, goal_id, recorded_at, node_id)"
+            " VALUES (?,?,?,?,?,?,?) ON CONFLICT (schedule_id, scheduled_for) DO NOTHING RETURNING id",
+            (sched.id, iso(scheduled_for), outcome.value, reason, goal_id, tx.now, node),
         )
-        assert cur.lastrowid is not None
+        if inserted is None:
+            continue
         data: dict[str, Any] = {
             "scheduleId": sched.id,
             "scheduledFor": iso(scheduled_for),
@@ -128,25 +156,25 @@ def record_runs(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun
         }
         if goal_id is not None:
             data["goalId"] = goal_id
+        if node is not None:
+            data["node"] = node
         tx.emit(sched.session_id, SCHEDULE_RUN, data)
         notify_schedule_run(tx, sched.id, sched.key, outcome.value, reason, iso(scheduled_for))
         out.append(
             ScheduleRun(
-                id=cur.lastrowid,
+                id=int(inserted[0]),
                 schedule_id=sched.id,
                 scheduled_for=scheduled_for,
                 outcome=outcome,
                 reason=reason,
                 goal_id=goal_id,
                 recorded_at=datetime.fromisoformat(tx.now),
+                node_id=node,
             )
         )
-    row = tx.one("SELECT last_fire_at FROM schedules WHERE id=?", (sched.id,))
-    if row is not None:
-        cursor = max(r[0] for r in rows)
-        if row["last_fire_at"] is not None:
-            cursor = max(cursor, datetime.fromisoformat(row["last_fire_at"]))
-        goal_ids = [r[3] for r in rows if r[3] is not None]
+    if out:
+        cursor = max(r.scheduled_for for r in out)
+        goal_ids = [r.goal_id for r in out if r.goal_id is not None]
         tx.execute(
             "UPDATE schedules SET last_fire_at=?, last_goal_id=COALESCE(?, last_goal_id), updated_at=? WHERE id=?",
             (iso(cursor), goal_ids[-1] if goal_ids else None, tx.now, sched.id),
@@ -198,9 +226,20 @@ def save_schedule(tx: Tx, spec: ScheduleSpec, now: datetime) -> str:
     return old.id
 
 
-def list_schedules(conn: sqlite3.Connection) -> list[Schedule]:
+def list_schedules(conn: Conn) -> list[Schedule]:
     """Every schedule, oldest first, with its last outcome."""
     return [schedule_from_row(conn, r) for r in conn.execute("SELECT * FROM schedules ORDER BY id").fetchall()]
+
+
+def schedule_timings(conn: Conn) -> dict[str, datetime]:
+    """Every schedule's id with the instant its current timing took effect (``active_since``).
+
+    What a node following the table compares (:mod:`daemon.schedule.service`): ``active_since`` is
+    set when a schedule is added and whenever its trigger or zone changes (:func:`save_schedule`),
+    and by nothing else; the other columns (template, policies, cursor) are read at each fire.
+    """
+    rows = conn.execute("SELECT id, active_since FROM schedules").fetchall()
+    return {str(r["id"]): datetime.fromisoformat(r["active_since"]) for r in rows}
 
 
 def delete_schedule(tx: Tx, ref: str) -> Schedule:
@@ -211,7 +250,7 @@ def delete_schedule(tx: Tx, ref: str) -> Schedule:
     return sched
 
 
-def list_runs(conn: sqlite3.Connection, ref: str, limit: int) -> list[ScheduleRun]:
+def list_runs(conn: Conn, ref: str, limit: int) -> list[ScheduleRun]:
     """A schedule's runs, newest first, at most ``limit``."""
     sid = resolve_schedule(conn, ref)
     rows = conn.execute(
@@ -234,4 +273,5 @@ __all__ = [
     "resolve_schedule",
     "save_schedule",
     "schedule_from_row",
+    "schedule_timings",
 ]

@@ -82,13 +82,15 @@ def missed_runs(
     starting_deadline: float | None,
     *,
     limit: int = MAX_MISSED_ROWS,
+    gap: str = "while goald was not running",
 ) -> list[MissedRun]:
     """The fires in ``(last_fire_at, now]``, oldest first, with their outcomes.
 
     ``coalesce``: the latest fires now and the earlier ones are ``coalesced`` into it; ``skip``:
     all are ``missed``; and if the latest is more than ``starting_deadline`` seconds old, all
     are ``missed``. At most ``limit`` fires are listed one by one; if there were more, one
-    extra row, dated at the first of them, stands for all the older ones.
+    extra row, dated at the first of them, stands for all the older ones. ``gap`` says in the
+    reasons when the fires came due (a node that learns of a schedule late is not "down").
     """
     latest: list[datetime] = []
     cursor = prev_fire(trigger, tz, now)
@@ -101,14 +103,14 @@ def missed_runs(
     newest = latest[-1]
     late = (now - newest).total_seconds()
     if misfire == "skip":
-        earlier = (RunOutcome.MISSED, "missed while goald was not running (misfire policy skip)")
+        earlier = (RunOutcome.MISSED, f"missed {gap} (misfire policy skip)")
         last = earlier
     elif starting_deadline is not None and late > starting_deadline:
-        earlier = (RunOutcome.MISSED, "missed while goald was not running; the latest fire was past its deadline")
+        earlier = (RunOutcome.MISSED, f"missed {gap}; the latest fire was past its deadline")
         last = (RunOutcome.MISSED, f"missed: {late:.0f}s late, past the starting deadline of {starting_deadline:g}s")
     else:
-        earlier = (RunOutcome.COALESCED, f"missed while goald was not running; coalesced into {newest.isoformat()}")
-        last = (RunOutcome.FIRED, "due while goald was not running (misfire policy coalesce)")
+        earlier = (RunOutcome.COALESCED, f"missed {gap}; coalesced into {newest.isoformat()}")
+        last = (RunOutcome.FIRED, f"due {gap} (misfire policy coalesce)")
     runs = [MissedRun(t, *earlier) for t in latest[:-1]]
     runs.append(MissedRun(newest, *last))
     if cursor is not None and cursor > last_fire_at:

@@ -27,10 +27,12 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
+import psycopg
 from aiohttp import web
 from loguru import logger
 
 from agent import Runtime
+from daemon.cluster import LeaseManager
 from daemon.display import status_text
 from daemon.metrics import LoopLag
 from daemon.ports import HostPort
@@ -157,6 +159,20 @@ class WebService:
             raise Refused(503, "Unavailable", "the daemon is not serving")
         return self.host.rt
 
+    async def _mark_nodes(self, goals: list[dict[str, Any]]) -> None:
+        """In a cluster, set each goal's ``node``: the name of the node whose lease holds its session
+        (``None``: no node holds it now); on SQLite leave the goals as they are (no node column)."""
+        leases = self.host.rt.leases if self.host.rt is not None else None
+        if not isinstance(leases, LeaseManager) or not goals:
+            return
+        try:
+            held = await leases.holders([str(g["sessionId"]) for g in goals if g.get("sessionId")])
+        except psycopg.Error as exc:  # the database is unreachable: "storage" on the daemon page says so
+            logger.debug("status page: the goals' nodes are unknown ({})", exc)
+            held = {}
+        for g in goals:
+            g["node"] = held.get(str(g.get("sessionId")))
+
     def _page(self, request: web.Request, title: str, body: str, page: str, extra: str = "") -> web.Response:
         token = token_of(request)
         html = layout(title, body, page=page, token=token.name, read_only=token.read_only, csrf=token.csrf, extra=extra)
@@ -173,6 +189,7 @@ class WebService:
         listing = await self.call(request, "goal/list", params)
         ordered = attention_order(list(listing.get("goals") or []))
         shown = ordered[(page - 1) * PER_PAGE : page * PER_PAGE]
+        await self._mark_nodes(shown)
         body = goals_page(shown, status=status, schedule=schedule, page=page, per_page=PER_PAGE, total=len(ordered))
         return self._page(request, "Goals", body, "goals")
 
@@ -189,6 +206,7 @@ class WebService:
             except Refused:
                 return None  # deleted since
             sessions.setdefault(str(g.get("sessionId")), goal_id)
+            await self._mark_nodes([g])
             return goal_row(g)
 
         return await goals_stream(request, hub=self._rt().store.hub, sessions=sessions, row=row, streams=self.streams)
@@ -202,6 +220,10 @@ class WebService:
         tl = await rt.store.read(lambda conn: bands_before(conn, g["sessionId"], st.last_seq + 1, BANDS_PER_PAGE))
         last = tl.bands[0].last_seq if tl.bands else 0
         flash = request.query.get("done")
+        marked = dict(g)
+        await self._mark_nodes([marked])
+        if "node" in marked:
+            d = {**d, "node": marked["node"]}
         body = goal_page(
             d,
             timeline_section(g["id"], tl),

@@ -15,7 +15,6 @@ each budget that is left (or used, against the largest value, for a kind without
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +22,7 @@ from functools import partial
 from html import escape
 
 from agent import Store, read_events
+from agent.db import Conn
 from goals.facts import charged
 
 #: Event kinds that charge tokens or cost.
@@ -78,7 +78,7 @@ class BurnCache:
                     return s
 
 
-def _charges(session_id: str, after: int, conn: sqlite3.Connection) -> tuple[int, int, list[tuple[float, int, float]]]:
+def _charges(session_id: str, after: int, conn: Conn) -> tuple[int, int, list[tuple[float, int, float]]]:
     """One page of charges, parsed on the store's thread (not on the event loop): how many events
     were read, the last sequence number, and ``(time, tokens, cost)`` of each that charged."""
     events = read_events(conn, session_id, after, limit=PAGE, types=CHARGING)

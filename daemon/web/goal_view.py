@@ -82,7 +82,16 @@ def describe_rows(d: Mapping[str, Any]) -> list[tuple[str, str]]:
         *([("result", h(g.get("resultSummary")))] if g.get("resultSummary") else []),
         ("created", h(f"{when(g.get('createdAt'))} ({age(g.get('createdAt'))})")),
         ("session", f"<code>{h(g.get('sessionId'))}</code>"),
+        *([("node", _node_text(d.get("node"), str(g.get("status"))))] if "node" in d else []),
     ]
+
+
+def _node_text(node: str | None, status: str) -> str:
+    """The node that drives the goal's session (a cluster's lease holder), or why none does."""
+    if node:
+        return f'<span id="goal-node">{h(node)}</span>'
+    why = "none now: a node with room takes it at its next heartbeat" if status == "active" else "none"
+    return f'<span id="goal-node">{h(why)}</span>'
 
 
 def _budget_rows(g: Mapping[str, Any]) -> list[tuple[str, str]]:

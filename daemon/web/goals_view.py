@@ -35,8 +35,11 @@ def goals_page(
         "<button>filter</button></form>"
     )
     rows = "".join(goal_row(g) for g in goals)
+    # In a cluster each goal carries its ``node`` (who drives it): one more column.
+    nodes = ("node",) if any("node" in g for g in goals) else ()
     head = "".join(
-        f"<th>{c}</th>" for c in ("status", "key", "title", "model", "round", "age", "last activity", "tokens", "cost")
+        f"<th>{c}</th>"
+        for c in ("status", "key", "title", "model", *nodes, "round", "age", "last activity", "tokens", "cost")
     )
     pages = max(1, -(-total // per_page))
     nav = ""
@@ -66,7 +69,14 @@ def goal_row(g: Mapping[str, Any]) -> str:
         f'<tr data-goal="{h(gid)}" data-status="{h(g.get("status"))}">'
         f"<td>{status_cell(g)}</td><td>{h(g.get('key'))}</td>"
         f'<td><a href="/goals/{h(gid)}">{h(g.get("title"))}</a></td><td>{h(g.get("model"))}</td>'
-        f"<td>{h(rounds)}</td><td>{h(age(g.get('createdAt')))}</td><td>{h(age(last))}</td>"
+        f"{_node_cell(g)}<td>{h(rounds)}</td><td>{h(age(g.get('createdAt')))}</td><td>{h(age(last))}</td>"
         f"<td>{bar(float(g.get('tokens') or 0), b.get('maxTokensTotal'), TOKENS)}</td>"
         f"<td>{bar(float(g.get('cost') or 0.0), b.get('maxCost'), '{:.4f}')}</td></tr>"
     )
+
+
+def _node_cell(g: Mapping[str, Any]) -> str:
+    """The node that drives the goal's session, in a cluster (no cell otherwise); "-" when none holds it now."""
+    if "node" not in g:
+        return ""
+    return f'<td class="node">{h(g["node"] or "-")}</td>'

@@ -15,10 +15,10 @@ number of the oldest band shown, so pages never overlap and never skip an event.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 
 from agent import Event, first_kept_seq, read_events
+from agent.db import Conn
 
 #: Events read per window when scanning backwards.
 WINDOW = 400
@@ -110,9 +110,7 @@ def split_bands(events: list[Event]) -> list[Band]:
     return bands
 
 
-def bands_before(
-    conn: sqlite3.Connection, session_id: str, before: int, count: int, *, max_scan: int = 20_000
-) -> TimelinePage:
+def bands_before(conn: Conn, session_id: str, before: int, count: int, *, max_scan: int = 20_000) -> TimelinePage:
     """Up to ``count`` bands that end below ``before`` (newest first), on the store's thread."""
     floor = first_kept_seq(conn, session_id)
     if floor is None or before <= floor:
@@ -137,6 +135,6 @@ def bands_before(
     return TimelinePage(list(reversed(shown)), first if first > floor else None)
 
 
-def events_between(conn: sqlite3.Connection, session_id: str, after: int, upto: int, limit: int) -> list[Event]:
+def events_between(conn: Conn, session_id: str, after: int, upto: int, limit: int) -> list[Event]:
     """The events of one band (its conversation), at most ``limit``."""
     return read_events(conn, session_id, after, upto=upto, limit=limit)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sqlite3
 from collections.abc import Awaitable
 from contextlib import closing
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import storekit
 from pydantic import BaseModel
+from storekit import Location
 
 from agent import (
     AgentStatus,
@@ -42,7 +42,11 @@ from agent import (
     ToolContext,
     ToolOutput,
 )
+from agent.db import Conn
 from agent.driver import CANCELLED_TOOL_TEXT
+
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 T = TypeVar("T")
 WAIT = 10.0
@@ -66,7 +70,7 @@ async def events_of(rt: Runtime, sid: str, *types: str) -> list[Event]:
 async def inbox_row(rt: Runtime, message_id: str) -> dict[str, Any]:
     """One inbox row as a dict."""
 
-    def run(conn: sqlite3.Connection) -> dict[str, Any]:
+    def run(conn: Conn) -> dict[str, Any]:
         row = conn.execute("SELECT * FROM inbox WHERE id=?", (message_id,)).fetchone()
         assert row is not None, f"no inbox row {message_id}"
         return dict(row)
@@ -77,7 +81,7 @@ async def inbox_row(rt: Runtime, message_id: str) -> dict[str, Any]:
 async def model_calls(rt: Runtime, sid: str) -> list[dict[str, Any]]:
     """The session's ``model_calls`` rows in attempt order."""
 
-    def run(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    def run(conn: Conn) -> list[dict[str, Any]]:
         rows = conn.execute(
             "SELECT * FROM model_calls WHERE session_id=? ORDER BY started_at, attempt", (sid,)
         ).fetchall()
@@ -86,9 +90,9 @@ async def model_calls(rt: Runtime, sid: str) -> list[dict[str, Any]]:
     return await rt.store.read(run)
 
 
-def total_events(db_path: Path) -> int:
+def total_events(db_path: Location) -> int:
     """Rows in ``events`` across every session, through a second connection."""
-    with closing(sqlite3.connect(db_path)) as conn:
+    with closing(storekit.connect(db_path)) as conn:
         return int(conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
 
 
@@ -444,7 +448,7 @@ async def test_tool_calls_of_one_step_run_concurrently(open_runtime) -> None:
 async def test_assistant_message_asking_for_tools_is_committed_before_the_tool_starts(open_runtime, db_path) -> None:
     async def look(ctx: ToolContext) -> str:
         # A second connection, as another process would read the store.
-        with closing(sqlite3.connect(db_path)) as conn:
+        with closing(storekit.connect(db_path)) as conn:
             rows = conn.execute(
                 "SELECT data FROM events WHERE session_id=? AND type=?",
                 (ctx.session_id, EventType.ASSISTANT_MESSAGE.value),

@@ -6,7 +6,7 @@ Pinned here:
   written concurrently (and in one transaction), and it survives closing and reopening the store;
 * every status transition is an event: ``running`` and ``idle`` alternate, never twice in a row,
   and ``Agent.status`` / ``status_seq`` change only at those events;
-* hub listeners and subscribers get an event only once it is committed (a second SQLite
+* hub listeners and subscribers get an event only once it is committed (a second
   connection already sees its row), in sequence order, before the writer's ``await`` returns;
 * a subscriber that disconnects at random points and resumes from its last sequence number while
   another task keeps appending sees every event exactly once, in order;
@@ -14,7 +14,8 @@ Pinned here:
 * a subscriber of one session sees nothing of another;
 * a rolled-back transaction publishes nothing and consumes no sequence number.
 
-The only stand-in is the shipped scripted model; the store is a real SQLite file.
+The only stand-in is the shipped scripted model; the store is a real SQLite file or a real
+PostgreSQL database (every test runs on both).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ import contextlib
 import itertools
 import json
 import random
-import sqlite3
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+import storekit
 from pydantic import BaseModel
+from storekit import Location
 
 from agent import (
     AgentStatus,
@@ -51,6 +52,9 @@ from agent import (
     parse_content,
 )
 from agent.driver import Agent
+
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 TIMEOUT = 10.0
 SEED = 5_2024
@@ -146,14 +150,9 @@ def same(a: Event, b: Event) -> bool:
     return (a.session_id, a.seq, a.type, a.data, a.at) == (b.session_id, b.seq, b.type, b.data, b.at)
 
 
-@contextlib.contextmanager
-def second_connection(path: Path) -> Any:
-    conn = sqlite3.connect(path)
-    conn.row_factory = sqlite3.Row
-    try:
-        yield conn
-    finally:
-        conn.close()
+def second_connection(location: Location) -> contextlib.closing[Any]:
+    """A connection of its own to the test's store (a fresh process's view of it)."""
+    return contextlib.closing(storekit.connect(location))
 
 
 @contextlib.asynccontextmanager

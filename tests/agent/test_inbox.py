@@ -1,4 +1,4 @@
-"""The inbox and whole-agent idle, on a real SQLite file.
+"""The inbox and whole-agent idle, on each store (a real SQLite file, a real PostgreSQL database).
 
 Pins the runtime-core "must show" items about input messages: ``followup()`` only enqueues and the
 message is durable as queued before it returns (seen through a second connection while the agent
@@ -16,15 +16,15 @@ opens, so nothing depends on timing.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from contextlib import closing
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import storekit
+from storekit import Location
 
 from agent import (
     MAX_MESSAGE_BYTES,
@@ -51,7 +51,11 @@ from agent import (
     parse_content,
     transition_fate,
 )
+from agent.db import Conn
 from agent.messages import content_json
+
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 T = TypeVar("T")
 WAIT = 10.0
@@ -111,9 +115,9 @@ def user_texts(request: ModelRequest) -> list[str]:
     ]
 
 
-def counts(db_path: Path) -> tuple[int, int]:
+def counts(db_path: Location) -> tuple[int, int]:
     """Rows in ``inbox`` and ``events``, read through a second connection."""
-    with closing(sqlite3.connect(db_path)) as conn:
+    with closing(storekit.connect(db_path)) as conn:
         inbox = conn.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
         events = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
     return int(inbox), int(events)
@@ -122,7 +126,7 @@ def counts(db_path: Path) -> tuple[int, int]:
 async def inbox_row(rt: Runtime, message_id: str) -> dict[str, Any]:
     """One inbox row as a dict."""
 
-    def run(conn: sqlite3.Connection) -> dict[str, Any]:
+    def run(conn: Conn) -> dict[str, Any]:
         row = conn.execute("SELECT * FROM inbox WHERE id=?", (message_id,)).fetchone()
         assert row is not None, f"no inbox row {message_id}"
         return dict(row)
@@ -164,7 +168,7 @@ async def test_followup_returns_none_and_is_durable_as_queued_before_it_returns(
         assert result is None
         assert not busy.released.is_set()
         assert agent.status is AgentStatus.RUNNING
-        with closing(sqlite3.connect(db_path)) as conn:
+        with closing(storekit.connect(db_path)) as conn:
             row = conn.execute(
                 "SELECT session_id, delivery, fate, turn_id, cancel_reason FROM inbox WHERE id=?", (mid,)
             ).fetchone()
@@ -172,7 +176,7 @@ async def test_followup_returns_none_and_is_durable_as_queued_before_it_returns(
                 "SELECT COUNT(*) FROM events WHERE session_id=? AND type=? AND json_extract(data, '$.messageId')=?",
                 (sid, EventType.MESSAGE_QUEUED.value, mid),
             ).fetchone()[0]
-        assert row == (sid, "followup", "queued", None, None)
+        assert tuple(row) == (sid, "followup", "queued", None, None)
         assert queued == 1
 
         busy.release()

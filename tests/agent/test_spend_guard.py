@@ -8,7 +8,9 @@ charged in full when the store is reopened; with a token budget B, the total cha
 exceeds B. The estimator and :meth:`SpendGuard.check` are also tested as pure units.
 
 Each test names its scripted model uniquely: prompt estimators are calibrated per model, so a
-fresh name gives a fresh, known estimator.
+fresh name gives a fresh, known estimator. Every test that uses the store runs on SQLite and on
+PostgreSQL (the store contract), so the same name runs twice in one process: each test starts
+from no calibrated estimator at all (:func:`fresh_estimators`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import sqlite3
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
+from storekit import Location
 
 from agent import (
     CallId,
@@ -47,18 +48,29 @@ from agent import (
     enqueue,
     estimator_for,
     parse_content,
+    spend,
     take_or_idle,
 )
 from agent.calls import reserve_call
+from agent.db import Conn
+
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 WAIT = 30.0
+
+
+@pytest.fixture(autouse=True)
+def fresh_estimators(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No estimator calibrated by an earlier test (the estimators are process-wide, per model)."""
+    monkeypatch.setattr(spend, "_estimators", {})
 
 
 async def _calls(rt: Runtime) -> list[dict[str, Any]]:
     """Every ``model_calls`` row, in the order the reservations were made."""
 
-    def run(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-        return [dict(r) for r in conn.execute("SELECT * FROM model_calls ORDER BY rowid").fetchall()]
+    def run(conn: Conn) -> list[dict[str, Any]]:
+        return [dict(r) for r in conn.execute("SELECT * FROM model_calls ORDER BY started_at, attempt").fetchall()]
 
     return await rt.store.read(run)
 
@@ -205,7 +217,7 @@ async def test_retried_attempts_are_charged(open_runtime) -> None:
     assert [(e.data["attempt"], e.data["retrying"], e.data["usage"]["input_tokens"]) for e in errors] == [(1, True, 50)]
 
 
-async def test_reservation_left_open_by_a_dead_process_is_charged_in_full(db_path: Path) -> None:
+async def test_reservation_left_open_by_a_dead_process_is_charged_in_full(db_path: Location) -> None:
     # A process that reserved and died before settling: written with the store's own transaction
     # functions and closed without settling, as a crash would leave it.
     store = await Store.open(db_path)

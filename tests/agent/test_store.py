@@ -1,7 +1,10 @@
-"""The store on a real SQLite file: the connection's settings, schema versions and forward migrations.
+"""The store on a real SQLite file and a real PostgreSQL database: the connection's settings,
+schema versions and forward migrations.
 
-The settings are read back with ``PRAGMA`` on the very connection the store works with (through
-``Store.read``), and the file's journal mode through a second, independent connection. Migrations
+SQLite's settings are read back with ``PRAGMA`` on the very connection the store works with
+(through ``Store.read``), and the file's journal mode through a second, independent connection
+(SQLite only: PostgreSQL has no such settings of ours). Every migration test runs on both stores:
+versions, tables, indexes and triggers are read from each store's own catalogue. Migrations
 are checked with a small package of this test's own (a column added to a table that holds rows, a
 failing step that must leave nothing behind, a database newer than the code) and with the real
 ``goals`` schema: a database left at goals version 1 by an older goald is brought to the current
@@ -12,17 +15,25 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+import psycopg
 import pytest
+import storekit
+from storekit import Location
 
 from agent import Conflict, Limits, Migration, Runtime, SchemaTooNew, Store, Tx, create_guard, create_session
+from agent.db import is_postgres
 from agent.schema import MIGRATIONS as AGENT_MIGRATIONS
 from goals import Budgets, Goal, GoalId, GoalStatus, StopRules
 from goals.store import MIGRATIONS as GOAL_MIGRATIONS
 from goals.store import goal_from_row, insert_goal
+
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -32,26 +43,31 @@ async def pragma(store: Store, name: str) -> Any:
     return await store.read(lambda conn: conn.execute(f"PRAGMA {name}").fetchone()[0])
 
 
-def second_connection(db: Path) -> contextlib.closing[sqlite3.Connection]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return contextlib.closing(conn)
+def second_connection(db: Location) -> contextlib.closing[Any]:
+    return contextlib.closing(storekit.connect(db))
 
 
-def versions(db: Path) -> list[tuple[str, int, str]]:
+def versions(db: Location) -> list[tuple[str, int, str]]:
     with second_connection(db) as conn:
         rows = conn.execute("SELECT package, version, summary FROM schema_versions ORDER BY package, version")
         return [(r["package"], r["version"], r["summary"]) for r in rows]
 
 
-def schema(db: Path) -> dict[tuple[str, str], str]:
-    """Every table, index and trigger of the file with its SQL (not the planner's statistics tables,
-    which ``PRAGMA optimize`` at close may create)."""
-    with second_connection(db) as conn:
-        rows = conn.execute(
-            "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_stat%'"
-        ).fetchall()
-        return {(r["type"], r["name"]): r["sql"] for r in rows}
+schema = storekit.schema
+
+
+@pytest.fixture
+def other_db(db_path: Location, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Location]:
+    """A second fresh store of the same kind as ``db_path`` (another file, or another database)."""
+    if not storekit.is_postgres(db_path):
+        yield tmp_path / "other.db"
+        return
+    server = request.getfixturevalue("pg_server")
+    dsn: str = server.create_database()
+    try:
+        yield dsn
+    finally:
+        server.drop_database(dsn.rsplit("/", 1)[1])
 
 
 # -- the connection's settings ---------------------------------------------------------------------
@@ -59,8 +75,9 @@ def schema(db: Path) -> dict[tuple[str, str], str]:
 
 @pytest.mark.parametrize(("durability", "synchronous"), [("normal", 1), ("full", 2)])
 async def test_the_store_opens_in_wal_with_a_busy_timeout_and_the_chosen_durability(
-    db_path: Path, durability: Any, synchronous: int
+    db_path: Location, durability: Any, synchronous: int
 ) -> None:
+    storekit.skip_unless_sqlite(db_path, "WAL, busy timeout and synchronous are SQLite's settings")
     async with await Store.open(db_path, durability=durability) as store:
         assert str(await pragma(store, "journal_mode")).lower() == "wal"
         assert await pragma(store, "busy_timeout") == 5000
@@ -83,7 +100,7 @@ async def test_durability_defaults_to_normal_and_the_runtime_passes_full_through
 # -- schema versions --------------------------------------------------------------------------------
 
 
-async def test_schema_versions_are_recorded_per_package_with_their_summaries(db_path: Path) -> None:
+async def test_schema_versions_are_recorded_per_package_with_their_summaries(db_path: Location) -> None:
     async with await Store.open(db_path) as store:
         assert await store.migrate("goals", GOAL_MIGRATIONS) == max(m.version for m in GOAL_MIGRATIONS)
     expected = [("agent", m.version, m.summary) for m in AGENT_MIGRATIONS] + [
@@ -100,7 +117,13 @@ async def test_schema_versions_are_recorded_per_package_with_their_summaries(db_
 
 
 DEMO = [
-    Migration(version=1, summary="notes", sql="CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL);"),
+    Migration(
+        version=1,
+        summary="notes",
+        sql="CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL);",
+        # SQLite's INTEGER PRIMARY KEY numbers new rows by itself; PostgreSQL's needs an identity.
+        postgres="CREATE TABLE notes (id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY, body TEXT NOT NULL);",
+    ),
     Migration(
         version=2,
         summary="notes get a tag; old notes are tagged 'old'",
@@ -113,7 +136,7 @@ BROKEN = Migration(
 )
 
 
-async def test_a_forward_migration_keeps_the_data_and_a_failed_step_leaves_nothing(db_path: Path) -> None:
+async def test_a_forward_migration_keeps_the_data_and_a_failed_step_leaves_nothing(db_path: Location) -> None:
     async with await Store.open(db_path) as store:
         assert await store.migrate("demo", DEMO[:1]) == 1
         await store.transact(lambda tx: tx.execute("INSERT INTO notes(body) VALUES ('first'), ('second')"))
@@ -130,7 +153,7 @@ async def test_a_forward_migration_keeps_the_data_and_a_failed_step_leaves_nothi
     # A step that fails rolls back whole: no version row, no table, the earlier data untouched.
     before = schema(db_path)
     async with await Store.open(db_path) as store:
-        with pytest.raises(sqlite3.OperationalError, match="no_such_table"):
+        with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable), match="no_such_table"):
             await store.migrate("demo", [*DEMO, BROKEN])
         assert await store.read(lambda conn: conn.execute("SELECT count(*) FROM notes").fetchone()[0]) == 2
     assert schema(db_path) == before
@@ -180,7 +203,12 @@ class _OldSchemaTx:
 
     def execute(self, sql: str, params: Any = ()) -> Any:
         if sql.startswith("INSERT INTO goals("):
-            have = {r[1] for r in self._tx.conn.execute("PRAGMA table_info(goals)")}
+            sql_have = (
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'goals'"
+                if is_postgres(self._tx.conn)
+                else "SELECT name FROM pragma_table_info('goals')"
+            )
+            have = {r[0] for r in self._tx.conn.execute(sql_have)}
             cols = sql[len("INSERT INTO goals(") : sql.index(")")].split(", ")
             kept = [(c, p) for c, p in zip(cols, params, strict=True) if c in have]
             sql = f"INSERT INTO goals({', '.join(c for c, _ in kept)}) VALUES ({', '.join('?' for _ in kept)})"
@@ -192,8 +220,10 @@ def _add_old_goal(tx: Tx, workdir: Path, title: str) -> Goal:
     return _add_goal(cast(Tx, _OldSchemaTx(tx)), workdir, title)
 
 
-async def test_a_goals_schema_of_version_1_is_migrated_on_open_and_keeps_its_goals(tmp_path: Path) -> None:
-    fresh, old = tmp_path / "fresh.db", tmp_path / "old.db"
+async def test_a_goals_schema_of_version_1_is_migrated_on_open_and_keeps_its_goals(
+    tmp_path: Path, db_path: Location, other_db: Location
+) -> None:
+    fresh, old = other_db, db_path
     shared = tmp_path / "shared"
     shared.mkdir()
     async with await Store.open(fresh) as store:
@@ -229,4 +259,5 @@ async def test_a_goals_schema_of_version_1_is_migrated_on_open_and_keeps_its_goa
     assert schema(old) == schema(fresh)
     with second_connection(old) as conn:
         assert conn.execute("SELECT count(*) FROM goals").fetchone()[0] == 2
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        if not storekit.is_postgres(old):
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -19,15 +19,16 @@ redacted in every tool's result — exactly as its parent, never the daemon-wide
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import storekit
 from harness import Daemon, all_events, rpc, wait_goal
 from providers_server import ProviderServer, Recorded, Respond, oa_call, oa_chunk, oa_usage, openai_stream, openai_text
 from pydantic import BaseModel
@@ -479,7 +480,7 @@ async def test_four_parents_delegating_at_once_under_a_limit_of_four_do_not_dead
     assert finals == [f"parent {i} got: answer to TASK for parent {i}" for i in range(4)]
 
 
-# -- crashes ------------------------------------------------------------------------------------
+# -- crashes (store contract: on SQLite and on PostgreSQL) ------------------------------------
 
 CRASHING_PARENT = r"""
 import asyncio, sys
@@ -507,7 +508,8 @@ asyncio.run(main())
 """
 
 
-async def test_a_child_whose_call_died_with_the_process_is_settled_at_open(db_path: Path) -> None:
+@pytest.mark.both_stores
+async def test_a_child_whose_call_died_with_the_process_is_settled_at_open(db_path: Path | str) -> None:
     env = {k: v for k, v in os.environ.items() if "API_KEY" not in k}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = await asyncio.create_subprocess_exec(
@@ -543,7 +545,8 @@ async def test_a_child_whose_call_died_with_the_process_is_settled_at_open(db_pa
     assert root_tokens == guard_tokens
 
 
-async def test_an_orphans_queued_task_is_cancelled_not_run(db_path: Path) -> None:
+@pytest.mark.both_stores
+async def test_an_orphans_queued_task_is_cancelled_not_run(db_path: Path | str) -> None:
     # The durable state a crash leaves between the delegate call's enqueue and the child's first turn.
     store = await Store.open(db_path)
     try:
@@ -569,10 +572,9 @@ async def test_an_orphans_queued_task_is_cancelled_not_run(db_path: Path) -> Non
         loaded = child in rt.live_agents
     model.assert_done()
     assert first_text(model.calls[0].request) == "a message of the root's own"
-    with sqlite3.connect(db_path) as conn:
+    with contextlib.closing(storekit.connect(db_path)) as conn:
         fates = conn.execute("SELECT fate, cancel_reason FROM inbox WHERE session_id=?", (child,)).fetchall()
-    conn.close()
-    assert fates == [("cancelled", ORPHANED)]
+    assert [tuple(f) for f in fates] == [("cancelled", ORPHANED)]
     assert row.config["subagent"]["settled"] is True and status == "idle" and not loaded
 
 

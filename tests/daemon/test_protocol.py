@@ -213,6 +213,7 @@ def test_error_codes_are_the_documented_numbers() -> None:
         "SHUTTING_DOWN": -32004,
         "EVENTS_PRUNED": -32005,
         "STORAGE_UNAVAILABLE": -32006,
+        "NOT_SUPPORTED": -32007,
     }
 
 

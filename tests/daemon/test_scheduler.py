@@ -34,7 +34,16 @@ from agent import (
     ToolRegistry,
     file_tools,
 )
-from daemon.schedule import SCHEDULE_CHANGED, SCHEDULE_RUN, RunOutcome, Schedule, Scheduler, cancel_goal, goal_status
+from daemon.schedule import (
+    SCHEDULE_CHANGED,
+    SCHEDULE_RUN,
+    FireClaim,
+    RunOutcome,
+    Schedule,
+    Scheduler,
+    cancel_goal,
+    goal_status,
+)
 from goals import GOAL_CHANGED, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
 #: Far ahead of the real clock: APScheduler sleeps through every job planned from it.
@@ -66,10 +75,11 @@ class Goals:
         self.cancelled: list[str] = []
         self.fail: Exception | None = None
 
-    async def fire(self, schedule: Schedule, at: datetime) -> str:
+    async def fire(self, schedule: Schedule, at: datetime, claim: FireClaim) -> str:
         if self.fail is not None:
             raise self.fail
         goal_id = f"goal_{len(self.fired) + 1}"
+        await claim.commit(goal_id)  # the goal is "made" only once the instant is ours
         self.fired.append((schedule.id, at, dict(schedule.goal)))
         self.status[goal_id] = "active"
         return goal_id
@@ -427,10 +437,15 @@ async def test_fires_create_goals_through_the_real_engine(db_path: Path, tmp_pat
     async with Runtime.open(db_path, models=registry, tools=tools) as rt:
         async with GoalEngine.running(rt, timer_interval=0.05) as engine:
 
-            async def fire(schedule: Schedule, at: datetime) -> str:
+            def goal_spec_of(schedule: Schedule, at: datetime) -> GoalSpec:
                 template = {**schedule.goal, "workdir": str(workdir)}
-                goal_spec = GoalSpec.model_validate(template | {"idempotency_key": f"{schedule.id}@{at.isoformat()}"})
-                return str((await engine.create(goal_spec)).id)
+                return GoalSpec.model_validate(template | {"idempotency_key": f"{schedule.id}@{at.isoformat()}"})
+
+            async def fire(schedule: Schedule, at: datetime, claim: FireClaim) -> str:
+                goal = await engine.create(
+                    goal_spec_of(schedule, at), also=lambda tx, made: claim.record(tx, str(made.id))
+                )
+                return str(goal.id)
 
             sch = Scheduler(
                 rt.store,
@@ -473,12 +488,13 @@ async def test_fires_create_goals_through_the_real_engine(db_path: Path, tmp_pat
                 assert run4 is not None and run4.outcome is RunOutcome.FIRED and run4.goal_id is not None
                 assert (await engine.get(run2.goal_id)).status is GoalStatus.CANCELLED
 
-                # goald dies after a fire made its goal but before the run was recorded: the
-                # retried fire finds that goal instead of making a second one. (Under "replace" that
-                # fire first cancelled the previous goal, which held the shared work directory.)
+                # A goal made for an instant whose run was never recorded (an older goald made the
+                # goal and the run in two transactions and died in between): the fire finds that goal
+                # instead of making a second one. (Under "replace" that fire first cancelled the
+                # previous goal, which held the shared work directory.)
                 fresh = await sch.get(sched.id)
                 await engine.cancel(run4.goal_id, reason="replaced by the next scheduled run")
-                made = await fire(fresh, h(5))
+                made = str((await engine.create(goal_spec_of(fresh, h(5)))).id)
                 run5 = await sch.fire_now(sched.id, h(5))
                 assert run5 is not None and run5.goal_id == made
                 assert (await engine.get(run4.goal_id)).status is GoalStatus.CANCELLED

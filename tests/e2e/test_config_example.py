@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from agent.spend import Price
 from agent.tools.policy import ToolPolicy
+from daemon.cluster.settings import ClusterSettings
 from daemon.settings import (
     GoalSandbox,
     McpServerSettings,
@@ -51,6 +52,7 @@ def test_every_settings_key_is_documented_in_the_example() -> None:
         SecretRef,
         GoalSandbox,
         RetentionSettings,
+        ClusterSettings,
         ToolPolicy,
         Price,
     ]

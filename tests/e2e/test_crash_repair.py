@@ -4,9 +4,12 @@ A child process (a real Python interpreter running a script this test writes) op
 starts a turn and parks it at a chosen point: in a tool call that never returns, or in a model
 call that never returns. While the turn is parked the child enqueues two more follow-ups, then
 prints ``READY``. The parent sends ``SIGKILL``, waits for the process to die and opens the same
-SQLite file with a new runtime. Repair must close the killed turn ``interrupted``, give the cut-off
+store with a new runtime. Repair must close the killed turn ``interrupted``, give the cut-off
 tool call the "outcome unknown" result, charge the open reservation in full, and let the next
 turn admit the queued follow-ups, each exactly once. A second reopen replays nothing.
+
+Crash repair is part of the store contract: the test runs on a SQLite file and on a PostgreSQL
+database (the child opens whichever ``db_path`` names; SQLite's integrity check is SQLite's only).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
+import storekit
+from storekit import Location
 
 from agent import (
     OUTCOME_UNKNOWN,
@@ -35,6 +39,9 @@ from agent import (
     ToolRegistry,
     ToolResultBlock,
 )
+
+#: The store contract: the test runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 60.0
@@ -129,7 +136,7 @@ def _open_for_child(path: Path) -> BinaryIO:
     return open(path, "wb")  # the caller closes it (a with-block)
 
 
-async def _run_and_kill(tmp_path: Path, db: Path, mode: str) -> dict[str, Any]:
+async def _run_and_kill(tmp_path: Path, db: Location, mode: str) -> dict[str, Any]:
     """Run the child until READY, then ``kill -9`` it and wait for it to die."""
     script, stderr_path = _write_child(tmp_path, mode)
     with _open_for_child(stderr_path) as err:
@@ -155,22 +162,21 @@ async def _run_and_kill(tmp_path: Path, db: Path, mode: str) -> dict[str, Any]:
     return info
 
 
-def _rows(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+def _rows(db: Location, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
     """Rows read through a second, independent connection."""
-    conn = sqlite3.connect(db)
+    conn = storekit.connect(db)
     try:
-        conn.row_factory = sqlite3.Row
-        return conn.execute(sql, params).fetchall()
+        rows: list[Any] = conn.execute(sql, params).fetchall()
+        return rows
     finally:
         conn.close()
 
 
-def _integrity(db: Path) -> str:
-    conn = sqlite3.connect(db)
-    try:
-        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
-    finally:
-        conn.close()
+def _integrity(db: Location) -> str:
+    """SQLite's integrity check of the file (PostgreSQL has no such check: ``ok``)."""
+    if storekit.is_postgres(db):
+        return "ok"
+    return str(storekit.scalar(db, "PRAGMA integrity_check"))
 
 
 def _registry(model: ScriptedModel) -> ModelRegistry:
@@ -184,7 +190,7 @@ def _of(events: list[Event], kind: str) -> list[Event]:
     return [e for e in events if e.type == kind]
 
 
-def _assert_admitted_once(db: Path, events: list[Event], ids: list[str]) -> None:
+def _assert_admitted_once(db: Location, events: list[Event], ids: list[str]) -> None:
     counts = Counter(e.data["messageId"] for e in _of(events, EventType.MESSAGE_ADMITTED))
     assert all(n == 1 for n in counts.values()), counts
     assert set(counts) == set(ids)
@@ -193,8 +199,8 @@ def _assert_admitted_once(db: Path, events: list[Event], ids: list[str]) -> None
 
 
 @pytest.mark.parametrize("mode", ["tool", "model"])
-async def test_kill_9_mid_turn_is_repaired_on_reopen(tmp_path: Path, mode: str) -> None:
-    db = tmp_path / "goald.db"
+async def test_kill_9_mid_turn_is_repaired_on_reopen(tmp_path: Path, db_path: Location, mode: str) -> None:
+    db = db_path
     info = await _run_and_kill(tmp_path, db, mode)
     sid, ids = info["sid"], info["ids"]
 
@@ -236,7 +242,7 @@ async def test_kill_9_mid_turn_is_repaired_on_reopen(tmp_path: Path, mode: str) 
     user_texts = [b.text for m in prompt if m.role == "user" for b in m.content if isinstance(b, TextBlock)]
     assert user_texts == ["first", "second", "third"]
 
-    calls = _rows(db, "SELECT * FROM model_calls ORDER BY rowid")
+    calls = _rows(db, "SELECT * FROM model_calls ORDER BY started_at, attempt")
     killed_calls = [r for r in calls if r["turn_id"] == killed]
     charged = _of(events, EventType.MODEL_CHARGED)
     if mode == "tool":

@@ -32,7 +32,7 @@ from harness import Daemon
 
 from agent import Store
 from daemon.client import Connection as Client
-from daemon.schedule import SCHEDULE_RUN, RunOutcome, Schedule, Scheduler
+from daemon.schedule import SCHEDULE_RUN, FireClaim, RunOutcome, Schedule, Scheduler
 
 LIMIT = 30.0
 
@@ -230,9 +230,10 @@ class InstantGoals:
         self.fired: list[datetime] = []
         self.status: dict[str, str] = {}
 
-    async def fire(self, schedule: Schedule, at: datetime) -> str:
+    async def fire(self, schedule: Schedule, at: datetime, claim: FireClaim) -> str:
+        goal_id = f"goal_{len(self.fired) + 1}"
+        await claim.commit(goal_id)
         self.fired.append(at)
-        goal_id = f"goal_{len(self.fired)}"
         self.status[goal_id] = "completed"
         return goal_id
 

@@ -56,6 +56,9 @@ from goals import (
     tools_for_goal_sessions,
 )
 
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 TABLES = ("goals", "sessions", "inbox", "events", "guards")
 Rule = Callable[[ModelRequest], Reply | Awaitable[Reply]]
 

@@ -1,9 +1,10 @@
-"""People and goals, and goals across restarts, on a real SQLite file.
+"""People and goals, and goals across restarts, on each store (a real SQLite file, a real PostgreSQL
+database).
 
 A person's follow-up supersedes a goal's queued continuation and runs first; steering joins a
 running goal turn. Pause, edit (``engine.update``), resume and cancel are durable: each test closes
-the runtime and the engine, checks the goal's row through a second SQLite connection, reopens the
-same file, and watches the engine carry on by itself. A continuation queued when the process stops
+the runtime and the engine, checks the goal's row through a second connection, reopens the
+same store, and watches the engine carry on by itself. A continuation queued when the process stops
 is recognized by its ``MessageId`` after the restart and never issued twice.
 
 The only stand-in is the shipped scripted model. A model step that must be "in flight" at a given
@@ -18,12 +19,12 @@ import contextlib
 import json
 import re
 import shlex
-import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import storekit
 from goalkit import goal_runtime, wait_status
 
 from agent import (
@@ -48,6 +49,9 @@ from goals import (
     StopRules,
     VerifyCommand,
 )
+
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 Rule = Callable[[ModelRequest], Reply | Awaitable[Reply]]
 Listener = Callable[[PolicyInput, Decision], None]
@@ -97,14 +101,13 @@ async def wait_decision(seen: asyncio.Event, within: float = 30.0) -> None:
         await seen.wait()
 
 
-def stored(db_path: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
-    """Rows read through a second, independent SQLite connection."""
-    with contextlib.closing(sqlite3.connect(db_path)) as conn:
-        conn.row_factory = sqlite3.Row
+def stored(db_path: Path | str, sql: str, *args: Any) -> list[dict[str, Any]]:
+    """Rows read through a second, independent connection."""
+    with contextlib.closing(storekit.connect(db_path)) as conn:
         return [dict(r) for r in conn.execute(sql, args).fetchall()]
 
 
-def goal_row(db_path: Path, goal: Goal) -> dict[str, Any]:
+def goal_row(db_path: Path | str, goal: Goal) -> dict[str, Any]:
     (row,) = stored(db_path, "SELECT * FROM goals WHERE id=?", goal.id)
     return row
 

@@ -13,12 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+import storekit
+
 from agent import ModelRegistry, ModelRequest, Reply, Runtime, ScriptedModel, TextBlock, ToolRegistry, file_tools
 from goals import Budgets, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
+
+#: The store contract: every test here runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 WAIT = 30.0
 
@@ -90,7 +95,7 @@ async def test_a_round_that_ran_while_paused_counts_once_when_resumed_before_the
     assert resumed.rounds == 1 and resumed.continuation_round == 2
     assert rounds_seen == [1, 2, 3]
     assert (final.status, final.rounds) == (GoalStatus.COMPLETED, 3)
-    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+    with contextlib.closing(storekit.connect(db_path)) as conn:
         refs = [
             r[0]
             for r in conn.execute(

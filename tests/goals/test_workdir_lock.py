@@ -5,24 +5,29 @@ A live (active or paused) goal holds its directory, and with it every directory 
 it; creating (or reviving) a goal there is refused with a ``Conflict`` that names the holder. The
 lock is released when the goal ends. It lives in the database: the check runs in the creating
 transaction, survives a restart, and the schema holds the same rule as triggers (a raw write from
-a second connection is refused too). Real SQLite files, real directories, the shipped scripted
-model; the last test goes through the real daemon's protocol.
+a second connection is refused too). Real SQLite files and real PostgreSQL databases (the lock is
+part of the store contract: every test on a store runs on both), real directories, the shipped
+scripted model; one test goes through the real daemon's protocol.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import storekit
 from goalkit import wait_status
 from harness import TEST_MODELS, Daemon, rpc
 
 from agent import Conflict, ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry
+from agent.db import IntegrityError
 from daemon.rpc.protocol import ErrorCode, RpcError
 from goals import Budgets, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
+
+#: The store contract: every test on a store runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 
 @contextlib.asynccontextmanager
@@ -138,17 +143,26 @@ async def test_the_lock_lives_in_the_database(db_path: Path, work: Path) -> None
         with pytest.raises(Conflict, match=holder.id):
             await engine.create(spec(work / "a" / "inner"))
 
-    # The schema enforces it against any writer: a second connection copying the live row.
-    conn = sqlite3.connect(db_path)
+    # The schema enforces it against any writer: a second connection copying the live row (on
+    # PostgreSQL in autocommit, so a refused statement leaves the next one a working connection).
+    conn = storekit.connect(db_path)
     try:
         version = conn.execute(
             "SELECT version, summary FROM schema_versions WHERE package='goals' AND version=2"
         ).fetchone()
         assert version is not None and "work-directory locks" in version[1]
-        columns = [r[1] for r in conn.execute("PRAGMA table_info(goals)")]
+        columns = [
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'goals'"
+                " AND table_schema = current_schema() ORDER BY ordinal_position"
+                if storekit.is_postgres(db_path)
+                else "SELECT name FROM pragma_table_info('goals') ORDER BY cid"
+            )
+        ]
         copy = ", ".join(c for c in columns if c not in ("id", "session_id", "workdir", "key", "idempotency_key"))
         for workdir in (str(work / "a"), str(work / "a" / "inner"), str(work)):
-            with pytest.raises(sqlite3.IntegrityError, match=r"goals\.workdir is held"):
+            with pytest.raises(IntegrityError, match=r"goals\.workdir is held"):
                 conn.execute(
                     f"INSERT INTO goals(id, session_id, workdir, {copy}) SELECT 'goal_X', 'ses_X', ?, {copy}"
                     " FROM goals WHERE id=?",
@@ -161,9 +175,10 @@ async def test_the_lock_lives_in_the_database(db_path: Path, work: Path) -> None
             (str(work / "ab"), holder.id),
         )
         conn.execute("UPDATE goals SET status='cancelled', workdir=? WHERE id='goal_X'", (str(work / "a"),))
-        with pytest.raises(sqlite3.IntegrityError, match=r"goals\.workdir is held"):
+        with pytest.raises(IntegrityError, match=r"goals\.workdir is held"):
             conn.execute("UPDATE goals SET status='active' WHERE id='goal_X'")
-        conn.rollback()
+        if not storekit.is_postgres(db_path):
+            conn.rollback()
     finally:
         conn.close()
 
@@ -213,7 +228,8 @@ async def test_the_lock_check_does_not_resolve_every_stored_directory(
     async with engine_on(db_path) as (_rt, engine):
         monkeypatch.setattr(locks, "_canonical", counting)
         per_goal: list[int] = []
-        for i in range(40):
+        # Fewer on PostgreSQL (each goal is a few round trips to the server), enough to show no growth.
+        for i in range(15 if storekit.is_postgres(db_path) else 40):
             (tmp_path / f"w{i}").mkdir()
             resolved.clear()
             await engine.create(spec(tmp_path / f"w{i}"))

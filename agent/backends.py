@@ -1,0 +1,179 @@
+"""The store's thread and connection, for each database: SQLite's aiosqlite thread, and a
+PostgreSQL connection on a thread of its own.
+
+:class:`~agent.store.Store` runs every unit of work as one synchronous function on one thread (its
+module says why); a backend is that thread plus the connection the functions receive, and the
+statements that open a transaction:
+
+- **SQLite**: ``BEGIN IMMEDIATE`` takes the file's one writer lock; a read is a plain ``BEGIN``.
+- **PostgreSQL**: a write is ``BEGIN`` plus ``pg_advisory_xact_lock`` on one cluster-wide key, so
+  write transactions of every node run one at a time exactly as SQLite's do on one file: the
+  engine's one-transaction decisions, gap-free sequence numbers and the inbox's checks keep the
+  meaning they have on SQLite without a second concurrency design. (Each is a few small statements
+  held for about a millisecond: the lock costs a round trip, not throughput, at goald's rates.) A
+  read is a ``REPEATABLE READ READ ONLY`` transaction: one snapshot, no lock.
+
+A PostgreSQL connection that breaks (the server restarted, the network went away) is dropped and
+made again on the next unit of work; until that succeeds every write fails with
+:class:`~agent.errors.StorageUnavailable` (:func:`pg_failure`), which is what stops model calls and
+shows in ``daemon/health`` — and clears, by itself, at the first write that commits.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiosqlite
+import psycopg
+
+from agent.db import Conn, PgConn
+from agent.errors import StorageUnavailable
+
+#: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII).
+WRITER_LOCK = 0x676F616C64
+
+
+class SqliteBackend:
+    """aiosqlite's connection thread and its ``sqlite3`` connection."""
+
+    kind = "sqlite"
+    begin_write = ("BEGIN IMMEDIATE",)
+    begin_read = "BEGIN"
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self.conn = conn
+
+    def raw(self) -> sqlite3.Connection:
+        """The connection (on the store thread only)."""
+        conn: sqlite3.Connection = self.conn._conn
+        return conn
+
+    def submit(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the store thread, after the work queued before it."""
+        if not self.conn._running or self.conn._connection is None:
+            raise ValueError("Connection closed")
+        # A function queued without a future runs as is (no second wake-up of the loop per unit).
+        self.conn._tx.put_nowait((None, work))
+
+    async def close(self) -> None:
+        """Optimize and close the connection after the queued work."""
+        try:
+            await self.conn.execute("PRAGMA optimize")
+        finally:
+            await self.conn.close()
+
+
+def masked(dsn: str) -> str:
+    """``dsn`` with any password replaced by ``***`` (what logs and status may show)."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def credential_password() -> str | None:
+    """The database password from systemd's credentials (``LoadCredential=goald-pg-password:…``),
+    if the service was given one; ``PGPASSWORD``/``PGPASSFILE`` are libpq's own and need nothing."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    path = Path(directory) / "goald-pg-password"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def pg_failure(exc: BaseException, where: str) -> StorageUnavailable | None:
+    """``exc`` as a :class:`StorageUnavailable` if it means the database cannot be reached."""
+    if isinstance(exc, StorageUnavailable):
+        return exc
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and not isinstance(
+        exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable
+    ):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StorageUnavailable(
+            f"PostgreSQL at {where} cannot be reached: {first}",
+            "check that the server is up and reachable; goald reconnects and continues by itself",
+        )
+    return None
+
+
+class PgBackend:
+    """One psycopg connection on a thread of its own (see the module docstring)."""
+
+    kind = "postgresql"
+    begin_write = ("BEGIN", f"SELECT pg_advisory_xact_lock({WRITER_LOCK})")
+    begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.where = _where(dsn)
+        self._conn: PgConn | None = None
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="goald-pg-store", daemon=True)
+        self._closed = False
+
+    @classmethod
+    def connect(cls, dsn: str) -> PgConn:
+        """A new autocommit connection for goald (``BEGIN``/``COMMIT`` are goald's own)."""
+        password = credential_password()
+        kw: dict[str, Any] = {"autocommit": True, "application_name": "goald", "connect_timeout": 5}
+        if password is not None:
+            kw["password"] = password
+        return PgConn(psycopg.connect(dsn, **kw))
+
+    def start(self) -> None:
+        """Connect (raising if the database cannot be reached) and start the thread."""
+        self._conn = self.connect(self.dsn)
+        self._thread.start()
+
+    def raw(self) -> Conn:
+        """The connection, made again first if it broke (on the store thread only)."""
+        conn = self._conn
+        if conn is None or conn.raw.closed or conn.raw.broken:
+            if conn is not None:
+                conn.close()
+            self._conn = None
+            self._conn = conn = self.connect(self.dsn)
+        return conn
+
+    def submit(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the store thread, after the work queued before it."""
+        if self._closed:
+            raise ValueError("Connection closed")
+        self._queue.put(work)
+
+    def _run(self) -> None:
+        while (work := self._queue.get()) is not None:
+            work()
+
+    async def close(self) -> None:
+        """Finish the queued work, then close the connection."""
+        import asyncio
+
+        self._closed = True
+        self._queue.put(None)
+        await asyncio.to_thread(self._thread.join)
+        if self._conn is not None:
+            self._conn.close()
+
+
+def _where(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    host = parts.hostname or os.environ.get("PGHOST") or "localhost"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{host}{port}{parts.path or ''}"
+
+
+Backend = SqliteBackend | PgBackend
+
+__all__ = ["WRITER_LOCK", "Backend", "PgBackend", "SqliteBackend", "credential_password", "masked", "pg_failure"]

@@ -1,0 +1,223 @@
+"""The two stores' common ground: the connection every transaction function receives, and how one
+SQL text serves SQLite and PostgreSQL.
+
+goald's transaction functions are synchronous functions of a connection, run on the store's own
+thread (:mod:`agent.store` says why). They are written against :class:`Conn`, the part of
+:class:`sqlite3.Connection` they use (``execute`` returning a cursor whose rows answer both
+``row[0]`` and ``row["name"]``). On SQLite that *is* the ``sqlite3`` connection; on PostgreSQL it is
+a :class:`PgConn`, a thin wrapper of a synchronous psycopg 3 connection that
+
+- rewrites SQLite's placeholders (``?`` and ``:name``) into psycopg's (``%s``, ``%(name)s``), a
+  literal ``%`` into ``%%``, and ``json_extract(col, '$.a.b')`` into ``(col::jsonb #>> '{a,b}')``
+  (:func:`pg_sql`, cached per text);
+- loads ``numeric`` (what ``SUM`` of a ``BIGINT`` gives) as ``int`` or ``float`` and sends a Python
+  ``bool`` as ``0``/``1``, since both stores keep flags in integer columns.
+
+Everything else is written once, in the SQL both speak (``ON CONFLICT … DO NOTHING/UPDATE``,
+``RETURNING``, partial indexes, ``COALESCE``); what cannot be (``PRAGMA``, ``VACUUM``, a trigger's
+body) asks :func:`is_postgres` and says so where it branches.
+
+Two behaviours differ and every caller that meets them uses the helpers here: a statement that
+fails inside a PostgreSQL transaction aborts the whole transaction, so a caller that catches a
+constraint error and goes on wraps the statement in :func:`savepoint`; and the constraint errors
+are caught as :data:`IntegrityError` (either driver's).
+
+Why psycopg 3 and not asyncpg: the transaction functions are synchronous on purpose (one thread
+hop per transaction, decisions made from what was read with no ``await`` in between, so no other
+coroutine sees a half-made decision). psycopg's synchronous connection runs them unchanged on the
+store thread, as ``sqlite3`` does; asyncpg is asyncio-only, and would turn every statement into an
+``await`` and every transaction function into a coroutine. psycopg also gives ``LISTEN``/``NOTIFY``
+(:meth:`psycopg.Connection.notifies`) and prepares repeated statements by itself. One connection
+per store thread, like SQLite's one writer, so no pool: a node opens a writer and a listener.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.adapt import Dumper, Loader
+
+#: Either driver's constraint error (a unique index, a check, a trigger's refusal).
+IntegrityError: tuple[type[Exception], ...] = (sqlite3.IntegrityError, psycopg.IntegrityError)
+
+#: Either driver's error.
+DatabaseError: tuple[type[Exception], ...] = (sqlite3.Error, psycopg.Error)
+
+
+class Cursor(Protocol):
+    """What a transaction function uses of a cursor."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """What a transaction function uses of a connection: :class:`sqlite3.Connection` or :class:`PgConn`."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = ..., /) -> Any: ...
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+
+def is_postgres(conn: object) -> bool:
+    """Whether ``conn`` is a PostgreSQL store's connection."""
+    return isinstance(conn, PgConn)
+
+
+def is_dsn(location: object) -> bool:
+    """Whether a store location names a PostgreSQL database (``postgresql://…``/``postgres://…``)."""
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+@contextlib.contextmanager
+def savepoint(conn: Conn, name: str = "goald_sp") -> Iterator[None]:
+    """Run the block so that a statement failing in it leaves the transaction usable (PostgreSQL
+    aborts the whole transaction otherwise); the error still propagates. A no-op on SQLite, where a
+    failed statement undoes only itself."""
+    if not is_postgres(conn):
+        yield
+        return
+    conn.execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+        conn.execute(f"RELEASE SAVEPOINT {name}")
+        raise
+    conn.execute(f"RELEASE SAVEPOINT {name}")
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------------
+
+_JSON = re.compile(r"json_extract\(\s*([\w.]+)\s*,\s*'\$\.([\w.]+)'\s*\)")
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+@functools.lru_cache(maxsize=1024)
+def pg_sql(sql: str) -> str:
+    """A SQLite-placeholder statement as psycopg takes it (see the module docstring).
+
+    Placeholders and ``%`` are rewritten outside string literals only."""
+    sql = _JSON.sub(lambda m: "(" + m.group(1) + "::jsonb #>> '{" + m.group(2).replace(".", ",") + "}')", sql)
+    out: list[str] = []
+    for i, part in enumerate(sql.split("'")):
+        if i % 2:  # inside a literal: only '%' needs escaping
+            out.append(part.replace("%", "%%"))
+            continue
+        part = part.replace("%", "%%").replace("?", "%s")
+        part = _NAMED.sub(lambda m: "%(" + m.group(1) + ")s", part)
+        out.append(part)
+    return "'".join(out)
+
+
+class Row(tuple[Any, ...]):
+    """A result row answering ``row[0]``, ``row["name"]`` and ``keys()``, as :class:`sqlite3.Row`."""
+
+    _names: dict[str, int]
+
+    def __new__(cls, values: Sequence[Any], names: dict[str, int]) -> Row:
+        row = super().__new__(cls, values)
+        row._names = names
+        return row
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._names[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        """The columns' names, in order."""
+        return list(self._names)
+
+
+def _row_factory(cursor: Any) -> Any:
+    desc = cursor.description
+    if desc is None:
+        return tuple
+    names = {c.name: i for i, c in enumerate(desc)}
+
+    def make(values: Sequence[Any]) -> Row:
+        return Row(values, names)
+
+    return make
+
+
+class _NumericLoader(Loader):
+    def load(self, data: Any) -> int | float:
+        text = bytes(data).decode()
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+
+
+class _BoolAsInt(Dumper):
+    oid = 20  # int8
+
+    def dump(self, obj: Any) -> bytes:
+        return b"1" if obj else b"0"
+
+
+def configure(raw: psycopg.Connection[Any]) -> None:
+    """Give a new psycopg connection goald's row type and value adapters."""
+    raw.row_factory = _row_factory
+    raw.adapters.register_loader("numeric", _NumericLoader)
+    raw.adapters.register_dumper(bool, _BoolAsInt)
+
+
+class PgConn:
+    """A psycopg 3 connection (autocommit; goald sends its own ``BEGIN``/``COMMIT``) behind :class:`Conn`."""
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+        #: Called with each statement's text before it runs (benchmarks count them), or ``None``.
+        self.trace: Callable[[str], None] | None = None
+        configure(raw)
+
+    def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> Any:
+        """Run one statement written with SQLite's placeholders."""
+        if self.trace is not None:
+            self.trace(sql)
+        # Always parameters (maybe none): psycopg then turns the escaped ``%%`` back into ``%``.
+        return self.raw.execute(pg_sql(sql), parameters or ())
+
+    def script(self, sql: str) -> None:
+        """Run several statements with no parameters (a migration's DDL) as one text."""
+        self.raw.execute(sql.encode(), prepare=False)
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (or failed and not yet rolled back)."""
+        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.raw.close()
+
+
+__all__ = [
+    "Conn",
+    "Cursor",
+    "DatabaseError",
+    "IntegrityError",
+    "PgConn",
+    "Row",
+    "configure",
+    "is_dsn",
+    "is_postgres",
+    "pg_sql",
+    "savepoint",
+]

@@ -1,0 +1,579 @@
+"""A cluster: goal rounds, idle → continuation latency and takeover after ``kill -9``, with real daemons.
+
+Every figure comes from real ``goald serve`` processes (the end-to-end harness of ``tests/``: the
+``test:worker`` scripted model, ``READY=1`` over a notify socket) on a private PostgreSQL that the
+benchmark starts in a temporary directory (``tests/pgkit.py``: fsync off, as the tests run it; as
+the ``postgres`` user when run as root), a fresh database per configuration. Nothing sleeps a fixed
+time: every wait polls the database with a short step and a time limit. The benchmark's own queries
+run as a role of their own, so ``pg_stat_statements`` (loaded for the run) counts the daemons' alone.
+
+What is measured:
+
+1. **Goal rounds per second** with 1, 2 and 3 nodes on one PostgreSQL, and with 1 daemon on
+   SQLite for comparison. N goals of R rounds each (``[rounds=R]`` in the objective; a round is
+   three instant model calls, a ``write_file`` and the goal engine's decision; ``verify = true`` at
+   the end) are created round-robin over the nodes' sockets; the clock runs from the first
+   ``goal/create`` to the moment the ``goals`` table says all N are completed. Rounds/s is N·R over
+   that wall time. On PostgreSQL, the daemons' statements per round (every statement, ``BEGIN``
+   and ``COMMIT`` included, is one client round trip) and write transactions per round (each takes
+   the cluster-wide writer lock, ``pg_advisory_xact_lock``) come from ``pg_stat_statements``. A
+   check over the inbox counts continuations admitted twice (must be 0).
+2. **Idle → next continuation**: for every round but a goal's last, from the session's committed
+   ``status: idle`` event to the next ``message/queued`` whose source kind is ``goal`` (the goal
+   engine's decision), from the events' stored ``at`` timestamps (the writer's clock, microseconds);
+   median and p90, under the load of the N goals, and for one goal run alone afterwards on the same
+   daemons (its latency without dozens of sessions queued on the same store thread and writer lock).
+3. **Takeover after ``kill -9``**: three nodes with ``lease_ttl_seconds`` 3 and 15 (the default)
+   run goals slow enough to be live (a ``delay`` per model call); once the first node holds sessions
+   of active goals it is killed with SIGKILL. From the kill: how long its leases still ran (the
+   first and the last to expire, on the database's clock), the time until the first and until
+   every one of those sessions is leased by another node (polling ``leases``), the time from the
+   last expiry to the last claim (at most one heartbeat, TTL/3, of the claiming nodes), and the time
+   until the first and the last of them starts a new turn on its new holder (the ``turn/start``
+   events' ``at`` against the wall clock of the kill: one host, one clock). The victim is killed
+   just after it claimed its sessions, so its leases have nearly a whole TTL left: these are
+   close to the worst case (TTL + heartbeat); a node that dies at a random moment is replaced
+   between TTL − heartbeat and TTL + heartbeat after its death.
+4. **This host's floors**, for reading the above and projecting them to separate hosts: a bare
+   ``SELECT 1`` round trip, a write transaction shaped like goald's (``BEGIN``, the writer lock,
+   an ``INSERT``, ``COMMIT``), and ``pg_notify`` → delivery to a ``LISTEN`` on another connection.
+
+The machine is shared and small, so the figures are about overhead and correctness on one host, not
+speed-up: the nodes compete with each other and the database for the same cores. Each
+configuration prints the 1-minute load average at its start, so a reader can tell a noisy figure.
+
+Run: ``python benchmarks/bench_cluster.py [--goals N] [--rounds R] [--runs K] [--takeover-goals G]
+[--ttls 3,15] [--skip-takeover] [--full]`` (``--full``: 300 goals, 5 takeover runs of 30 goals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psycopg
+
+
+def _load(name: str) -> ModuleType:
+    # Loaded by path: ``tests/`` on sys.path would shadow the packages with its test folders of the
+    # same names (``tests/agent``, ``tests/daemon``, ...).
+    path = Path(__file__).parents[1] / "tests" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_harness = _load("harness")
+_pgkit = _load("pgkit")
+Daemon, TEST_MODELS, rpc = _harness.Daemon, _harness.TEST_MODELS, _harness.rpc
+PgServer = _pgkit.PgServer
+
+POLL = 0.02
+SOLO_ROUNDS = 20
+#: The role the benchmark's own queries run as, so that the statement counts are the daemons' alone.
+BENCH_ROLE = "bench"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float, step: float = POLL) -> Any:
+    end = time.monotonic() + limit
+    while True:
+        got = await check()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what}: not within {limit:.0f} s")
+        await asyncio.sleep(step)
+
+
+class Db:
+    """Read-only queries on the store the daemons share (PostgreSQL DSN or SQLite file)."""
+
+    def __init__(self, store: str | Path) -> None:
+        self.store = store
+        # One connection for the whole measurement: a connect per poll would cost more than the poll.
+        self._pg: psycopg.Connection[Any] | None = None
+
+    def q(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        if isinstance(self.store, Path):
+            conn = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True, timeout=30)
+            try:
+                return conn.execute(sql.replace("%s", "?"), args).fetchall()
+            finally:
+                conn.close()
+        if self._pg is None:
+            self._pg = psycopg.connect(self.store, autocommit=True)
+        return self._pg.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+            self._pg = None
+
+
+def bench_role(dsn: str) -> str:
+    """``dsn`` (``postgresql://goald@…``) with the benchmark's own role instead of the daemons'."""
+    return dsn.replace(f"//{_pgkit.USER}@", f"//{BENCH_ROLE}@", 1)
+
+
+def statement_counts(db: Db) -> tuple[int, int] | None:
+    """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements, and
+    the writer lock's ``pg_advisory_xact_lock`` (one per write transaction). None on SQLite."""
+    if isinstance(db.store, Path):
+        return None
+    rows = db.q(
+        "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%'), 0)"
+        " FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
+        " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        _pgkit.USER,
+    )
+    return int(rows[0][0]), int(rows[0][1])
+
+
+@dataclass
+class Cluster:
+    """Daemons started for one configuration; :meth:`close` kills what still runs."""
+
+    root: Path
+    store: str | Path
+    nodes: list[Any] = field(default_factory=list)
+
+    def start(self, count: int, ttl: float | None = None) -> list[Any]:
+        made = []
+        for _ in range(count):
+            name = f"n{len(self.nodes)}"
+            config: dict[str, Any] = {
+                **TEST_MODELS,
+                "log_level": "WARNING",
+                "workdir_roots": [str(self.root / "work")],
+                "max_concurrent_turns": 64,
+            }
+            if isinstance(self.store, str):
+                cluster: dict[str, Any] = {"node_name": name}
+                if ttl is not None:
+                    cluster["lease_ttl_seconds"] = ttl
+                config |= {"store": self.store, "cluster": cluster}
+            d = Daemon(self.root / name, config=config)
+            self.nodes.append(d)
+            made.append(d)
+        for d in made:
+            d.start(timeout=60)
+        return made
+
+    def close(self) -> None:
+        for d in self.nodes:
+            d.close()
+
+
+async def create_goals(nodes: list[Any], count: int, directive: str) -> list[str]:
+    ids = []
+    for i in range(count):
+        g = await rpc(
+            nodes[i % len(nodes)].socket_path,
+            "goal/create",
+            {"objective": f"Goal {i}. [{directive}]", "model": "test:worker", "verify": [{"cmd": "true"}]},
+        )
+        ids.append(g["goalId"])
+    return ids
+
+
+async def all_completed(db: Db, count: int, limit: float, step: float = 0.05) -> None:
+    async def done() -> bool:
+        counts = dict(db.q("SELECT status, COUNT(*) FROM goals GROUP BY status"))
+        ended = sum(v for k, v in counts.items() if k != "active")
+        if ended == count and counts.get("completed", 0) != count:
+            raise RuntimeError(f"goals ended but not all completed: {counts}")
+        return bool(counts.get("completed", 0) == count)
+
+    await until(done, f"{count} goals completed", limit, step)
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def idle_to_continuation(db: Db, only: str | None = None, but: str | None = None) -> list[float]:
+    """Seconds from each ``status: idle`` to the next goal continuation queued on the same session
+    (of session ``only`` if given, of every session but ``but`` if given)."""
+    rows = db.q(
+        "SELECT session_id, seq, type, data, at FROM events WHERE type IN ('status', 'message/queued')"
+        " ORDER BY session_id, seq"
+    )
+    rows = [r for r in rows if (only is None or r[0] == only) and r[0] != but]
+    out: list[float] = []
+    idle_at: float | None = None
+    session = None
+    for sid, _seq, typ, data, when in rows:
+        if sid != session:
+            session, idle_at = sid, None
+        d = json.loads(data)
+        if typ == "status":
+            idle_at = at(when) if d.get("status") == "idle" else None
+        elif (d.get("source") or {}).get("kind") == "goal" and idle_at is not None:
+            out.append(at(when) - idle_at)
+            idle_at = None
+    return out
+
+
+def duplicate_continuations(db: Db) -> int:
+    return len(
+        db.q(
+            "SELECT session_id, source_ref FROM inbox WHERE source_kind = 'goal' AND fate = 'admitted'"
+            " GROUP BY session_id, source_ref HAVING COUNT(*) > 1"
+        )
+    )
+
+
+@dataclass
+class Rounds:
+    label: str
+    seconds: float
+    rounds: int
+    latencies: list[float]
+    solo: list[float]
+    duplicates: int
+    load: float
+    #: PostgreSQL only: the daemons' statements (BEGIN and COMMIT included: one client round trip
+    #: each) and write transactions (each takes the cluster-wide writer lock) over the run.
+    statements: int | None = None
+    writes: int | None = None
+
+
+async def measure_rounds(label: str, root: Path, store: str | Path, nodes: int, goals: int, rounds: int) -> Rounds:
+    started_load = load()
+    cluster = Cluster(root, store)
+    db: Db | None = None
+    try:
+        live = cluster.start(nodes)
+        db = Db(bench_role(store) if isinstance(store, str) else root / "n0" / "goald.db")
+        before = statement_counts(db)
+        t0 = time.perf_counter()
+        await create_goals(live, goals, f"rounds={rounds}")
+        await all_completed(db, goals, limit=120 + goals * rounds)
+        seconds = time.perf_counter() - t0
+        after = statement_counts(db)
+        done = sum(r[0] for r in db.q("SELECT rounds FROM goals"))
+        # One goal alone afterwards: its latency without 59 other sessions queued on the same writer.
+        solo = await rpc(
+            live[-1].socket_path,
+            "goal/create",
+            {"objective": f"Alone. [rounds={SOLO_ROUNDS}]", "model": "test:worker", "verify": [{"cmd": "true"}]},
+        )
+        await all_completed(db, goals + 1, limit=120)
+        out = Rounds(
+            label,
+            seconds,
+            done,
+            idle_to_continuation(db, but=solo["sessionId"]),
+            idle_to_continuation(db, only=solo["sessionId"]),
+            duplicate_continuations(db),
+            started_load,
+        )
+        if before is not None and after is not None:
+            out.statements, out.writes = after[0] - before[0], after[1] - before[1]
+        return out
+    finally:
+        if db is not None:
+            db.close()
+        cluster.close()
+
+
+@dataclass
+class Takeover:
+    ttl: float
+    sessions: int
+    #: How long the victim's leases still ran at the kill (the database's clock), the first to
+    #: expire and the last: a lease is not taken before it expires, and is taken at the latest one
+    #: heartbeat of the other nodes after it.
+    left_min: float
+    left_max: float
+    first_leased: float
+    leased: float
+    first_turn: float | None
+    last_turn: float | None
+
+
+async def measure_takeover(root: Path, dsn: str, ttl: float, goals: int) -> Takeover:
+    db = Db(bench_role(dsn))
+    cluster = Cluster(root, dsn)
+    try:
+        nodes = cluster.start(3, ttl=ttl)
+        # Long enough per goal that the victim's goals are surely live at the kill and after it.
+        await create_goals(nodes, goals, f"rounds=8 delay={0.1 if ttl < 10 else 0.3}")
+        victim = nodes[0]
+        victim_id = (await rpc(victim.socket_path, "daemon/health"))["cluster"]["nodeId"]
+        held_sql = (
+            "SELECT l.session_id FROM leases l JOIN goals g ON g.session_id = l.session_id"
+            " WHERE l.node_id = %s AND g.status = 'active'"
+        )
+
+        async def victim_holds() -> list[str]:
+            return [r[0] for r in db.q(held_sql, victim_id)]
+
+        await until(victim_holds, "the victim holding live goals", limit=60)
+        held = await victim_holds()
+        left = db.q(
+            "SELECT EXTRACT(EPOCH FROM MIN(expires_at) - clock_timestamp()),"
+            " EXTRACT(EPOCH FROM MAX(expires_at) - clock_timestamp()) FROM leases WHERE session_id = ANY(%s)",
+            held,
+        )[0]
+        assert victim.proc is not None
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        killed_wall, killed = time.time(), time.monotonic()
+        victim.proc.wait(30)
+
+        first_leased: list[float] = []
+
+        async def taken() -> bool:
+            rows = db.q(
+                "SELECT COUNT(*) FROM leases WHERE session_id = ANY(%s) AND node_id IS NOT NULL AND node_id <> %s",
+                held,
+                victim_id,
+            )
+            if rows[0][0] and not first_leased:
+                first_leased.append(time.monotonic() - killed)
+            return bool(rows[0][0] == len(held))
+
+        await until(taken, "the victim's sessions taken over", limit=ttl * 3 + 60)
+        leased = time.monotonic() - killed
+
+        def first_turns() -> dict[str, float]:
+            rows = db.q(
+                "SELECT session_id, MIN(at) FROM events WHERE session_id = ANY(%s) AND type = 'turn/start'"
+                " AND data::jsonb->>'node' <> %s GROUP BY session_id",
+                held,
+                victim_id,
+            )
+            return {sid: at(when) - killed_wall for sid, when in rows if at(when) >= killed_wall}
+
+        async def all_started() -> bool:
+            ended = db.q("SELECT COUNT(*) FROM goals WHERE session_id = ANY(%s) AND status <> 'active'", held)[0][0]
+            return bool(len(first_turns()) + ended >= len(held))
+
+        await until(all_started, "a new turn on every taken-over session", limit=60)
+        turns = first_turns()
+        await all_completed(db, goals, limit=120 + goals * 2)
+        if duplicate_continuations(db):
+            raise RuntimeError("a continuation was admitted twice after the takeover")
+        return Takeover(
+            ttl,
+            len(held),
+            float(left[0]),
+            float(left[1]),
+            first_leased[0],
+            leased,
+            min(turns.values(), default=None),
+            max(turns.values(), default=None),
+        )
+    finally:
+        db.close()
+        cluster.close()
+
+
+def sec(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def med(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def print_rounds(results: list[Rounds], goals: int, rounds: int) -> None:
+    print(f"\n{goals} goals x {rounds} rounds, test:worker (instant), created round-robin over the nodes")
+    print(f"idle -> continuation in ms: under that load, and of one goal alone afterwards ({SOLO_ROUNDS} rounds)")
+    print("stmts/round, writes/round: the daemons' statements and writer-locked transactions per round (PostgreSQL)")
+    head = f"{'configuration':<20} {'rounds/s':>8} {'wall s':>6} {'p50':>6} {'p90':>6} {'alone p50':>9} {'p90':>6}"
+    print(f"{head} {'stmts/round':>11} {'writes/round':>12} {'dup':>3} {'load':>4}")
+    for r in results:
+        stmts = "-" if r.statements is None else f"{r.statements / r.rounds:.0f}"
+        writes = "-" if r.writes is None else f"{r.writes / r.rounds:.1f}"
+        print(
+            f"{r.label:<20} {r.rounds / r.seconds:8.1f} {r.seconds:6.1f}"
+            f" {statistics.median(r.latencies) * 1000:6.1f} {pct(r.latencies, 0.9) * 1000:6.1f}"
+            f" {statistics.median(r.solo) * 1000:9.1f} {pct(r.solo, 0.9) * 1000:6.1f}"
+            f" {stmts:>11} {writes:>12} {r.duplicates:3d} {r.load:4.1f}"
+        )
+
+
+def print_takeovers(takeovers: list[Takeover], ttls: list[float]) -> None:
+    print("\ntakeover after kill -9 of one of 3 nodes: seconds from the kill, medians over runs (heartbeat = TTL/3)")
+    head = f"{'TTL s':>6} {'runs':>5} {'sessions':>9} {'left min':>8} {'max':>5} {'1st leased':>11} {'all leased':>11}"
+    print(f"{head} {'min':>6} {'max':>6} {'after expiry':>12} {'1st turn':>9} {'last turn':>10}")
+    for ttl in ttls:
+        ts = [t for t in takeovers if t.ttl == ttl]
+        if not ts:
+            continue
+        leased = [t.leased for t in ts]
+        print(
+            f"{ttl:6g} {len(ts):5d} {statistics.median([t.sessions for t in ts]):9g}"
+            f" {statistics.median([t.left_min for t in ts]):8.2f} {statistics.median([t.left_max for t in ts]):5.2f}"
+            f" {sec(med([t.first_leased for t in ts])):>11} {sec(med(leased)):>11}"
+            f" {min(leased):6.2f} {max(leased):6.2f} {sec(med([t.leased - t.left_max for t in ts])):>12}"
+            f" {sec(med([t.first_turn for t in ts if t.first_turn is not None])):>9}"
+            f" {sec(med([t.last_turn for t in ts if t.last_turn is not None])):>10}"
+        )
+
+
+async def all_rounds(server: Any, root: Path, goals: int, rounds: int) -> list[Rounds]:
+    configs: list[tuple[str, str | Path, int]] = [("SQLite, 1 daemon", root / "sqlite", 1)]
+    configs += [(f"PostgreSQL, {n} node{'s' * (n > 1)}", "", n) for n in (1, 2, 3)]
+    results = []
+    for i, (label, store, count) in enumerate(configs):
+        r = await measure_rounds(label, root / f"c{i}", store or server.create_database(), count, goals, rounds)
+        results.append(r)
+        print(
+            f"{label}: {r.rounds} rounds in {r.seconds:.1f} s = {r.rounds / r.seconds:.1f} rounds/s;"
+            f" idle->continuation median {statistics.median(r.latencies) * 1000:.1f} ms (load {r.load:.1f})",
+            flush=True,
+        )
+    return results
+
+
+async def all_takeovers(server: Any, root: Path, ttls: list[float], runs: int, goals: int) -> list[Takeover]:
+    takeovers = []
+    for ttl in ttls:
+        for k in range(runs):
+            t = await measure_takeover(root / f"t{ttl:g}-{k}", server.create_database(), ttl, goals)
+            takeovers.append(t)
+            print(
+                f"takeover TTL {ttl:g} s run {k + 1}: {t.sessions} sessions,"
+                f" leases left {t.left_min:.2f}-{t.left_max:.2f} s;"
+                f" leased first {t.first_leased:.2f} s,"
+                f" all {t.leased:.2f} s; new turn first {sec(t.first_turn)} s, last {sec(t.last_turn)} s",
+                flush=True,
+            )
+    return takeovers
+
+
+def start_server() -> Any:
+    """The private PostgreSQL, with ``pg_stat_statements`` (in a schema of its own in ``template1``,
+    so every database made for a configuration has it, out of goald's way) and the benchmark's role."""
+    server = PgServer.start(
+        {"shared_preload_libraries": "'pg_stat_statements'", "pg_stat_statements.track_utility": "on"}
+    )
+    try:
+        with psycopg.connect(server.dsn("postgres"), autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {BENCH_ROLE} LOGIN SUPERUSER")
+        with psycopg.connect(server.dsn("template1"), autocommit=True) as tpl:
+            tpl.execute("CREATE SCHEMA benchstats")
+            tpl.execute("CREATE EXTENSION pg_stat_statements SCHEMA benchstats")
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@dataclass
+class Probe:
+    """Client-side floors on this host: a bare round trip, a writer-locked write transaction, and a
+    ``NOTIFY`` from one connection to a ``LISTEN`` on another."""
+
+    round_trip: list[float] = field(default_factory=list)
+    locked_write: list[float] = field(default_factory=list)
+    notify: list[float] = field(default_factory=list)
+
+
+def probe(dsn: str, count: int = 300) -> Probe:
+    out = Probe()
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as listener:
+        conn.execute("CREATE TABLE probe (id BIGSERIAL PRIMARY KEY, note TEXT NOT NULL)")
+        listener.execute("LISTEN bench_probe")
+        for i in range(count):
+            t0 = time.perf_counter()
+            conn.execute("SELECT 1").fetchall()
+            t1 = time.perf_counter()
+            conn.execute("BEGIN")
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x676F616C64,))
+            conn.execute("INSERT INTO probe (note) VALUES (%s)", (f"row {i}",))
+            conn.execute("COMMIT")
+            t2 = time.perf_counter()
+            conn.execute("SELECT pg_notify('bench_probe', %s)", (str(i),))
+            got = next(iter(listener.notifies(timeout=5, stop_after=1)), None)
+            t3 = time.perf_counter()
+            if got is None or got.payload != str(i):
+                raise RuntimeError(f"notification {i} not delivered within 5 s")
+            out.round_trip.append(t1 - t0)
+            out.locked_write.append(t2 - t1)
+            out.notify.append(t3 - t2)
+    return out
+
+
+def print_probe(p: Probe) -> None:
+    print("\nthis host's floors (client side, 127.0.0.1, ms):  median  p90")
+    for name, values in (
+        ("SELECT 1 round trip", p.round_trip),
+        ("BEGIN + writer lock + INSERT + COMMIT", p.locked_write),
+        ("pg_notify (autocommit) -> LISTEN delivery", p.notify),
+    ):
+        print(f"  {name:<42} {statistics.median(values) * 1000:6.2f} {pct(values, 0.9) * 1000:5.2f}")
+
+
+async def run(args: argparse.Namespace) -> None:
+    server = start_server()
+    print(f"PostgreSQL {server.bin_dir.parent.name} on 127.0.0.1:{server.port} (fsync off, as the tests run it)")
+    takeovers: list[Takeover] = []
+    try:
+        floors = probe(server.create_database())
+        with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+            results = await all_rounds(server, Path(tmp), args.goals, args.rounds)
+            if not args.skip_takeover:
+                takeovers = await all_takeovers(server, Path(tmp), args.ttls, args.runs, args.takeover_goals)
+    finally:
+        server.stop()
+    print_probe(floors)
+    print_rounds(results, args.goals, args.rounds)
+    if takeovers:
+        print_takeovers(takeovers, args.ttls)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--goals", type=int, default=60, help="goals per configuration")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per goal")
+    parser.add_argument("--runs", type=int, default=3, help="takeover runs per TTL")
+    parser.add_argument("--takeover-goals", type=int, default=15, help="goals on the three nodes of a takeover run")
+    parser.add_argument(
+        "--ttls", type=lambda s: [float(x) for x in s.split(",")], default=[3.0, 15.0], help="lease TTLs, e.g. 3,15"
+    )
+    parser.add_argument("--skip-takeover", action="store_true", help="measure rounds and latency only")
+    parser.add_argument(
+        "--full", action="store_true", help="300 goals per configuration; 5 takeover runs per TTL of 30 goals"
+    )
+    args = parser.parse_args()
+    if args.full:
+        args.goals, args.runs, args.takeover_goals = (
+            max(args.goals, 300),
+            max(args.runs, 5),
+            max(args.takeover_goals, 30),
+        )
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,549 @@
+"""Leases: every live session is driven by one node at a time, and never orphaned when one dies.
+
+A node holds a session by its lease row (``node_id``, ``epoch``, ``expires_at``). The lease manager
+runs on a connection of its own (not the store's: a renewal must not wait behind the store's
+writes) and, every heartbeat (a third of the TTL):
+
+1. renews every lease this node holds (``UPDATE … WHERE node_id = me RETURNING``); a session not
+   returned was taken over by another node while this one could not renew — it is *lost*: its
+   agent is unloaded and its goal no longer followed here;
+2. releases, when draining, each held session at its next idle; and, near its lease limit, the
+   held sessions that are idle with no live goal (so chat sessions do not hold places for ever);
+3. claims free work up to its lease limit: top-level sessions with a waking message queued, an open
+   turn, or a live goal, whose lease is free or expired — ``FOR UPDATE SKIP LOCKED``, so nodes
+   claiming at once take different sessions. Before the node drives a session it takes over it runs
+   crash repair **for that session and its subagents only** (the open turn ends "interrupted", open
+   tool calls get "outcome unknown", reservations are charged): ``on_claimed``.
+
+A session is also claimed at once when work reaches it on a node with room (``acquire``: the
+runtime asks before it loads an agent; the commit that queued the message wakes every node).
+
+**Fencing**: every write that drives a session (the driver's, a goal's decision) calls
+:meth:`LeaseManager.fence` inside its transaction, under the store's writer lock: the lease row must
+still name this node with the epoch it claimed. A node that was stopped (``SIGSTOP``) or cut off
+past its TTL and taken over finds a higher epoch there, and its late write is refused
+(:class:`~agent.errors.LeaseLost`) — no second continuation, no duplicate turn. A lease that expired
+but was not taken is renewed, and its holder goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import psycopg
+from loguru import logger
+
+from agent.backends import PgBackend
+from agent.db import Conn, PgConn
+from agent.errors import InvalidInput, LeaseLost, NotFound
+from agent.ids import SessionId
+from agent.inbox import sessions_with_work
+from agent.sessions import load_session
+from agent.store import Store
+from daemon.cluster.settings import ClusterSettings
+from goals.store import live_goal_sessions, session_node_label
+
+T = TypeVar("T")
+
+#: The cluster's jobs that run on one node at a time, each under a session-level advisory lock of
+#: its own on the manager's connection (``pg_try_advisory_lock(JOB_CLASS, key)``): a node that dies
+#: or loses its connection frees it at once, and another node's next heartbeat takes it.
+JOBS = {"notifications": 1, "retention": 2}
+JOB_CLASS = 0x676F616C
+
+#: A lease no live node holds (the same test the claim uses).
+_FREE = "(l.node_id IS NULL OR l.expires_at IS NULL OR l.expires_at < now())"
+
+
+def _candidates(conn: Conn, labels: set[str]) -> tuple[set[str], set[str]]:
+    """Free work: sessions never held (or handed back), and sessions whose holder stopped renewing.
+
+    The work (each package answers for its own tables): sessions with a waking message queued or a
+    turn left open, and live goals' sessions; less those a live node holds."""
+    goals = live_goal_sessions(conn)
+    elsewhere = {sid for sid, need in goals.items() if need is not None and need not in labels}
+    wanted = (sessions_with_work(conn) | set(goals)) - elsewhere
+    if not wanted:
+        return set(), set()
+    rows = conn.execute("SELECT l.session_id, l.node_id IS NOT NULL, " + _FREE + " FROM leases l").fetchall()
+    held = {str(r[0]) for r in rows if not r[2]}
+    expired = {str(r[0]) for r in rows if r[1] and r[2]}
+    free = wanted - held
+    return free - expired, free & expired
+
+
+class LeaseManager:
+    """This node's leases (see the module docstring). Start with :meth:`start`, stop with :meth:`stop`."""
+
+    #: Set by the daemon: take up again the held sessions whose goals were left alone while the
+    #: node drained (a drain undone before the heartbeat that would have released them).
+    on_undrained: Callable[[], Awaitable[None]] | None = None
+
+    def __init__(self, dsn: str, store: Store, settings: ClusterSettings) -> None:
+        self.dsn = dsn
+        self.store = store
+        self.settings = settings
+        self.node_id = store.node_id
+        self.name = settings.node_name or socket.gethostname()
+        self.ttl = settings.lease_ttl_seconds
+        #: Held top-level sessions and the epoch each was claimed at.
+        self.held: dict[str, int] = {}
+        self.draining = False
+        #: Set by the daemon: repair and adopt a session just taken (``previous``: its last holder's
+        #: node id, ``None`` when it was free), and let go of one lost or released.
+        self.on_claimed: Callable[[str, str | None], Awaitable[None]] | None = None
+        self.on_lost: Callable[[str], Awaitable[None]] | None = None
+        #: Set by the daemon: whether a held session may be released now (idle, nothing queued,
+        #: ``done``: and no live goal).
+        self.releasable: Callable[[str, bool], Awaitable[bool]] | None = None
+        self.last_heartbeat: float | None = None
+        self.last_error: str | None = None
+        self.takeovers = 0
+        self._roots: dict[str, str] = {}
+        self._conn: PgConn | None = None
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="goald-leases")
+        self._loop = asyncio.get_running_loop()
+        self._claiming = asyncio.Lock()
+        #: Free new work seen at the last heartbeat (claimed at this one if still free).
+        self._seen_fresh: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        #: Cluster jobs this node wants to run, and the ones it runs now (it holds their locks).
+        self.wanted_jobs: set[str] = set()
+        self.jobs: set[str] = set()
+        #: Set at every heartbeat (and when the jobs held change): job runners wait on it.
+        self.jobs_changed = asyncio.Event()
+
+    # -- the manager's own connection ---------------------------------------------------------
+
+    async def _db(self, fn: Callable[[Conn], T]) -> T:
+        def run() -> T:
+            conn = self._conn
+            if conn is None or conn.raw.closed or conn.raw.broken:
+                if self.jobs:  # the locks went with the old connection
+                    self._loop.call_soon_threadsafe(self._jobs_lost)
+                self._conn = conn = PgBackend.connect(self.dsn)
+            conn.execute("BEGIN")
+            try:
+                result = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction and not conn.raw.broken:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
+
+        return await self._loop.run_in_executor(self._exec, run)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, spawn: Callable[[Any], Any]) -> None:
+        """Register this node, install the fence and start the heartbeat."""
+        labels = json.dumps(sorted(set(self.settings.labels)))
+
+        def register(conn: Conn) -> None:
+            # Nodes that left (or went silent) a week ago are history: their rows go.
+            conn.execute("DELETE FROM nodes WHERE heartbeat_at < now() - interval '7 days'")
+            conn.execute(
+                "INSERT INTO nodes(id, name, host, pid, labels, lease_limit) VALUES (?,?,?,?,?,?)",
+                (self.node_id, self.name, socket.gethostname(), os.getpid(), labels, self.settings.lease_limit),
+            )
+
+        await self._db(register)
+        self.last_heartbeat = time.monotonic()
+        self.store.fence = self.fence
+        logger.info("node {} ({}) joined the cluster; lease TTL {:g}s", self.name, self.node_id, self.ttl)
+        self._task = spawn(self._heartbeats())
+
+    async def halt(self) -> None:
+        """Stop renewing and claiming (before the drivers stop; the leases are kept until :meth:`stop`)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def stop(self) -> None:
+        """Stop renewing and claiming; free every held lease at once (the drivers have stopped), so
+        the other nodes take the sessions over without waiting for the TTL."""
+        await self.halt()
+
+        def leave(conn: Conn) -> int:
+            freed = conn.execute(
+                "UPDATE leases SET node_id = NULL, expires_at = NULL WHERE node_id = ?", (self.node_id,)
+            ).rowcount
+            conn.execute("UPDATE nodes SET stopped_at = now() WHERE id = ?", (self.node_id,))
+            conn.execute("SELECT pg_notify('goald_leases', ?)", (self.node_id,))
+            return int(freed)
+
+        try:
+            freed = await self._db(leave)
+            logger.info("node {} left the cluster; {} sessions handed back", self.name, freed)
+        except psycopg.Error as exc:
+            logger.warning(
+                "node {} could not hand its sessions back ({}); they expire in {:g}s", self.name, exc, self.ttl
+            )
+        self.held.clear()
+        await self._loop.run_in_executor(self._exec, self._close)
+        self._exec.shutdown(wait=False)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def kick(self) -> None:
+        """Heartbeat now (new free work was seen, or a drain was asked)."""
+        self._wake.set()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except psycopg.Error as exc:
+                if self.last_error is None:
+                    logger.warning("node {}: cannot renew leases ({}); retrying", self.name, exc)
+                self.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.heartbeat_seconds):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def beat(self) -> None:
+        """One heartbeat: renew, notice losses, release what is done, claim free work."""
+        renewed, draining = await self._db(self._renew)
+        if self.last_error is not None:
+            logger.info("node {}: renewing leases again", self.name)
+            self.last_error = None
+        self.last_heartbeat = time.monotonic()
+        if draining != self.draining:
+            self.draining = draining
+            logger.info(
+                "node {} {}",
+                self.name,
+                "drains: its sessions go back at their next idle" if draining else "takes work again",
+            )
+            if not draining and self.on_undrained is not None:
+                await self.on_undrained()
+        for sid, epoch in list(self.held.items()):
+            if renewed.get(sid) != epoch:
+                await self._lose(sid, "another node took it over while this one could not renew")
+        await self._release_done()
+        if not self.draining:
+            await self.claim_free()
+        await self._take_jobs()
+        self.jobs_changed.set()
+
+    # -- the cluster's jobs ---------------------------------------------------------------------
+
+    def runs(self, job: str) -> bool:
+        """Whether this node runs ``job`` now (it holds the job's lock)."""
+        return job in self.jobs
+
+    async def _take_jobs(self) -> None:
+        for job in sorted(self.wanted_jobs - self.jobs):
+            key = JOBS[job]
+            row = await self._db(
+                lambda conn, key=key: conn.execute(  # type: ignore[misc]
+                    f"SELECT pg_try_advisory_lock({JOB_CLASS}, {key})"
+                ).fetchone()
+            )
+            if row is not None and row[0]:
+                self.jobs.add(job)
+                logger.info("node {} runs the cluster's {}", self.name, job)
+
+    def _jobs_lost(self) -> None:
+        if self.jobs:
+            logger.warning("node {} lost its database connection; it no longer runs {}", self.name, sorted(self.jobs))
+        self.jobs.clear()
+        self.jobs_changed.set()
+
+    def _renew(self, conn: Conn) -> tuple[dict[str, int], bool]:
+        row = conn.execute(
+            "UPDATE nodes SET heartbeat_at = now() WHERE id = ? RETURNING draining", (self.node_id,)
+        ).fetchone()
+        rows = conn.execute(
+            f"UPDATE leases SET expires_at = now() + {float(self.ttl)} * interval '1 second'"
+            " WHERE node_id = ? RETURNING session_id, epoch",
+            (self.node_id,),
+        ).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}, bool(row[0]) if row is not None else False
+
+    # -- holding ------------------------------------------------------------------------------
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this node holds the session (a subagent's: its top-level session's lease)."""
+        return self._roots.get(session_id, session_id) in self.held
+
+    async def acquire(self, session_id: str) -> str | None:
+        """Hold ``session_id`` now if it is free and this node has room: ``None`` if held after,
+        else who drives it (or why this node does not take it)."""
+        root = await self._root(session_id)
+        if root in self.held:
+            return None
+        if self.draining:
+            return "no node yet (this node is draining; another node takes it at its next heartbeat)"
+        if len(self.held) >= self.settings.lease_limit:
+            return f"no node yet (this node holds its limit of {self.settings.lease_limit} sessions)"
+        need = await self._db(lambda conn: session_node_label(conn, root))
+        if need is not None and need not in self.settings.labels:
+            return f"no node yet here (its goal needs a node labelled {need!r}; this node is not)"
+        taken = await self._claim([root])
+        if root in taken:
+            return None
+        return await self._db(lambda conn: _holder(conn, root))
+
+    async def claim_free(self) -> int:
+        """Claim free work up to the lease limit; returns how many sessions were taken."""
+        room = self.settings.lease_limit - len(self.held)
+        if room <= 0:
+            return 0
+        labels = set(self.settings.labels)
+        fresh, expired = await self._db(lambda conn: _candidates(conn, labels))
+        # A dead node's sessions at once (the takeover bound is TTL plus one heartbeat); new work only
+        # once it has waited a heartbeat, so the node it arrived through (which claims it as it
+        # commits, through ``acquire``) keeps it: its agent is loaded there, its caller is there.
+        ripe = fresh & self._seen_fresh
+        self._seen_fresh = fresh
+        candidates = sorted(expired) + sorted(ripe - expired)
+        if not candidates:
+            return 0
+        return len(await self._claim(candidates[:room]))
+
+    async def _claim(self, sessions: list[str]) -> list[str]:
+        async with self._claiming:
+            room = self.settings.lease_limit - len(self.held)
+            wanted = [s for s in sessions if s not in self.held][: max(room, 0)]
+            if not wanted:
+                return []
+            taken = await self._db(lambda conn: self._take(conn, wanted))
+            for sid, (epoch, previous) in taken.items():
+                self.held[sid] = epoch
+                if previous is not None:
+                    self.takeovers += 1
+                    logger.warning(
+                        "node {} took over session {} from node {} (epoch {}): repairing it first",
+                        self.name,
+                        sid,
+                        previous,
+                        epoch,
+                    )
+                if self.on_claimed is not None:
+                    try:
+                        await self.on_claimed(sid, previous)
+                    except Exception:
+                        logger.exception("could not take up session {}", sid)
+            return list(taken)
+
+    def _take(self, conn: Conn, sessions: list[str]) -> dict[str, tuple[int, str | None]]:
+        marks = ",".join("?" * len(sessions))
+        for sid in sessions:
+            conn.execute("INSERT INTO leases(session_id) VALUES (?) ON CONFLICT DO NOTHING", (sid,))
+        free = conn.execute(
+            f"SELECT l.session_id, l.node_id FROM leases l WHERE l.session_id IN ({marks}) AND {_FREE}"
+            " ORDER BY l.session_id FOR UPDATE SKIP LOCKED",
+            sessions,
+        ).fetchall()
+        out: dict[str, tuple[int, str | None]] = {}
+        for row in free:
+            got = conn.execute(
+                f"UPDATE leases SET node_id = ?, epoch = epoch + 1, acquired_at = now(), taken_from = node_id,"
+                f" expires_at = now() + {float(self.ttl)} * interval '1 second' WHERE session_id = ? RETURNING epoch",
+                (self.node_id, row[0]),
+            ).fetchone()
+            out[str(row[0])] = (int(got[0]), str(row[1]) if row[1] is not None else None)
+        return out
+
+    async def release(self, session_id: str, why: str) -> None:
+        """Hand a held session back (free for any node to claim), then let go of it here."""
+        epoch = self.held.get(session_id)
+        if epoch is None:
+            return
+
+        def free(conn: Conn) -> None:
+            conn.execute(
+                "UPDATE leases SET node_id = NULL, expires_at = NULL"
+                " WHERE session_id = ? AND node_id = ? AND epoch = ?",
+                (session_id, self.node_id, epoch),
+            )
+            conn.execute("SELECT pg_notify('goald_leases', ?)", (session_id,))
+
+        await self._db(free)
+        logger.debug("node {} released session {}: {}", self.name, session_id, why)
+        await self._let_go(session_id)
+
+    async def _release_done(self) -> None:
+        # Draining: every session at its idle. Otherwise only near the limit: idle sessions with no
+        # live goal make room (a session keeps its node while there is room, so a follow-up sent
+        # through any node reaches the node that has its agent loaded).
+        if self.releasable is None:
+            return
+        if not self.draining and len(self.held) < 0.9 * self.settings.lease_limit:
+            return
+        for sid in list(self.held):
+            if await self.releasable(sid, not self.draining):
+                await self.release(sid, "drained at its idle" if self.draining else "idle with nothing to do")
+
+    async def _lose(self, session_id: str, why: str) -> None:
+        logger.warning("node {} lost session {}: {}", self.name, session_id, why)
+        await self._let_go(session_id)
+
+    async def _let_go(self, session_id: str) -> None:
+        self.held.pop(session_id, None)
+        if self.on_lost is not None:
+            try:
+                await self.on_lost(session_id)
+            except Exception:
+                logger.exception("could not let go of session {}", session_id)
+
+    async def _root(self, session_id: str) -> str:
+        root = self._roots.get(session_id)
+        if root is not None:
+            return root
+        root = await self._db(lambda conn: _root_of(conn, session_id))
+        self._roots[session_id] = root
+        return root
+
+    # -- fencing (on the store thread, inside the writing transaction) ---------------------------
+
+    def fence(self, conn: Conn, session_id: str) -> None:
+        """Refuse the transaction unless this node still holds the session's lease at the epoch it
+        claimed (see the module docstring)."""
+        root = self._roots.get(session_id)
+        if root is None:
+            root = self._roots[session_id] = _root_of(conn, session_id)
+        epoch = self.held.get(root)
+        row = conn.execute("SELECT node_id, epoch FROM leases WHERE session_id = ?", (root,)).fetchone()
+        if epoch is not None and row is not None and row[0] == self.node_id and int(row[1]) == epoch:
+            return
+        holder = f"node {row[0]} (epoch {row[1]})" if row is not None and row[0] is not None else "no node"
+        if epoch is not None:
+            self._loop.call_soon_threadsafe(self._lost_soon, root)
+        raise LeaseLost(f"node {self.name} no longer holds session {root} (now {holder}); nothing was written")
+
+    def _lost_soon(self, session_id: str) -> None:
+        if session_id in self.held:
+            self._loop.create_task(self._lose(session_id, "a write found its lease taken"))
+
+    # -- views --------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """This node as ``daemon/health`` shows it."""
+        age = time.monotonic() - self.last_heartbeat if self.last_heartbeat is not None else None
+        return {
+            "nodeId": self.node_id,
+            "name": self.name,
+            "labels": sorted(set(self.settings.labels)),
+            "held": len(self.held),
+            "leaseLimit": self.settings.lease_limit,
+            "leaseTtlSeconds": self.ttl,
+            "draining": self.draining,
+            "takeovers": self.takeovers,
+            "jobs": sorted(self.jobs),
+            "lastHeartbeatSecondsAgo": round(age, 3) if age is not None else None,
+            "error": self.last_error,
+        }
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """Every node that has not left, with its leases and last heartbeat (the cluster view)."""
+
+        def read(conn: Conn) -> list[dict[str, Any]]:
+            rows = conn.execute(
+                "SELECT n.id, n.name, n.host, n.pid, n.labels, n.draining, n.lease_limit,"
+                " EXTRACT(EPOCH FROM now() - n.heartbeat_at), n.started_at::text,"
+                " (SELECT COUNT(*) FROM leases l WHERE l.node_id = n.id) FROM nodes n"
+                " WHERE n.stopped_at IS NULL AND n.heartbeat_at > now() - interval '1 day' ORDER BY n.name, n.id"
+            ).fetchall()
+            return [
+                {
+                    "nodeId": r[0],
+                    "name": r[1],
+                    "host": r[2],
+                    "pid": int(r[3]),
+                    "labels": json.loads(r[4]),
+                    "draining": bool(r[5]),
+                    "leaseLimit": int(r[6]),
+                    "heartbeatSecondsAgo": round(float(r[7]), 3),
+                    "alive": float(r[7]) < self.ttl,
+                    "startedAt": r[8],
+                    "leases": int(r[9]),
+                    "self": r[0] == self.node_id,
+                }
+                for r in rows
+            ]
+
+        return await self._db(read)
+
+    async def drain(self, node: str | None, undo: bool = False) -> list[str]:
+        """Ask a node (by name or id; ``None``: this one) to hand its sessions back at their next idle
+        (``undo``: to take work again); returns the ids of the nodes asked."""
+        target = node or self.node_id
+
+        def mark(conn: Conn) -> list[str]:
+            rows = conn.execute(
+                "UPDATE nodes SET draining = ? WHERE (id = ? OR name = ?) AND stopped_at IS NULL RETURNING id",
+                (0 if undo else 1, target, target),
+            ).fetchall()
+            return [str(r[0]) for r in rows]
+
+        asked = await self._db(mark)
+        if self.node_id in asked:
+            self.kick()
+        return asked
+
+    def drives(self, session_id: str) -> bool:
+        """Whether this node's goal engine decides for the session: it holds it and is not draining.
+        A draining node makes no new decision, so its goals' sessions come to rest at their next
+        idle, where they are released and the node that takes each one decides there instead."""
+        return self.holds(session_id) and not self.draining
+
+    async def holders(self, session_ids: list[str]) -> dict[str, str]:
+        """The name of the node that holds each of ``session_ids`` (top-level sessions) now; a session
+        no live lease holds is left out (the status page's "node" of a goal)."""
+        if not session_ids:
+            return {}
+
+        def read(conn: Conn) -> dict[str, str]:
+            rows = conn.execute(
+                "SELECT l.session_id, n.name FROM leases l JOIN nodes n ON n.id = l.node_id"
+                " WHERE l.session_id = ANY(?) AND l.expires_at > now()",
+                (list(session_ids),),
+            ).fetchall()
+            return {str(r[0]): str(r[1]) for r in rows}
+
+        return await self._db(read)
+
+
+def _root_of(conn: Conn, session_id: str) -> str:
+    sid = session_id
+    for _ in range(64):
+        try:
+            parent = load_session(conn, SessionId.parse(sid)).parent_session_id
+        except (NotFound, InvalidInput):
+            return sid
+        if parent is None:
+            return sid
+        sid = str(parent)
+    return sid
+
+
+def _holder(conn: Conn, session_id: str) -> str:
+    row = conn.execute(
+        "SELECT n.name, n.id FROM leases l JOIN nodes n ON n.id = l.node_id WHERE l.session_id = ?"
+        " AND l.expires_at > now()",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        return "no node yet (a node with room takes it at its next heartbeat)"
+    return f"node {row[0]} ({row[1]})"
+
+
+__all__ = ["LeaseManager"]
