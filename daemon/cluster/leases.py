@@ -116,6 +116,8 @@ class LeaseManager:
         self._seen_fresh: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._claimer: asyncio.Task[None] | None = None
+        self._spawn: Callable[[Any], Any] = asyncio.create_task
         #: Cluster jobs this node wants to run, and the ones it runs now (it holds their locks).
         self.wanted_jobs: set[str] = set()
         self.jobs: set[str] = set()
@@ -161,10 +163,15 @@ class LeaseManager:
         self.last_heartbeat = time.monotonic()
         self.store.fence = self.fence
         logger.info("node {} ({}) joined the cluster; lease TTL {:g}s", self.name, self.node_id, self.ttl)
+        self._spawn = spawn
         self._task = spawn(self._heartbeats())
 
     async def halt(self) -> None:
         """Stop renewing and claiming (before the drivers stop; the leases are kept until :meth:`stop`)."""
+        claimer, self._claimer = self._claimer, None
+        if claimer is not None and not claimer.done():
+            claimer.cancel()
+            await asyncio.wait({claimer})
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -237,8 +244,10 @@ class LeaseManager:
             if renewed.get(sid) != epoch:
                 await self._lose(sid, "another node took it over while this one could not renew")
         await self._release_done()
-        if not self.draining:
-            await self.claim_free()
+        # In the background: taking up many sessions (each repaired and adopted) must not delay the
+        # next renewal past the TTL, or this node would lose what it holds.
+        if not self.draining and (self._claimer is None or self._claimer.done()):
+            self._claimer = self._spawn(self._claim_quietly())
         await self._take_jobs()
         self.jobs_changed.set()
 
@@ -300,6 +309,12 @@ class LeaseManager:
         if root in taken:
             return None
         return await self._db(lambda conn: _holder(conn, root))
+
+    async def _claim_quietly(self) -> None:
+        try:
+            await self.claim_free()
+        except psycopg.Error as exc:
+            logger.debug("node {}: claiming free work failed ({}); the next heartbeat tries again", self.name, exc)
 
     async def claim_free(self) -> int:
         """Claim free work up to the lease limit; returns how many sessions were taken."""

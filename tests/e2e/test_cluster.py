@@ -26,13 +26,14 @@ import os
 import signal
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
+import clusterkit
 import pytest
-from harness import TEST_MODELS, Daemon, rpc
+from clusterkit import q, until
+from harness import Daemon, rpc
 
 from daemon.client import Connection as Client
 
@@ -42,15 +43,8 @@ TTL = 3.0
 
 
 def node(tmp_path: Path, name: str, dsn: str, **cluster: Any) -> Daemon:
-    return Daemon(
-        tmp_path / name,
-        config={
-            **TEST_MODELS,
-            "store": dsn,
-            "workdir_roots": [str(tmp_path / "work")],
-            "max_concurrent_turns": 64,
-            "cluster": {"node_name": name, "lease_ttl_seconds": TTL, **cluster},
-        },
+    return clusterkit.node(
+        tmp_path / name, name, dsn, cluster={"lease_ttl_seconds": TTL, **cluster}, max_concurrent_turns=64
     )
 
 
@@ -68,22 +62,6 @@ def cluster(tmp_path: Path, pg_dsn: str) -> Iterator[Callable[..., list[Daemon]]
     yield start
     for d in started:
         d.close()
-
-
-def q(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(sql, args).fetchall()
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float = 120.0, step: float = 0.05) -> Any:
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit}s")
-        await asyncio.sleep(step)
 
 
 def check_one_driver_at_a_time(dsn: str) -> int:
@@ -156,15 +134,25 @@ async def all_completed(dsn: str, ids: list[str], limit: float) -> None:
 
 
 async def _many_goals(cluster: Callable[..., list[Daemon]], pg_dsn: str, count: int) -> None:
-    nodes = cluster(3, lease_limit=max(10, count // 3))
+    # The default TTL: 300 goals on three nodes and PostgreSQL on two cores hold up an event loop
+    # for seconds, past a 3 s TTL, and then leases move (correctly: fenced, repaired, counted once)
+    # — this test is about runs that see no takeover, so every goal takes exactly its 3 rounds.
+    nodes = cluster(3, lease_limit=max(10, count // 3), lease_ttl_seconds=15)
     ids = await run_goals(nodes, pg_dsn, count, rounds=3)
     await all_completed(pg_dsn, ids, limit=60 + count)
     check_exactly_once(pg_dsn)
     check_one_driver_at_a_time(pg_dsn)
-    rounds = q(pg_dsn, "SELECT rounds, status_reason FROM goals")
-    assert all(r == (3, "verified") for r in rounds), rounds
+    odd = q(
+        pg_dsn,
+        "SELECT id, session_id, rounds, status_reason FROM goals WHERE rounds <> 3 OR status_reason <> 'verified'",
+    )
+    assert odd == [], [(g, _story(pg_dsn, sid)) for g, sid, *_ in odd[:3]]
     held = {n["name"]: n["leases"] for n in (await rpc(nodes[0].socket_path, "daemon/health"))["cluster"]["nodes"]}
     assert set(held) == {d.state_dir.name for d in nodes}
+
+
+def _story(dsn: str, sid: str) -> list[tuple[Any, ...]]:
+    return q(dsn, "SELECT seq, type, LEFT(data, 160) FROM events WHERE session_id = %s ORDER BY seq", sid)
 
 
 async def test_three_nodes_run_goals_to_completion_each_round_once(

@@ -11,28 +11,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
+from clusterkit import until
 from harness import TEST_MODELS, Daemon, rpc
 from webhook_server import WebhookServer
 
 pytestmark = pytest.mark.timeout(300)
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float = 60.0) -> Any:
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit}s")
-        await asyncio.sleep(0.05)
 
 
 def outbox_ids(dsn: str) -> set[str]:

@@ -22,13 +22,12 @@ import asyncio
 import http.client
 import re
 import socket
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
+from clusterkit import q, until
 from harness import TEST_MODELS, Daemon, rpc
 
 from daemon.rpc.protocol import ErrorCode, RpcError
@@ -77,22 +76,6 @@ async def _joined(d: Daemon) -> None:
         return (await rpc(d.socket_path, "daemon/health"))["cluster"] is not None
 
     await until(joined, f"{d.state_dir.name} joined the cluster", limit=30, step=0.05)
-
-
-def q(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(sql, args).fetchall()
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float = 60.0, step: float = 0.1) -> Any:
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit}s")
-        await asyncio.sleep(step)
 
 
 async def nodes_of(d: Daemon) -> dict[str, dict[str, Any]]:

@@ -20,20 +20,20 @@ the concurrency policies across nodes are pinned in ``tests/daemon/test_schedule
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
+import clusterkit
 import pytest
-from harness import TEST_MODELS, Daemon, rpc
+from clusterkit import q, until
+from harness import Daemon, rpc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,17 +43,9 @@ KILL_AFTER = 10
 
 
 def node(tmp_path: Path, name: str, dsn: str) -> Daemon:
-    return Daemon(
-        tmp_path / name,
-        config={
-            **TEST_MODELS,
-            "store": dsn,
-            "workdir_roots": [str(tmp_path / "work")],
-            "max_concurrent_turns": 64,
-            # One machine: every node sees the same work directories.
-            "cluster": {"node_name": name, "lease_ttl_seconds": TTL, "shared_workdirs": True},
-        },
-    )
+    # One machine: every node sees the same work directories.
+    cluster = {"lease_ttl_seconds": TTL, "shared_workdirs": True}
+    return clusterkit.node(tmp_path / name, name, dsn, cluster=cluster, max_concurrent_turns=64)
 
 
 @pytest.fixture
@@ -70,22 +62,6 @@ def cluster(tmp_path: Path, pg_dsn: str) -> Iterator[Callable[[int], list[Daemon
     yield start
     for d in started:
         d.close()
-
-
-def q(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(sql, args).fetchall()
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float, step: float = 0.1) -> Any:
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit}s")
-        await asyncio.sleep(step)
 
 
 async def node_id(d: Daemon) -> str:

@@ -11,17 +11,17 @@ nothing changes, and once the server is back the goal advances by itself and the
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
+import clusterkit
 import pytest
-from harness import TEST_MODELS, Daemon, rpc
+from clusterkit import q as rows
+from clusterkit import until
+from harness import Daemon, rpc
 from pgkit import NO_POSTGRES, PgServer
 
 from daemon.client import RpcError
@@ -31,34 +31,8 @@ pytestmark = pytest.mark.skipif(NO_POSTGRES is not None, reason=f"PostgreSQL is 
 LIMIT = 60.0
 
 
-async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float = LIMIT) -> Any:
-    """Ask ``check`` again and again until it returns a truthy value."""
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit}s")
-        await asyncio.sleep(0.05)
-
-
 def daemon_on(tmp_path: Path, name: str, dsn: str, **config: Any) -> Daemon:
-    return Daemon(
-        tmp_path / name,
-        config={
-            **TEST_MODELS,
-            "store": dsn,
-            "workdir_roots": [str(tmp_path / "work")],
-            "cluster": {"node_name": name, "lease_ttl_seconds": 2},
-            **config,
-        },
-    )
-
-
-def rows(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(sql, args).fetchall()
+    return clusterkit.node(tmp_path / name, name, dsn, cluster={"lease_ttl_seconds": 2}, **config)
 
 
 async def test_a_goal_completes_on_postgresql(tmp_path: Path, pg_dsn: str) -> None:
