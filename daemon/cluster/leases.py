@@ -288,9 +288,13 @@ class LeaseManager:
 
     # -- holding ------------------------------------------------------------------------------
 
+    def root(self, session_id: str) -> str:
+        """The top-level session whose lease covers ``session_id`` (itself, unless a known subagent)."""
+        return self._roots.get(session_id, session_id)
+
     def holds(self, session_id: str) -> bool:
         """Whether this node holds the session (a subagent's: its top-level session's lease)."""
-        return self._roots.get(session_id, session_id) in self.held
+        return self.root(session_id) in self.held
 
     async def acquire(self, session_id: str) -> str | None:
         """Hold ``session_id`` now if it is free and this node has room: ``None`` if held after,

@@ -42,7 +42,7 @@ async def join(dsn: str, rt: Runtime, engine: GoalEngine, settings: ClusterSetti
 
     async def lost(session_id: str) -> None:
         engine.drop(session_id)
-        for sid in [s for s in rt.live_agents if leases._roots.get(s, s) == session_id]:
+        for sid in [s for s in rt.live_agents if leases.root(s) == session_id]:
             with contextlib.suppress(Exception):  # its last writes are refused by the fence
                 await rt.unload(sid, grace=0)
 

@@ -10,17 +10,16 @@ advances again by itself (no command) and the health clears.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import sqlite3
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clusterkit import until
 from harness import TEST_MODELS, Daemon, rpc
 
 from daemon.client import RpcError
@@ -64,18 +63,6 @@ def fill(path: Path) -> int:
                 except OSError:
                     break
     return written
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float = LIMIT) -> Any:
-    """Ask ``check`` again and again (it answers over the socket) until it returns a truthy value."""
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit}s")
-        await asyncio.sleep(0.1)
 
 
 async def test_a_full_disk_holds_the_goal_refuses_input_and_clears_by_itself(small_tmpfs: Path, tmp_path: Path) -> None:
