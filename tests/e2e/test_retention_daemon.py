@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clusterkit import until
 from harness import TEST_MODELS, Daemon, all_events, rpc, wait_goal
 
 from daemon.client import Connection as Client
@@ -24,27 +25,24 @@ from daemon.rpc.protocol import RpcError
 RETENTION = {"history_seconds": 0.001, "keep_events": 6, "interval_seconds": 0, "workdir_seconds": 0}
 
 
-async def paused_at_rest(sock: Path, goal_id: str, session_id: str, limit: float = 30.0) -> dict[str, Any]:
+async def paused_at_rest(sock: Path, goal_id: str, session_id: str) -> dict[str, Any]:
     """The paused goal once it is at rest: a round admitted before the pause has ended, the agent
     is idle, and the goal has recorded that round (``evaluatedSeq`` at or past its ``turn/end``).
 
     Recording a round changes only the goal's counters (no event), so this waits on the goal's
     status itself, with a timeout.
     """
-    async with asyncio.timeout(limit):
-        while True:
-            status = await rpc(sock, "agent/status", {"sessionId": session_id})
-            goal = await rpc(sock, "goal/get", {"goalId": goal_id})
-            events = await all_events(sock, session_id)
-            types = [e["type"] for e in events]
-            ends = [e["seq"] for e in events if e["type"] == "turn/end"]
-            if (
-                status["status"] == "idle"
-                and types.count("turn/start") == len(ends)
-                and goal["evaluatedSeq"] >= max(ends, default=0)
-            ):
-                return goal
-            await asyncio.sleep(0.05)
+
+    async def at_rest() -> dict[str, Any] | None:
+        status = await rpc(sock, "agent/status", {"sessionId": session_id})
+        goal: dict[str, Any] = await rpc(sock, "goal/get", {"goalId": goal_id})
+        types = [(e["type"], e["seq"]) for e in await all_events(sock, session_id)]
+        ends = [seq for kind, seq in types if kind == "turn/end"]
+        starts = sum(kind == "turn/start" for kind, _ in types)
+        idle = status["status"] == "idle" and starts == len(ends)
+        return goal if idle and goal["evaluatedSeq"] >= max(ends, default=0) else None
+
+    return await until(at_rest, "the paused goal at rest", limit=30.0)
 
 
 @pytest.fixture
@@ -64,8 +62,7 @@ async def test_compact_prunes_ended_goals_shrinks_the_file_and_clients_see_the_b
     ended = await wait_goal(sock, done["goalId"], {"completed", "failed", "paused", "exhausted"})
     assert ended["status"] == "completed"
     await wait_goal(sock, live["goalId"], {"paused"})
-    # A round admitted before the pause still ends, and the paused goal records it at the next idle:
-    # the live goal is at rest once every turn has ended and a goal/changed follows the last end.
+    # A round admitted before the pause still ends, and the paused goal records it at the next idle.
     paused = await paused_at_rest(sock, live["goalId"], live["sessionId"])
     live_events = await all_events(sock, live["sessionId"])
     last_seq = (await rpc(sock, "agent/status", {"sessionId": done["sessionId"]}))["lastSeq"]
