@@ -30,7 +30,7 @@ import dataclasses
 import io
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -110,6 +110,14 @@ def dump_tasks() -> None:
         stack = io.StringIO()
         task.print_stack(limit=12, file=stack)
         logger.warning("{}\n{}", task.get_name(), stack.getvalue())
+
+
+async def _step(what: str, done: Awaitable[object]) -> None:
+    """One step of stopping, logged with how long it took (a stop that hangs names its step)."""
+    start = time.monotonic()
+    logger.debug("daemon stopping: {}", what)
+    await done
+    logger.debug("daemon stopping: {} stopped in {:.2f}s", what, time.monotonic() - start)
 
 
 class Host:
@@ -227,14 +235,15 @@ class Host:
                 if stdio_task is not None:
                     stdio_task.cancel()
                 if page is not None:
-                    await page.stop()
-                await server.stop()
+                    await _step("the status page", page.stop())
+                await _step("the control socket", server.stop())
                 if self.scheduler is not None:
-                    await self.scheduler.stop()
-                await engine.stop()
-                await services.stop_last()
+                    await _step("the scheduler", self.scheduler.stop())
+                await _step("the goal engine", engine.stop())
+                await _step("the services", services.stop_last())
                 if self.leases is not None:
-                    await self.leases.halt()
+                    await _step("the drivers", self.leases.halt())
+        logger.debug("daemon stopping: the store closed")
         if self.leases is not None:
             await self.leases.stop()  # the drivers have stopped: the other nodes take over at once
         self._set_state(RunState.STOPPED)

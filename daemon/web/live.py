@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from loguru import logger
 
 from agent import Event, EventHub, Store
 from daemon.web.timeline import Band, is_idle
@@ -33,6 +34,8 @@ from daemon.web.timeline_view import band_summary, entry
 
 PING_SECONDS = 15.0
 SUMMARY_EVERY = 0.5
+#: How long the stop waits for the live pages to end (:meth:`Streams.close_all`).
+CLOSE_SECONDS = 5.0
 #: Events whose arrival may change the goal's counters or status.
 MOVES_GOAL = ("goal/", "status", "turn/end", "assistant/message", "model/", "context/compacted")
 
@@ -61,12 +64,23 @@ class Streams:
         """Whether one more page would pass the cap."""
         return len(self.open) >= self.cap
 
-    async def close_all(self) -> None:
-        """End every stream (the daemon stops)."""
-        tasks = list(self.open)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async def close_all(self, within: float = CLOSE_SECONDS) -> None:
+        """End every stream (the daemon stops), in ``within`` seconds at most.
+
+        A stream that goes on after its cancel (a cancel swallowed by code it awaits) is cancelled
+        again each second; one still running at the end is named in the log and left to the web
+        server's own shutdown, which closes its connection: the stop never waits on a page.
+        """
+        deadline = time.monotonic() + within
+        pending = set(self.open)
+        while pending:
+            for t in pending:
+                t.cancel()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning("status page: {} live page(s) did not end when the daemon stopped", len(pending))
+                return
+            _, pending = await asyncio.wait(pending, timeout=min(1.0, left))
 
 
 async def _open(request: web.Request, streams: Streams) -> tuple[web.StreamResponse, asyncio.Task[Any]]:
@@ -134,7 +148,10 @@ async def goal_stream(
             if dirty_since is not None:
                 wait = max(0.0, sent_at + SUMMARY_EVERY - time.monotonic())
             try:
-                e = await asyncio.wait_for(sub.queue.get(), timeout=wait)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns a read that finished in
+                # the step the stop cancels the stream, swallowing the cancel (and the stop hangs).
+                async with asyncio.timeout(wait):
+                    e = await sub.queue.get()
             except TimeoutError:
                 if dirty_since is not None:
                     await resp.write(named("goal", await summary()))
@@ -200,7 +217,8 @@ async def goals_stream(
         await resp.write(named("caught-up", {}))
         while True:
             try:
-                await asyncio.wait_for(wake.wait(), timeout=PING_SECONDS)
+                async with asyncio.timeout(PING_SECONDS):  # not wait_for: see goal_stream
+                    await wake.wait()
             except TimeoutError:
                 await resp.write(b": ping\n\n")
                 continue

@@ -29,9 +29,15 @@ if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
         allow_module_level=True,
     )
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+def waiter(driver: Any, seconds: float) -> Any:
+    """A wait that reads again when the live page replaced an element between finding and reading it."""
+    return WebDriverWait(driver, seconds, ignored_exceptions=[StaleElementReferenceException])
 
 
 def free_port() -> int:
@@ -72,8 +78,29 @@ def status_of(d: Daemon, gid: str) -> str:
     return str(d.cli_json("goal", "show", gid)["status"])
 
 
+def row_cell(driver: Any, gid: str, selector: str) -> str:
+    """One cell of a goal's row, found and read in one script: the live table replaces whole rows."""
+    text = driver.execute_script(
+        'const r = document.querySelector(`tr[data-goal="${arguments[0]}"]`);'
+        " const c = r && r.querySelector(arguments[1]); return c ? c.innerText.trim() : null",
+        gid,
+        selector,
+    )
+    assert text is not None, f"no {selector} cell in the row of goal {gid}"
+    return str(text)
+
+
 def row_status(driver: Any, gid: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'tr[data-goal="{gid}"] .status').text)
+    return row_cell(driver, gid, ".status")
+
+
+def row_order(driver: Any) -> list[str]:
+    return [
+        str(g)
+        for g in driver.execute_script(
+            "return Array.from(document.querySelectorAll('table#goals tbody tr')).map(r => r.dataset.goal)"
+        )
+    ]
 
 
 def seqs(driver: Any) -> list[int]:
@@ -104,7 +131,7 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         assert d.cli("goal", "pause", paused).returncode == 0
         assert d.cli("goal", "cancel", cancelled).returncode == 0
         asyncio.run(wait_goal(d.socket_path, paused, {"paused"}))
-        wait = WebDriverWait(browser, 30)
+        wait = waiter(browser, 30)
 
         # The goals table: each goal with its status and reason, as `goald` words them.
         browser.get(f"http://127.0.0.1:{port}/?token={token}")
@@ -114,7 +141,7 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         assert row_status(browser, paused) == "paused (by request)"
         assert row_status(browser, running) == "active"
         assert row_status(browser, cancelled) == "cancelled (by request)"
-        order = [r.get_attribute("data-goal") for r in browser.find_elements(By.CSS_SELECTOR, "table#goals tbody tr")]
+        order = row_order(browser)
         assert order.index(paused) < order.index(running) < order.index(done)  # attention first
         browser.save_screenshot(str(shots / "goals.png"))
         # The table is live too: the running goal's row is re-rendered as its rounds go by, no reload.
@@ -122,19 +149,14 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
 
         def rounds_cell(b: Any) -> str:
-            return str(
-                b.find_element(By.CSS_SELECTOR, f'tr[data-goal="{running}"]').find_elements(By.TAG_NAME, "td")[4].text
-            )
+            return row_cell(b, running, "td:nth-child(5)")
 
         before = rounds_cell(browser)
         wait.until(lambda b: rounds_cell(b) != before)
         assert browser.execute_script("return window.__table_page === true")
         browser.get(f"http://127.0.0.1:{port}/?status=paused")
         wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table#goals tbody tr"))
-        filtered = [
-            r.get_attribute("data-goal") for r in browser.find_elements(By.CSS_SELECTOR, "table#goals tbody tr")
-        ]
-        assert filtered == [paused]
+        assert row_order(browser) == [paused]
 
         # A paused goal: its burn-down chart (drawn) and its timeline of rounds.
         browser.get(f"http://127.0.0.1:{port}/goals/{paused}")
@@ -161,7 +183,7 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         shown = int(browser.find_element(By.ID, "goal").get_attribute("data-last-seq"))
         wait.until(lambda b: max(seqs(b)) > shown)
         browser.find_element(By.ID, "btn-pause").click()
-        WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "goal-status").text == "paused (by request)")
+        waiter(browser, 60).until(lambda b: b.find_element(By.ID, "goal-status").text == "paused (by request)")
         assert browser.execute_script("return window.__same_page === true")  # no reload happened
         assert status_of(d, running) == "paused"
         show = d.cli("goal", "show", running)
@@ -212,7 +234,7 @@ def test_a_page_open_across_a_restart_resumes_from_the_right_sequence_number(tmp
     try:
         gid = add_goal(d, "Long work [rounds=300 delay=0.15]", "--max-tokens", "9000000")
         d.calls.wait("worker round=2", 60)
-        wait = WebDriverWait(browser, 60)
+        wait = waiter(browser, 60)
         browser.get(f"http://127.0.0.1:{port}/goals/{gid}?token={token}")
         wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
         browser.execute_script("window.__same_page = true")
@@ -234,7 +256,7 @@ def test_a_page_open_across_a_restart_resumes_from_the_right_sequence_number(tmp
             " const top = l.reduce((a, e) => (+e.dataset.seq > +a.dataset.seq ? e : a), l[0]);"
             " return top.classList.contains('status') && top.textContent.includes('idle')"
         )
-        WebDriverWait(browser, 60).until(lambda b: b.execute_script(newest))
+        waiter(browser, 60).until(lambda b: b.execute_script(newest))
         last = max(e["seq"] for e in asyncio.run(all_events(d.socket_path, session)))
         wait.until(lambda b: max(seqs(b)) == last)
         shown = seqs(browser)
