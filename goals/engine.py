@@ -69,6 +69,7 @@ from goals.operations import (
 from goals.payloads import Caller
 from goals.policy import decide
 from goals.store import (
+    GOAL_CHANGED,
     GOAL_VERIFIED,
     MIGRATIONS,
     emit_changed,
@@ -527,11 +528,27 @@ class GoalEngine:
         self._timers.drop(goal.id)
 
     def _on_event(self, event: Event) -> None:
+        if event.type == GOAL_CHANGED and self.store.relaying:
+            self._cancelled_elsewhere(event)
+            return
         if not is_idle(event):
             return
         goal_id = self._sessions.get(event.session_id)
         if goal_id is not None:
             self.kick(goal_id)
+
+    def _cancelled_elsewhere(self, event: Event) -> None:
+        """A goal cancelled through another node (its ``goal/changed`` relayed here): when this node
+        drives the goal's session, its running turn is interrupted, as :meth:`cancel` does on the
+        node it is asked on."""
+        if event.data.get("status") != GoalStatus.CANCELLED.value:
+            return
+        agent = self.rt.live_agents.get(event.session_id)
+        if agent is not None:
+            logger.info(
+                "goal {} was cancelled on another node: interrupting its running turn", event.data.get("goalId")
+            )
+            self.rt.spawn(agent.interrupt())
 
 
 def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:

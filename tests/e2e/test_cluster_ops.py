@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import re
 import socket
 from collections.abc import Awaitable, Callable, Iterator
@@ -279,6 +280,35 @@ def _get(port: int, path: str, token: str) -> tuple[int, str]:
         return resp.status, resp.read().decode(errors="replace")
     finally:
         conn.close()
+
+
+async def test_a_goal_cancelled_through_another_node_has_its_running_turn_interrupted(
+    cluster: Cluster, pg_dsn: str
+) -> None:
+    a, b = await cluster(2)
+    # One model call takes two minutes: the turn is still running when the cancel comes, and it
+    # could only end within the wait below by being interrupted.
+    (gid,) = await add_goals(a, 1, "[rounds=5 delay=120]")
+    sid = (await rpc(a.socket_path, "goal/get", {"goalId": gid}))["sessionId"]
+    a_id = (await rpc(a.socket_path, "daemon/health"))["cluster"]["nodeId"]
+
+    async def running_on_a() -> bool:
+        rows = q(pg_dsn, "SELECT data::jsonb->>'node' FROM events WHERE session_id = %s AND type = 'turn/start'", sid)
+        return [r[0] for r in rows] == [a_id]
+
+    await until(running_on_a, "the goal's first turn running on n0")
+    changed = await rpc(b.socket_path, "goal/cancel", {"goalId": gid})  # through the node that does not hold it
+    assert changed["status"] == "cancelled"
+
+    async def turn_ended() -> list[str]:
+        rows = q(pg_dsn, "SELECT data FROM events WHERE session_id = %s AND type = 'turn/end'", sid)
+        return [json.loads(r[0])["reason"] for r in rows]
+
+    assert await until(turn_ended, "the running turn ended on n0", limit=60) == ["cancelled"]
+    assert (await rpc(a.socket_path, "goal/get", {"goalId": gid}))["status"] == "cancelled"
+    assert "was cancelled on another node: interrupting its running turn" in a.stderr_path.read_text(errors="replace")
+    # Nothing more ran: no second turn, on either node.
+    assert len(q(pg_dsn, "SELECT 1 FROM events WHERE session_id = %s AND type = 'turn/start'", sid)) == 1
 
 
 async def test_the_status_page_shows_the_node_of_each_goal(cluster: Cluster, pg_dsn: str) -> None:
