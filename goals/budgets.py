@@ -31,6 +31,18 @@ def budget_spent(goal: Goal, now: datetime) -> StopReason | None:
     return None
 
 
+def time_ends(goal: Goal) -> datetime | None:
+    """When an active goal's time runs out: the earlier of its deadline and the end of its wall
+    time (counted while active); ``None`` when it has neither, or is not active."""
+    if goal.status is not GoalStatus.ACTIVE:
+        return None
+    b = goal.budgets
+    ends = [b.deadline] if b.deadline is not None else []
+    if b.max_wall_seconds is not None and goal.active_since is not None:
+        ends.append(goal.active_since + timedelta(seconds=max(b.max_wall_seconds - goal.wall_used, 0.0)))
+    return min(ends, default=None)
+
+
 def guard_limits(goal: Goal, now: datetime) -> Limits:
     """The spend guard's limits for a goal: its token and cost budgets, and the earlier of its
     deadline and the end of its wall time (counted while active)."""
@@ -87,4 +99,12 @@ def with_status(goal: Goal, status: GoalStatus, reason: str | None, now: datetim
     )
 
 
-__all__ = ["backoff", "budget_spent", "guard_limits", "refusal_reason", "wall_ends_first", "with_status"]
+__all__ = [
+    "backoff",
+    "budget_spent",
+    "guard_limits",
+    "refusal_reason",
+    "time_ends",
+    "wall_ends_first",
+    "with_status",
+]

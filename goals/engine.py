@@ -48,7 +48,7 @@ from agent import (
     is_idle,
     read_events,
 )
-from goals.budgets import guard_limits
+from goals.budgets import guard_limits, time_ends
 from goals.creation import check_workdir, create_goal
 from goals.decision import Decision, DecisionKind, PolicyInput
 from goals.errors import GoalError, InvalidGoal, StaleDecision
@@ -84,7 +84,7 @@ from goals.store import (
 )
 from goals.timers import GoalTimers, due_of
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
-from goals.verify import CommandRunner, fingerprint, run_command
+from goals.verify import CommandRunner, fingerprint, run_command, within
 
 DecisionListener = Callable[[PolicyInput, Decision], None]
 Clock = Callable[[], datetime]
@@ -399,7 +399,10 @@ class GoalEngine:
             return None
         interval = interval_facts(goal, events, st.last_seq)
         now = self.clock()
-        measured = await measure(goal, interval, self._runner(goal))
+        runner = self._runner(goal)
+        if (ends := time_ends(goal)) is not None:  # no command runs past the goal's time
+            runner = within(runner, (ends - now).total_seconds())
+        measured = await measure(goal, interval, runner)
         inp = PolicyInput(
             goal,
             interval,

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
+from goals.budgets import time_ends
 from goals.model import Goal, GoalStatus
 
 Clock = Callable[[], datetime]
@@ -26,9 +27,7 @@ def due_of(goal: Goal) -> datetime | None:
     """When an active ``goal`` must be decided at the latest (``None``: not active, or no time set)."""
     if goal.status is not GoalStatus.ACTIVE:
         return None
-    due = [d for d in (goal.not_before, goal.budgets.deadline) if d is not None]
-    if goal.budgets.max_wall_seconds is not None and goal.active_since is not None:
-        due.append(goal.active_since + timedelta(seconds=max(goal.budgets.max_wall_seconds - goal.wall_used, 0)))
+    due = [d for d in (goal.not_before, time_ends(goal)) if d is not None]
     return min(due, default=None)
 
 

@@ -139,6 +139,30 @@ def progress_digest(result: VerifyResult) -> str:
     return hashlib.sha256(f"{state}\0{result.output_tail}".encode()).hexdigest()[:32]
 
 
+def within(runner: CommandRunner, seconds: float) -> CommandRunner:
+    """``runner`` inside the goal's time: ``seconds`` from now its deadline or wall time ends, and
+    no command runs past that. A command's timeout is cut to the time left (its result says so when
+    the cut ended it); with no time left a command is not run, and fails saying why. Either way the
+    claim it checks is refused, and the spent budget ends the goal at its next decision."""
+    ends = time.monotonic() + seconds
+
+    async def run(command: VerifyCommand, workdir: Path) -> VerifyResult:
+        left = ends - time.monotonic()
+        if left <= 0:
+            return VerifyResult(
+                cmd=command.cmd, exit_code=None, output_tail="not run: the goal's deadline or wall time ran out"
+            )
+        if left >= command.timeout:
+            return await runner(command, workdir)
+        result = await runner(command.model_copy(update={"timeout": left}), workdir)
+        if not result.timed_out:
+            return result
+        note = f"\n[cut short: the goal's deadline or wall time left {left:.1f}s of the command's {command.timeout:g}s]"
+        return result.model_copy(update={"output_tail": (result.output_tail + note)[-OUTPUT_TAIL:]})
+
+    return run
+
+
 async def run_all(
     commands: list[VerifyCommand], workdir: Path, runner: CommandRunner = run_command
 ) -> list[VerifyResult]:

@@ -42,6 +42,7 @@ from agent import (
 )
 from goals import (
     GOAL_CHANGED,
+    GOAL_VERIFIED,
     Budgets,
     Decision,
     DecisionKind,
@@ -51,8 +52,10 @@ from goals import (
     GoalStatus,
     PolicyInput,
     StopRules,
+    VerifyCommand,
     tools_for_goal_sessions,
 )
+from goals.verify import run_command, within
 
 Rule = Callable[[ModelRequest], Reply | Awaitable[Reply]]
 
@@ -494,3 +497,63 @@ async def test_round_limit_then_resume_with_a_raised_limit(db_path: Path, tmp_pa
         "Round 5 of 5",
     ]
     assert sorted(p.name for p in workdir.iterdir()) == [f"part{i}.txt" for i in range(1, 6)]
+
+
+# -- the goal's commands inside its time -------------------------------------------------------------
+
+
+async def test_a_command_is_cut_at_the_time_left_and_not_run_without_any(tmp_path: Path) -> None:
+    # Time left: the command runs as it is, its own timeout untouched.
+    quick = await within(run_command, 600)(VerifyCommand(cmd="echo fine", timeout=30), tmp_path)
+    assert quick.passed and quick.output_tail == "fine\n"
+    # Less time left than the command's timeout: the command is cut when the goal's time ends.
+    cut = await within(run_command, 0.5)(VerifyCommand(cmd="sleep 120", timeout=600), tmp_path)
+    assert cut.timed_out and not cut.passed
+    assert "[cut short: the goal's deadline or wall time left 0.5s of the command's 600s]" in cut.output_tail
+    # No time left: not run at all (the file it would make is not there), and it says why.
+    late = within(run_command, 0.0)
+    gone = await late(VerifyCommand(cmd="touch ran", timeout=30), tmp_path)
+    assert not gone.passed and gone.output_tail == "not run: the goal's deadline or wall time ran out"
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_a_verification_never_runs_past_the_goal_s_wall_time(db_path: Path, tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+
+    def rule(request: ModelRequest) -> Reply:
+        n, step = where_am_i(request)
+        if n == 1 and step == 0:
+            return Reply(tool_calls=[ToolCall("goal_complete", {"summary": "done", "evidence": "all of it"})])
+        return Reply.say(f"round {n}: claimed")
+
+    model = ScriptedModel(rule, name="claims-at-once")
+    async with goal_runtime(db_path, model) as (rt, engine, _):
+        goal = await engine.create(
+            GoalSpec(
+                objective="Finish, and let the slow check judge it.",
+                workdir=str(workdir),
+                # Seven seconds: the spend guard starts a model call only with five left.
+                budgets=Budgets(max_wall_seconds=7),
+                # The check would take two minutes, far past the goal's wall time.
+                verify=[VerifyCommand(cmd="sleep 120", timeout=600)],
+                rules=PATIENT,
+            )
+        )
+        changed = await wait_status(rt, goal, GoalStatus.EXHAUSTED, within=60)
+        await engine.settled()
+        final = await engine.get(goal.id)
+        events = await rt.store.events_after(goal.session_id, 0, limit=100_000)
+
+    assert final.status is GoalStatus.EXHAUSTED and changed["reason"] == "wall_time"
+    verified = [e.data for e in events if e.type == GOAL_VERIFIED]
+    assert len(verified) == 1 and not verified[0]["passed"]
+    (result,) = verified[0]["results"]
+    # Cut where the goal's time ended (or, on a machine slow enough that the time was gone by the
+    # idle, not run at all): the claim is refused, never completed after the goal's time.
+    assert result["exit_code"] is None
+    assert (
+        "[cut short: the goal's deadline or wall time left" in result["output_tail"]
+        or result["output_tail"] == "not run: the goal's deadline or wall time ran out"
+    ), result
+    assert final.wall_used < 60
