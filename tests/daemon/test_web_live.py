@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -30,7 +31,7 @@ async def _row(gid: str) -> str | None:
     return f'<tr data-goal="{gid}"><td>moved</td></tr>'
 
 
-def _event(seq: int, kind: str = "turn/start") -> Event:
+def _event(seq: int, kind: str) -> Event:
     return Event(session_id="s1", seq=seq, type=kind, data={"goalId": "g1"}, at="2026-12-04T00:00:00Z")
 
 
@@ -43,7 +44,7 @@ async def _read_until(resp: aiohttp.ClientResponse, marker: bytes) -> bytes:
     return seen
 
 
-async def _served(tmp_path: Path, path: str) -> tuple[Store, Streams, TestServer]:
+async def _served(tmp_path: Path) -> tuple[Store, Streams, TestServer]:
     store = await Store.open(tmp_path / "agent.db")
     streams = Streams(cap=10)
 
@@ -70,36 +71,25 @@ async def _served(tmp_path: Path, path: str) -> tuple[Store, Streams, TestServer
     return store, streams, server
 
 
-async def test_a_goal_stream_ends_at_stop_even_when_an_event_arrives_with_the_cancel(tmp_path: Path) -> None:
-    store, streams, server = await _served(tmp_path, "/goal")
+@pytest.mark.parametrize(
+    ("path", "kind", "shown"),
+    [("/goal", "turn/start", b"id: 1\n"), ("/table", "turn/end", b"event: row")],
+    ids=["goal-page", "goals-table"],
+)
+async def test_a_live_stream_ends_at_stop_even_when_an_event_arrives_with_the_cancel(
+    tmp_path: Path, path: str, kind: str, shown: bytes
+) -> None:
+    store, streams, server = await _served(tmp_path)
     try:
-        async with aiohttp.ClientSession() as client, client.get(server.make_url("/goal")) as resp:
+        async with aiohttp.ClientSession() as client, client.get(server.make_url(path)) as resp:
             await _read_until(resp, b"event: caught-up")
-            store.hub.publish([_event(1)])
-            assert await _read_until(resp, b"id: 1\n")
+            store.hub.publish([_event(1, kind)])
+            await _read_until(resp, shown)  # the stream is live: it sent the event (or the moved row)
             (task,) = streams.open
-            store.hub.publish([_event(2)])  # queued in the very step the stop cancels the stream
+            store.hub.publish([_event(2, kind)])  # wakes the stream in the very step the stop cancels it
             task.cancel()
             await asyncio.wait({task}, timeout=10)
-            assert task.done(), "the stream went on serving after its cancel"
-            assert not streams.open
-    finally:
-        await server.close()
-        await store.close()
-
-
-async def test_the_goals_table_stream_ends_at_stop_even_when_a_row_moves_with_the_cancel(tmp_path: Path) -> None:
-    store, streams, server = await _served(tmp_path, "/table")
-    try:
-        async with aiohttp.ClientSession() as client, client.get(server.make_url("/table")) as resp:
-            await _read_until(resp, b"event: caught-up")
-            store.hub.publish([_event(1, "turn/end")])
-            await _read_until(resp, b"event: row")
-            (task,) = streams.open
-            store.hub.publish([_event(2, "turn/end")])  # wakes the stream in the step of the cancel
-            task.cancel()
-            await asyncio.wait({task}, timeout=10)
-            assert task.done(), "the table's stream went on serving after its cancel"
+            assert task.done(), f"the {path} stream went on serving after its cancel"
             assert not streams.open
     finally:
         await server.close()
