@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -117,6 +117,8 @@ class Agent:
         self._steer_hint = True
         self._stopping = False
         self._cancel_reason: EndReason | None = None
+        #: Who asked for the interrupt in progress (recorded in the turn's end).
+        self._cancel_caller: dict[str, int | str] | None = None
         self._turn_task: asyncio.Task[TurnEnd] | None = None
         self._turn_finished: asyncio.Future[None] | None = None
         self._driver: asyncio.Task[None] | None = None
@@ -208,26 +210,39 @@ class Agent:
             )
         )
 
-    async def cancel_message(self, message_id: MessageId | str, reason: str = CancelReason.CANCELLED) -> None:
-        """Cancel a queued message. Raises ``InvalidTransition`` if it was already admitted."""
+    async def cancel_message(
+        self,
+        message_id: MessageId | str,
+        reason: str = CancelReason.CANCELLED,
+        caller: Mapping[str, int | str] | None = None,
+    ) -> None:
+        """Cancel a queued message (``caller``: who asked, kept in the event). Raises
+        ``InvalidTransition`` if it was already admitted."""
         mid = MessageId.parse(message_id)
-        await self.store.transact(partial(cancel, session_id=self.session_id, message_id=mid, reason=reason))
+        await self.store.transact(
+            partial(cancel, session_id=self.session_id, message_id=mid, reason=reason, caller=caller)
+        )
 
-    async def interrupt(self, discard_queued: bool = False) -> None:
+    async def interrupt(self, discard_queued: bool = False, caller: Mapping[str, int | str] | None = None) -> None:
         """End the running turn ``cancelled``; optionally cancel every queued message too.
 
-        Returns once the turn's end is durable. Interrupting an idle agent does nothing.
+        ``caller`` (a person's ``uid``/``pid`` or ``web`` name) is kept in the ``turn/end`` and
+        ``message/cancelled`` events this writes. Returns once the turn's end is durable.
+        Interrupting an idle agent does nothing.
         """
         task, finished = self._turn_task, self._turn_finished
         if self._status is AgentStatus.IDLE and task is None:
             return
         if discard_queued:
-            await self.store.transact(partial(cancel_all, session_id=self.session_id, reason=CancelReason.DISCARDED))
+            await self.store.transact(
+                partial(cancel_all, session_id=self.session_id, reason=CancelReason.DISCARDED, caller=caller)
+            )
             # A turn the driver committed just before that transaction has its task by now.
             task, finished = self._turn_task, self._turn_finished
         # A second cancel while the first settles would break the turn's cleanup (and the driver).
         if task is not None and not task.done() and self._cancel_reason is None:
             self._cancel_reason = EndReason.CANCELLED
+            self._cancel_caller = dict(caller) if caller else None
             task.cancel()
         if finished is not None:
             await asyncio.shield(finished)
@@ -367,7 +382,7 @@ class Agent:
         return self._cancel_reason
 
     async def _execute_turn(self, turn: OpenedTurn) -> TurnEnd:
-        self._cancel_reason = None
+        self._cancel_reason, self._cancel_caller = None, None
         task = asyncio.create_task(self._turn_body(turn), name=f"turn {turn.turn_id}")
         self._turn_task = task
         try:
@@ -380,10 +395,15 @@ class Agent:
             if reason is None or not task.cancelled() or (me is not None and me.cancelling()):
                 raise
             self._view.invalidate()  # the body did not append the admitted batch; reload
-            why = "interrupted by request" if reason is EndReason.CANCELLED else "the daemon is shutting down"
-            return TurnEnd(reason=reason, error=why, steps=0)
+            return self._cancelled_end(reason, 0)
         finally:
             self._turn_task = None
+
+    def _cancelled_end(self, reason: EndReason, steps: int) -> TurnEnd:
+        """How a turn cut short by an interrupt or the daemon's stop ends (with who asked)."""
+        if reason is EndReason.CANCELLED:
+            return TurnEnd(reason=reason, error="interrupted by request", steps=steps, caller=self._cancel_caller)
+        return TurnEnd(reason=reason, error="the daemon is shutting down", steps=steps)
 
     # -- one turn --------------------------------------------------------------------------
 
@@ -415,8 +435,7 @@ class Agent:
                 raise
             task.uncancel()
             await self._attempts.cleanup(turn, CANCELLED_TOOL_TEXT)
-            why = "interrupted by request" if reason is EndReason.CANCELLED else "the daemon is shutting down"
-            return TurnEnd(reason=reason, error=why, steps=steps)
+            return self._cancelled_end(reason, steps)
         except Exception as exc:
             logger.exception("turn {} of session {} failed", turn.turn_id, self.session_id)
             await self._attempts.cleanup(turn, f"not run: the turn failed ({type(exc).__name__})")

@@ -13,6 +13,7 @@ check or flips the status itself (no stranded input).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -170,8 +171,15 @@ def _supersede(tx: Tx, session_id: str, *, by: MessageId) -> None:
         )
 
 
-def cancel(tx: Tx, session_id: str, message_id: MessageId, reason: str = CancelReason.CANCELLED) -> int:
-    """Cancel one queued message with ``reason``; returns the event's sequence number.
+def cancel(
+    tx: Tx,
+    session_id: str,
+    message_id: MessageId,
+    reason: str = CancelReason.CANCELLED,
+    caller: Mapping[str, int | str] | None = None,
+) -> int:
+    """Cancel one queued message with ``reason``; returns the event's sequence number. ``caller``
+    (the person's ``uid``/``pid`` or ``web`` name, when a person asked) is kept in the event.
 
     Raises:
         InvalidInput: ``reason`` is empty.
@@ -187,13 +195,17 @@ def cancel(tx: Tx, session_id: str, message_id: MessageId, reason: str = CancelR
     tx.execute(
         "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE id=?", (reason, tx.now, message_id)
     )
-    event = tx.emit(session_id, EventType.MESSAGE_CANCELLED, {"messageId": message_id, "reason": reason})
+    event = tx.emit(
+        session_id, EventType.MESSAGE_CANCELLED, {**(caller or {}), "messageId": message_id, "reason": reason}
+    )
     settle_idle(tx, session_id)
     return event.seq
 
 
-def cancel_all(tx: Tx, session_id: str, reason: str = CancelReason.DISCARDED) -> list[MessageId]:
-    """Cancel every queued message of the session with ``reason``."""
+def cancel_all(
+    tx: Tx, session_id: str, reason: str = CancelReason.DISCARDED, caller: Mapping[str, int | str] | None = None
+) -> list[MessageId]:
+    """Cancel every queued message of the session with ``reason`` (``caller``: as :func:`cancel`)."""
     rows = tx.all(
         "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE session_id=? AND fate='queued'"
         " RETURNING id, queued_seq",
@@ -201,7 +213,7 @@ def cancel_all(tx: Tx, session_id: str, reason: str = CancelReason.DISCARDED) ->
     )
     ids = [MessageId(r["id"]) for r in sorted(rows, key=lambda r: int(r["queued_seq"]))]
     for mid in ids:
-        tx.emit(session_id, EventType.MESSAGE_CANCELLED, {"messageId": mid, "reason": reason})
+        tx.emit(session_id, EventType.MESSAGE_CANCELLED, {**(caller or {}), "messageId": mid, "reason": reason})
     settle_idle(tx, session_id)
     return ids
 

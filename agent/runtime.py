@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -238,12 +238,17 @@ class Runtime:
         return mid
 
     async def cancel_message(
-        self, session_id: str, message_id: MessageId | str, reason: str = CancelReason.CANCELLED
+        self,
+        session_id: str,
+        message_id: MessageId | str,
+        reason: str = CancelReason.CANCELLED,
+        caller: Mapping[str, int | str] | None = None,
     ) -> None:
-        """Cancel a queued message of any session. Raises ``InvalidTransition`` if it was admitted."""
+        """Cancel a queued message of any session (``caller``: who asked, kept in the event). Raises
+        ``InvalidTransition`` if it was admitted."""
         mid = MessageId.parse(message_id)
         sid = SessionId.parse(session_id)
-        await self.store.transact(lambda tx: cancel(tx, sid, mid, reason))
+        await self.store.transact(lambda tx: cancel(tx, sid, mid, reason, caller))
 
     def _interested(self, session_id: str) -> bool:
         # On the store thread: reads of dicts the loop changes (a stale answer costs one read or one

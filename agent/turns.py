@@ -9,7 +9,7 @@ every reservation left open in full; queued messages stay queued for the next tu
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -36,6 +36,9 @@ class TurnEnd(BaseModel):
     error_kind: str | None = None
     model_finish: str | None = None
     steps: int = 0
+    #: Who asked for the interrupt that ended the turn, when a person did: the caller's ``uid`` and
+    #: ``pid`` on the control socket, or ``web`` (the status page token's name); kept in the event.
+    caller: Mapping[str, int | str] | None = None
 
 
 class OpenedTurn(BaseModel):
@@ -83,6 +86,8 @@ def end_turn(tx: Tx, session_id: str, turn_id: str, end: TurnEnd) -> bool:
         data["errorKind"] = end.error_kind
     if end.model_finish is not None:
         data["modelFinish"] = end.model_finish
+    if end.caller:
+        data.update({k: v for k, v in end.caller.items() if k not in data})
     event = tx.emit(session_id, EventType.TURN_END, data)
     tx.execute(
         "UPDATE turns SET end_seq=?, end_reason=?, error=?, steps=?, ended_at=? WHERE id=?",

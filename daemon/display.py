@@ -57,12 +57,12 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
             text = admitted.text.replace("\n", " ")
             return f"admitted {admitted.message_id}: {text[:80]}"
         case MessageCancelled() as gone:
-            return f"cancelled {gone.message_id}: {gone.reason}"
+            return f"cancelled {gone.message_id}: {gone.reason}" + _asked(d)
         case TurnStarted() as started:
             return f"turn {started.turn_id} started"
         case TurnEnded() as ended:
             extra = f" ({ended.error})" if ended.error else ""
-            return f"turn ended: {ended.reason.value} after {ended.steps} step(s){extra}"
+            return f"turn ended: {ended.reason.value} after {ended.steps} step(s){extra}" + _asked(d)
         case AssistantMessage() as answer:
             return "assistant: " + _answer(answer)
         case ToolResult() as result:
@@ -88,6 +88,23 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
             return f"schedule {run.get('scheduleId')}: {run.get('outcome')} ({run.get('reason')})"
         case _:
             return kind
+
+
+def who(data: dict[str, Any]) -> str:
+    """The person or schedule an event names as its cause (``web:NAME``, ``uid 1000``, ...), or ``""``."""
+    if data.get("web"):
+        return f"web:{data['web']}"
+    if data.get("kind") == "schedule":
+        return f"schedule {data.get('ref') or ''}".strip()
+    if data.get("uid") is not None:
+        return f"uid {data['uid']}" + (f" (pid {data['pid']})" if data.get("pid") is not None else "")
+    return ""
+
+
+def _asked(data: dict[str, Any]) -> str:
+    """`` by <who>`` when a person asked for what the event records (an interrupt, a cancel)."""
+    by = who(data)
+    return f" by {by}" if by else ""
 
 
 def _answer(answer: AssistantMessage) -> str:

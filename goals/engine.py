@@ -253,7 +253,7 @@ class GoalEngine:
         goal = await self._change(goal_ref, GoalStatus.CANCELLED, reason, "goal cancelled", caller)
         agent = self.rt.live_agents.get(goal.session_id)
         if agent is not None:
-            await agent.interrupt()
+            await agent.interrupt(caller=caller)
         return goal
 
     async def resume(
@@ -551,7 +551,8 @@ class GoalEngine:
             logger.info(
                 "goal {} was cancelled on another node: interrupting its running turn", event.data.get("goalId")
             )
-            self.rt.spawn(agent.interrupt())
+            caller = {k: v for k, v in event.data.items() if k in ("uid", "pid", "web")}
+            self.rt.spawn(agent.interrupt(caller=caller))
 
 
 def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:

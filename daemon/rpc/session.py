@@ -188,13 +188,13 @@ def register(d: Dispatcher, host: HostPort) -> None:
 
     @d.method("session/cancelMessage", CancelMessage)
     async def cancel_message(p: CancelMessage, peer: Peer) -> Empty:
-        await runtime(host).cancel_message(p.session_id, p.message_id)
+        await runtime(host).cancel_message(p.session_id, p.message_id, caller=peer.caller)
         return {}
 
     @d.method("session/interrupt", Interrupt)
     async def interrupt(p: Interrupt, peer: Peer) -> Empty:
         agent = await runtime(host).agent(p.session_id)
-        await agent.interrupt(discard_queued=p.discard_queued)
+        await agent.interrupt(discard_queued=p.discard_queued, caller=peer.caller)
         return {}
 
     @d.method("session/list", SessionList)

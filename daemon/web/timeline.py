@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from agent import Event, first_kept_seq, read_events
 from agent.db import Conn
+from daemon.display import who
 
 #: Events read per window when scanning backwards.
 WINDOW = 400
@@ -69,17 +70,6 @@ class Band:
                 by = who(e.data)
                 return f"{e.data.get('status')}" + (f" by {by}" if by else "")
         return "session events"
-
-
-def who(data: dict[str, object]) -> str:
-    """The person or schedule an event names as its cause (``web:NAME``, ``uid 1000``, ...), or ``""``."""
-    if data.get("web"):
-        return f"web:{data['web']}"
-    if data.get("kind") == "schedule":
-        return f"schedule {data.get('ref') or ''}".strip()
-    if data.get("uid") is not None:
-        return f"uid {data['uid']}" + (f" (pid {data['pid']})" if data.get("pid") is not None else "")
-    return ""
 
 
 def is_idle(event: Event) -> bool:

@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from agent import Event
-from daemon.display import describe_event, reason_text, when
+from daemon.display import describe_event, reason_text, when, who
 from daemon.web.html import h
-from daemon.web.timeline import Band, TimelinePage, who
+from daemon.web.timeline import Band, TimelinePage
 
 
 def entry(e: Event) -> str:

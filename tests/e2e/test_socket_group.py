@@ -19,8 +19,10 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from clusterkit import until
 from harness import TEST_MODELS, Daemon, all_events, rpc
 
 from daemon.cli import main
@@ -167,3 +169,36 @@ async def test_edit_records_what_changed_and_who_asked(daemon: Daemon) -> None:
         e["data"]["source"] for e in events if e["type"] == "message/queued" and e["data"]["source"]["kind"] == "user"
     ]
     assert sent and sent[-1]["uid"] == os.geteuid() and sent[-1]["pid"] > 0
+
+
+async def test_an_interrupt_and_a_cancelled_message_name_who_asked(daemon: Daemon) -> None:
+    d = daemon
+    me = {"uid": os.geteuid(), "pid": os.getpid()}  # rpc() calls from this process
+
+    async def of_type(sid: str, kind: str) -> list[dict[str, Any]]:
+        return [e["data"] for e in await all_events(d.socket_path, sid) if e["type"] == kind]
+
+    # A session: a slow turn runs, a second message waits behind it.
+    sid = (await rpc(d.socket_path, "session/new", {"model": "test:chat"}))["sessionId"]
+    await rpc(d.socket_path, "session/prompt", {"sessionId": sid, "text": "take your time [delay=120]"})
+    await until(lambda: of_type(sid, "turn/start"), "the slow turn running")
+    queued = await rpc(d.socket_path, "session/prompt", {"sessionId": sid, "text": "and then this"})
+    await rpc(d.socket_path, "session/cancelMessage", {"sessionId": sid, "messageId": queued["messageId"]})
+    await rpc(d.socket_path, "session/interrupt", {"sessionId": sid})
+    (gone,) = await of_type(sid, "message/cancelled")
+    assert gone["messageId"] == queued["messageId"] and {k: gone.get(k) for k in me} == me
+    (ended,) = await of_type(sid, "turn/end")
+    assert ended["reason"] == "cancelled" and {k: ended.get(k) for k in me} == me
+
+    # A goal cancelled with `goald goal cancel`: its running turn's end names the command's process.
+    created = await d.acli_json("goal", "add", "Slow work [rounds=5 delay=120]", "--model", "test:worker")
+    gsid = created["sessionId"]
+    await until(lambda: of_type(gsid, "turn/start"), "the goal's first turn running")
+    code, _out, err = await d.acli("goal", "cancel", created["goalId"])
+    assert code == 0, err
+    (ended,) = await until(lambda: of_type(gsid, "turn/end"), "the goal's turn ended")
+    assert ended["reason"] == "cancelled" and ended["uid"] == os.geteuid()
+    assert isinstance(ended["pid"], int) and ended["pid"] not in (0, os.getpid())  # the CLI's own process
+    code, out, err = await d.acli("goal", "logs", created["goalId"])
+    assert code == 0, err
+    assert f"turn ended: cancelled after 0 step(s) (interrupted by request) by uid {os.geteuid()} (pid " in out, out
