@@ -257,6 +257,9 @@ def goal_lines(g: dict[str, Any]) -> list[str]:
 
 def exit_text(r: dict[str, Any]) -> str:
     """How a command ended, in words where the code alone says little (127: command not found)."""
+    if r.get("out_of_time") or r.get("outOfTime"):
+        timed_out = r.get("timed_out") or r.get("timedOut")
+        return "stopped: the goal's time ran out" if timed_out else "not run: the goal's time ran out"
     if r.get("timed_out") or r.get("timedOut"):
         return "timed out"
     code = r.get("exit_code", r.get("exitCode"))

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from loguru import logger
 
 from agent import (
+    Agent,
     AgentStatus,
     Event,
     InvalidInput,
@@ -403,6 +404,7 @@ class GoalEngine:
         if (ends := time_ends(goal)) is not None:  # no command runs past the goal's time
             runner = within(runner, (ends - now).total_seconds())
         measured = await measure(goal, interval, runner)
+        now = self.clock()  # after the commands: the time they took counts (and may spend the budget)
         inp = PolicyInput(
             goal,
             interval,
@@ -546,13 +548,23 @@ class GoalEngine:
         node it is asked on."""
         if event.data.get("status") != GoalStatus.CANCELLED.value:
             return
+        if self.owns is not None and not self.owns(event.session_id):
+            return
         agent = self.rt.live_agents.get(event.session_id)
         if agent is not None:
             logger.info(
                 "goal {} was cancelled on another node: interrupting its running turn", event.data.get("goalId")
             )
             caller = {k: v for k, v in event.data.items() if k in ("uid", "pid", "web")}
-            self.rt.spawn(agent.interrupt(caller=caller))
+            self.rt.spawn(_interrupt(agent, caller))
+
+
+async def _interrupt(agent: Agent, caller: dict[str, Any]) -> None:
+    """Interrupt a goal's running turn for a cancel made on another node (a failure is logged)."""
+    try:
+        await agent.interrupt(caller=caller)
+    except Exception as exc:  # e.g. the lease was lost meanwhile: the new holder repairs the turn
+        logger.warning("could not interrupt the cancelled goal's turn in session {}: {}", agent.session_id, exc)
 
 
 def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:

@@ -56,7 +56,9 @@ async def measure(goal: Goal, interval: Interval, runner: CommandRunner) -> Meas
         else:
             verification = await run_all(goal.verify, workdir, runner)
     if goal.progress is not None and interval.continuation_fate is ContinuationFate.ADMITTED:
-        progress = progress_digest(await runner(goal.progress, workdir))
+        observed = await runner(goal.progress, workdir)
+        # Cut by the goal's time, the command observed nothing: no digest (the fingerprint alone judges).
+        progress = None if observed.out_of_time else progress_digest(observed)
     return Measured(fp, True, verification, reused, progress)
 
 

@@ -295,6 +295,9 @@ class VerifyResult(BaseModel):
     output_tail: str
     timed_out: bool = False
     seconds: float = 0.0
+    #: The goal's deadline or wall time ran out: the command was cut short there (``timed_out``)
+    #: or not run at all. It says nothing of the work, so a claim it refuses is not counted.
+    out_of_time: bool = False
 
     @property
     def passed(self) -> bool:

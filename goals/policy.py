@@ -71,6 +71,8 @@ def _verify_text(results: list[VerifyResult]) -> str:
     parts = []
     for r in results:
         state = "timed out" if r.timed_out else f"exit {r.exit_code}"
+        if r.out_of_time:
+            state = "stopped: the goal's time ran out" if r.timed_out else "not run: the goal's time ran out"
         parts.append(f"$ {r.cmd}  ({state})\n{r.output_tail}")
     text = "\n".join(parts)
     return text[-MAX_VERIFY_OUTPUT:]
@@ -107,11 +109,18 @@ def _claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
         output = "the verification commands could not run: the goal has no work directory"
     if inp.verification_reused:
         output = "(the work directory has not changed since the last failed check)\n" + output
+    # A check the goal's time cut short judged nothing: the claim is refused (the spent budget
+    # ends the goal), but not counted, and its result is never reused for unchanged content.
+    out_of_time = any(r.out_of_time for r in results)
     refused = g.model_copy(
         update={
-            "refused_claims": g.refused_claims + 1,
+            "refused_claims": g.refused_claims + (0 if out_of_time else 1),
             "memory": g.memory.model_copy(
-                update={"verify_results": results, "verify_output": output, "verify_fingerprint": inp.fingerprint}
+                update={
+                    "verify_results": results,
+                    "verify_output": output,
+                    "verify_fingerprint": None if out_of_time else inp.fingerprint,
+                }
             ),
         }
     )

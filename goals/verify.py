@@ -150,15 +150,21 @@ def within(runner: CommandRunner, seconds: float) -> CommandRunner:
         left = ends - time.monotonic()
         if left <= 0:
             return VerifyResult(
-                cmd=command.cmd, exit_code=None, output_tail="not run: the goal's deadline or wall time ran out"
+                cmd=command.cmd,
+                exit_code=None,
+                output_tail="not run: the goal's deadline or wall time ran out",
+                out_of_time=True,
             )
         if left >= command.timeout:
             return await runner(command, workdir)
+        left = max(round(left, 2), 0.01)
         result = await runner(command.model_copy(update={"timeout": left}), workdir)
         if not result.timed_out:
             return result
-        note = f"\n[cut short: the goal's deadline or wall time left {left:.1f}s of the command's {command.timeout:g}s]"
-        return result.model_copy(update={"output_tail": (result.output_tail + note)[-OUTPUT_TAIL:]})
+        note = f"\n[cut short: the goal's deadline or wall time left {left:g}s of the command's {command.timeout:g}s]"
+        return result.model_copy(
+            update={"output_tail": (result.output_tail + note)[-OUTPUT_TAIL:], "out_of_time": True}
+        )
 
     return run
 

@@ -505,15 +505,16 @@ async def test_round_limit_then_resume_with_a_raised_limit(db_path: Path, tmp_pa
 async def test_a_command_is_cut_at_the_time_left_and_not_run_without_any(tmp_path: Path) -> None:
     # Time left: the command runs as it is, its own timeout untouched.
     quick = await within(run_command, 600)(VerifyCommand(cmd="echo fine", timeout=30), tmp_path)
-    assert quick.passed and quick.output_tail == "fine\n"
+    assert quick.passed and quick.output_tail == "fine\n" and not quick.out_of_time
     # Less time left than the command's timeout: the command is cut when the goal's time ends.
     cut = await within(run_command, 0.5)(VerifyCommand(cmd="sleep 120", timeout=600), tmp_path)
-    assert cut.timed_out and not cut.passed
+    assert cut.timed_out and cut.out_of_time and not cut.passed
     assert "[cut short: the goal's deadline or wall time left 0.5s of the command's 600s]" in cut.output_tail
     # No time left: not run at all (the file it would make is not there), and it says why.
     late = within(run_command, 0.0)
     gone = await late(VerifyCommand(cmd="touch ran", timeout=30), tmp_path)
-    assert not gone.passed and gone.output_tail == "not run: the goal's deadline or wall time ran out"
+    assert not gone.passed and gone.out_of_time and not gone.timed_out
+    assert gone.output_tail == "not run: the goal's deadline or wall time ran out"
     assert not (tmp_path / "ran").exists()
 
 
@@ -533,11 +534,13 @@ async def test_a_verification_never_runs_past_the_goal_s_wall_time(db_path: Path
             GoalSpec(
                 objective="Finish, and let the slow check judge it.",
                 workdir=str(workdir),
-                # Seven seconds: the spend guard starts a model call only with five left.
-                budgets=Budgets(max_wall_seconds=7),
+                # Ten seconds: the spend guard starts a model call only with five left.
+                budgets=Budgets(max_wall_seconds=10),
                 # The check would take two minutes, far past the goal's wall time.
                 verify=[VerifyCommand(cmd="sleep 120", timeout=600)],
-                rules=PATIENT,
+                # One refused claim would pause the goal `unverified`: a check cut by the goal's time
+                # is not counted, so the spent budget decides.
+                rules=PATIENT.model_copy(update={"max_refused_claims": 1}),
             )
         )
         changed = await wait_status(rt, goal, GoalStatus.EXHAUSTED, within=60)
@@ -546,12 +549,15 @@ async def test_a_verification_never_runs_past_the_goal_s_wall_time(db_path: Path
         events = await rt.store.events_after(goal.session_id, 0, limit=100_000)
 
     assert final.status is GoalStatus.EXHAUSTED and changed["reason"] == "wall_time"
+    # Decided at the idle the check ended at: no second round was queued or started.
+    assert final.rounds == 1 and sum(1 for e in events if e.type == "turn/start") == 1
+    assert final.refused_claims == 0 and final.wall_used >= 10
     verified = [e.data for e in events if e.type == GOAL_VERIFIED]
     assert len(verified) == 1 and not verified[0]["passed"]
     (result,) = verified[0]["results"]
     # Cut where the goal's time ended (or, on a machine slow enough that the time was gone by the
     # idle, not run at all): the claim is refused, never completed after the goal's time.
-    assert result["exit_code"] is None
+    assert result["exit_code"] is None and result["out_of_time"]
     assert (
         "[cut short: the goal's deadline or wall time left" in result["output_tail"]
         or result["output_tail"] == "not run: the goal's deadline or wall time ran out"

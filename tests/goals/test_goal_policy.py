@@ -515,6 +515,30 @@ TABLE = [
         },
     ),
     row(
+        "4 a check the goal's time cut short at the K-th claim: not counted, exhausted (not paused unverified)",
+        K.EXHAUST,
+        goal={"refused_claims": 2, "wall_used": 40.0, "budgets": Budgets(max_wall_seconds=100)},
+        interval={"claims": [CLAIM]},
+        verification=[VerifyResult(cmd="make check", exit_code=None, output_tail="", timed_out=True, out_of_time=True)],
+        expect={
+            "status": S.EXHAUSTED,
+            "status_reason": StopReason.WALL_TIME,
+            "rounds": 3,
+            "wall_used": 100.0,
+            "memory.verify_output": "$ make check  (stopped: the goal's time ran out)\n",
+            "memory.verify_fingerprint": None,  # never reused: the check judged nothing
+        },
+    ),
+    row(
+        "4 a check not run for lack of time: refused saying so, not counted, not kept for reuse",
+        K.CONTINUE,
+        interval={"claims": [CLAIM]},
+        verification=[VerifyResult(cmd="make check", exit_code=None, output_tail="", out_of_time=True)],
+        expect={"rounds": 3, "memory.verify_fingerprint": None},
+        round=4,
+        text_has=("Your last completion claim was refused", "$ make check  (not run: the goal's time ran out)"),
+    ),
+    row(
         "4 a refused claim, then a spent budget: exhausted, the refusal counted",
         K.EXHAUST,
         goal={"budgets": Budgets(max_rounds=3)},
