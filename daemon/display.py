@@ -35,7 +35,7 @@ from agent import (
     TurnStarted,
     parse_payload,
 )
-from goals import GoalBlockedReported, GoalChanged, GoalClaimed, GoalProgressNoted, GoalVerified
+from goals import GoalBlockedReported, GoalChanged, GoalClaimed, GoalCounted, GoalProgressNoted, GoalVerified
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -74,6 +74,11 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
             return f"status: {status.status.value}"
         case GoalChanged() as changed:
             return _goal_changed(changed)
+        case GoalCounted() as counted:
+            return (
+                f"goal {counted.goal_id} counted the round that was running ({counted.status.value}):"
+                f" rounds {counted.rounds}, tokens {counted.tokens:,}, cost {counted.cost:.4f}"
+            )
         case GoalProgressNoted() as progress:
             return f"progress: {progress.note}"
         case GoalClaimed() as claim:

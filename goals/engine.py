@@ -74,6 +74,7 @@ from goals.store import (
     GOAL_VERIFIED,
     MIGRATIONS,
     emit_changed,
+    emit_counted,
     goals_of_session,
     issue_continuation,
     list_goals,
@@ -405,6 +406,8 @@ class GoalEngine:
             runner = within(runner, (ends - now).total_seconds())
         measured = await measure(goal, interval, runner)
         now = self.clock()  # after the commands: the time they took counts (and may spend the budget)
+        if ends is not None and measured.out_of_time:
+            now = max(now, ends)  # a command the goal's time stopped: that time is spent, whatever the clocks
         inp = PolicyInput(
             goal,
             interval,
@@ -614,6 +617,8 @@ def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: M
         new = issue_continuation(tx, new, decision.round, decision.continuation)
     saved = save_goal(tx, new, goal.revision)
     emit_changed(tx, goal.status, saved)
+    if decision.kind is DecisionKind.BOOKKEEP:
+        emit_counted(tx, goal, saved)
     return saved
 
 

@@ -37,6 +37,8 @@ class Measured:
     verification_reused: bool = False
     #: The progress command's digest; ``None`` when it did not run.
     progress: str | None = None
+    #: A command was stopped (or not run) because the goal's deadline or wall time ran out.
+    out_of_time: bool = False
 
 
 async def measure(goal: Goal, interval: Interval, runner: CommandRunner) -> Measured:
@@ -55,11 +57,13 @@ async def measure(goal: Goal, interval: Interval, runner: CommandRunner) -> Meas
             verification, reused = previous, True
         else:
             verification = await run_all(goal.verify, workdir, runner)
+    out_of_time = any(r.out_of_time for r in verification or []) and not reused
     if goal.progress is not None and interval.continuation_fate is ContinuationFate.ADMITTED:
         observed = await runner(goal.progress, workdir)
         # Cut by the goal's time, the command observed nothing: no digest (the fingerprint alone judges).
         progress = None if observed.out_of_time else progress_digest(observed)
-    return Measured(fp, True, verification, reused, progress)
+        out_of_time = out_of_time or observed.out_of_time
+    return Measured(fp, True, verification, reused, progress, out_of_time)
 
 
 __all__ = ["Measured", "measure"]

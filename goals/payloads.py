@@ -102,9 +102,21 @@ class GoalVerified(Payload):
     results: list[VerifyResult] = Field(default_factory=list)
 
 
-#: Every goal payload; their kinds are ``GOAL_CHANGED`` … ``GOAL_VERIFIED`` of :mod:`goals.store`.
+class GoalCounted(Payload):
+    """``goal/counted``: a goal whose status stays (a paused one) counted a round's spend."""
+
+    type: Literal["goal/counted"] = "goal/counted"
+    goal_id: str
+    status: GoalStatus
+    rounds: int
+    tokens: int
+    cost: float
+
+
+#: Every goal payload; their kinds are ``GOAL_CHANGED`` … ``GOAL_COUNTED`` of :mod:`goals.store`.
 GOAL_PAYLOADS: tuple[type[Payload], ...] = (
     GoalChanged,
+    GoalCounted,
     GoalProgressNoted,
     GoalClaimed,
     GoalBlockedReported,

@@ -54,6 +54,8 @@ GOAL_PROGRESS = "goal/progress"
 GOAL_CLAIM = "goal/claim"
 GOAL_BLOCKED = "goal/blocked"
 GOAL_VERIFIED = "goal/verified"
+#: A paused goal counted the round that was running when it was paused (its counters, no status change).
+GOAL_COUNTED = "goal/counted"
 
 
 #: PostgreSQL's names of the goals table's unique indexes, as SQLite's errors name their columns.
@@ -166,6 +168,25 @@ def emit_changed(tx: Tx, before: GoalStatus | None, goal: Goal, caller: Caller |
     )
 
 
+def emit_counted(tx: Tx, before: Goal, goal: Goal) -> None:
+    """Record, as a ``goal/counted`` event, that a goal whose status stays counted spend or rounds
+    (a paused goal recording the round that was running at the pause): subscribers see the new
+    counters without polling. Nothing when the counters did not move."""
+    if (before.rounds, before.tokens, before.cost) == (goal.rounds, goal.tokens, goal.cost):
+        return
+    tx.emit(
+        goal.session_id,
+        GOAL_COUNTED,
+        {
+            "goalId": goal.id,
+            "status": goal.status.value,
+            "rounds": goal.rounds,
+            "tokens": goal.tokens,
+            "cost": goal.cost,
+        },
+    )
+
+
 def emit_edited(tx: Tx, before: Goal, after: Goal, caller: Caller | None = None) -> None:
     """Record what an edit changed as a ``goal/edited`` event (nothing when nothing changed)."""
     old, new = before.model_dump(mode="json"), after.model_dump(mode="json")
@@ -234,6 +255,7 @@ __all__ = [
     "GOAL_BLOCKED",
     "GOAL_CHANGED",
     "GOAL_CLAIM",
+    "GOAL_COUNTED",
     "GOAL_EDITED",
     "GOAL_PROGRESS",
     "GOAL_VERIFIED",
@@ -243,6 +265,7 @@ __all__ = [
     "continuation_queued",
     "delete_goal_row",
     "emit_changed",
+    "emit_counted",
     "emit_edited",
     "goal_by_idempotency_key",
     "goal_by_key",

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import os
 import signal
 import stat
@@ -157,7 +158,7 @@ def within(runner: CommandRunner, seconds: float) -> CommandRunner:
             )
         if left >= command.timeout:
             return await runner(command, workdir)
-        left = max(round(left, 2), 0.01)
+        left = math.ceil(left * 100) / 100  # in hundredths, rounded up: the cut is never before the end
         result = await runner(command.model_copy(update={"timeout": left}), workdir)
         if not result.timed_out:
             return result

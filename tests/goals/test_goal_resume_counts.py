@@ -20,7 +20,7 @@ import pytest
 import storekit
 
 from agent import ModelRegistry, ModelRequest, Reply, Runtime, ScriptedModel, TextBlock, ToolRegistry, file_tools
-from goals import Budgets, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
+from goals import GOAL_COUNTED, Budgets, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
 #: The store contract: every test here runs on SQLite and on PostgreSQL.
 pytestmark = pytest.mark.both_stores
@@ -104,3 +104,55 @@ async def test_a_round_that_ran_while_paused_counts_once_when_resumed_before_the
             )
         ]
     assert refs == [f"{goal.id}#{i}" for i in (1, 2, 3)]
+
+
+async def test_a_paused_goal_counting_its_running_round_tells_subscribers(db_path: Path, tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    entered, opened = asyncio.Event(), asyncio.Event()
+
+    async def rule(request: ModelRequest) -> Reply:
+        n, step = latest_round(request)
+        if step == 0:
+            entered.set()
+            await opened.wait()
+            return Reply.call("write_file", path=f"part{n}.md", content=f"part {n}\n")
+        return Reply.say(f"part {n} written")
+
+    model = ScriptedModel(rule, name="m")
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+
+    def tools(row: Any) -> ToolRegistry:
+        return ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
+
+    async with Runtime.open(db_path, models=registry, tools=tools) as rt:
+        engine = GoalEngine(rt, timer_interval=0.05)
+        await engine.start()
+        try:
+            goal = await engine.create(GoalSpec(objective="Write parts.", workdir=str(workdir)))
+            async with asyncio.timeout(WAIT):
+                await entered.wait()
+            paused = await engine.pause(goal.id)  # the round's turn is running: it finishes
+            after = (await rt.store.session_state(goal.session_id)).last_seq
+            opened.set()
+            async with asyncio.timeout(WAIT):
+                async with contextlib.aclosing(rt.store.hub.subscribe(rt.store, goal.session_id, after)) as events:
+                    async for event in events:
+                        if event.type == GOAL_COUNTED:
+                            counted = event.data
+                            break
+            await engine.settled()
+            final = await engine.get(goal.id)
+        finally:
+            await engine.stop()
+
+    assert paused.rounds == 0 and paused.tokens == 0
+    # The event carries what `goal/get` now says: the round and its spend, the goal still paused.
+    assert counted == {
+        "goalId": goal.id,
+        "status": "paused",
+        "rounds": final.rounds,
+        "tokens": final.tokens,
+        "cost": final.cost,
+    }
+    assert final.status is GoalStatus.PAUSED and final.rounds == 1 and final.tokens > 0
