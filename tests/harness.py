@@ -316,6 +316,24 @@ async def wait_goal(path: Path, goal_id: str, statuses: set[str], limit: float =
         await client.close()
 
 
+async def paused_at_rest(path: Path, goal_id: str, session_id: str, limit: float = 30.0) -> dict[str, Any]:
+    """The paused goal once it is at rest: a round admitted before the pause has ended, the agent
+    is idle, and the goal has recorded that round (``evaluatedSeq`` at or past its ``turn/end``;
+    the ``goal/counted`` it writes then is the session's last event). Polls the goal's status,
+    with a timeout."""
+    async with asyncio.timeout(limit):
+        while True:
+            status = await rpc(path, "agent/status", {"sessionId": session_id})
+            goal: dict[str, Any] = await rpc(path, "goal/get", {"goalId": goal_id})
+            types = [(e["type"], e["seq"]) for e in await all_events(path, session_id)]
+            ends = [seq for kind, seq in types if kind == "turn/end"]
+            starts = sum(kind == "turn/start" for kind, _ in types)
+            idle = status["status"] == "idle" and starts == len(ends)
+            if idle and goal["evaluatedSeq"] >= max(ends, default=0):
+                return goal
+            await asyncio.sleep(0.05)
+
+
 async def all_events(path: Path, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
     """Every event of a session after ``after_seq`` (``session/events``, page by page)."""
     from daemon.client import Connection as Client

@@ -13,36 +13,14 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from clusterkit import until
-from harness import TEST_MODELS, Daemon, all_events, rpc, wait_goal
+from harness import TEST_MODELS, Daemon, all_events, paused_at_rest, rpc, wait_goal
 
 from daemon.client import Connection as Client
 from daemon.rpc.protocol import RpcError
 
 RETENTION = {"history_seconds": 0.001, "keep_events": 6, "interval_seconds": 0, "workdir_seconds": 0}
-
-
-async def paused_at_rest(sock: Path, goal_id: str, session_id: str) -> dict[str, Any]:
-    """The paused goal once it is at rest: a round admitted before the pause has ended, the agent
-    is idle, and the goal has recorded that round (``evaluatedSeq`` at or past its ``turn/end``).
-
-    Recording a round changes only the goal's counters (no event), so this waits on the goal's
-    status itself, with a timeout.
-    """
-
-    async def at_rest() -> dict[str, Any] | None:
-        status = await rpc(sock, "agent/status", {"sessionId": session_id})
-        goal: dict[str, Any] = await rpc(sock, "goal/get", {"goalId": goal_id})
-        types = [(e["type"], e["seq"]) for e in await all_events(sock, session_id)]
-        ends = [seq for kind, seq in types if kind == "turn/end"]
-        starts = sum(kind == "turn/start" for kind, _ in types)
-        idle = status["status"] == "idle" and starts == len(ends)
-        return goal if idle and goal["evaluatedSeq"] >= max(ends, default=0) else None
-
-    return await until(at_rest, "the paused goal at rest", limit=30.0)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TEST_MODELS, Daemon, all_events, wait_goal
+from harness import TEST_MODELS, Daemon, all_events, paused_at_rest, wait_goal
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -250,13 +250,8 @@ def test_a_page_open_across_a_restart_resumes_from_the_right_sequence_number(tmp
         assert d.cli("goal", "pause", gid).returncode == 0
         asyncio.run(wait_goal(d.socket_path, gid, {"paused"}))
         session = d.cli_json("goal", "show", gid)["sessionId"]
-        # Let the paused goal's session reach idle (the page's newest entry): then nothing more is written.
-        newest = (
-            "const l = Array.from(document.querySelectorAll('#timeline li.ev'));"
-            " const top = l.reduce((a, e) => (+e.dataset.seq > +a.dataset.seq ? e : a), l[0]);"
-            " return top.classList.contains('status') && top.textContent.includes('idle')"
-        )
-        waiter(browser, 60).until(lambda b: b.execute_script(newest))
+        # Let the paused goal come to rest (its last round ended and counted): then nothing more is written.
+        asyncio.run(paused_at_rest(d.socket_path, gid, session, limit=60))
         last = max(e["seq"] for e in asyncio.run(all_events(d.socket_path, session)))
         wait.until(lambda b: max(seqs(b)) == last)
         shown = seqs(browser)
