@@ -76,7 +76,7 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
             return _goal_changed(changed)
         case GoalCounted() as counted:
             return (
-                f"goal {counted.goal_id} counted the round that was running ({counted.status.value}):"
+                f"goal {counted.goal_id} counted a turn that ran while {counted.status.value}:"
                 f" rounds {counted.rounds}, tokens {counted.tokens:,}, cost {counted.cost:.4f}"
             )
         case GoalProgressNoted() as progress:

@@ -103,7 +103,8 @@ class GoalVerified(Payload):
 
 
 class GoalCounted(Payload):
-    """``goal/counted``: a goal whose status stays (a paused one) counted a round's spend."""
+    """``goal/counted``: a paused goal counted the spend of a turn that ran while it was paused (the
+    round running at the pause, or a person's message); its status stays."""
 
     type: Literal["goal/counted"] = "goal/counted"
     goal_id: str

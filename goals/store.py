@@ -54,7 +54,7 @@ GOAL_PROGRESS = "goal/progress"
 GOAL_CLAIM = "goal/claim"
 GOAL_BLOCKED = "goal/blocked"
 GOAL_VERIFIED = "goal/verified"
-#: A paused goal counted the round that was running when it was paused (its counters, no status change).
+#: A paused goal counted a turn that ran while it was paused (its counters; its status stays).
 GOAL_COUNTED = "goal/counted"
 
 
@@ -170,8 +170,8 @@ def emit_changed(tx: Tx, before: GoalStatus | None, goal: Goal, caller: Caller |
 
 def emit_counted(tx: Tx, before: Goal, goal: Goal) -> None:
     """Record, as a ``goal/counted`` event, that a goal whose status stays counted spend or rounds
-    (a paused goal recording the round that was running at the pause): subscribers see the new
-    counters without polling. Nothing when the counters did not move."""
+    (a paused goal recording the round running at the pause, or a person's message's turn):
+    subscribers see the new counters without polling. Nothing when the counters did not move."""
     if (before.rounds, before.tokens, before.cost) == (goal.rounds, goal.tokens, goal.cost):
         return
     tx.emit(
