@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,19 @@ def latest_round(request: ModelRequest) -> tuple[int, int]:
     raise AssertionError("no continuation in the prompt")
 
 
+def opened_runtime(
+    db_path: Path, rule: Callable[[ModelRequest], Awaitable[Reply]]
+) -> AbstractAsyncContextManager[Runtime]:
+    """A runtime with the file tools and the goal tools, its model scripted by ``rule``."""
+    model = ScriptedModel(rule, name="m")
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+
+    def tools(row: Any) -> ToolRegistry:
+        return ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
+
+    return Runtime.open(db_path, models=registry, tools=tools)
+
+
 async def test_a_round_that_ran_while_paused_counts_once_when_resumed_before_the_engine_looks(
     db_path: Path, tmp_path: Path
 ) -> None:
@@ -58,13 +73,7 @@ async def test_a_round_that_ran_while_paused_counts_once_when_resumed_before_the
             return Reply.call("goal_complete", summary="three parts", evidence="part1..3.md exist")
         return Reply.say(f"part {n} written")
 
-    model = ScriptedModel(rule, name="m")
-    registry = ModelRegistry({model.spec: model}, default=model.spec)
-
-    def tools(row: Any) -> ToolRegistry:
-        return ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
-
-    async with Runtime.open(db_path, models=registry, tools=tools) as rt:
+    async with opened_runtime(db_path, rule) as rt:
         engine = GoalEngine(rt, timer_interval=0.05)
         await engine.start()
         goal = await engine.create(
@@ -119,13 +128,7 @@ async def test_a_paused_goal_counting_its_running_round_tells_subscribers(db_pat
             return Reply.call("write_file", path=f"part{n}.md", content=f"part {n}\n")
         return Reply.say(f"part {n} written")
 
-    model = ScriptedModel(rule, name="m")
-    registry = ModelRegistry({model.spec: model}, default=model.spec)
-
-    def tools(row: Any) -> ToolRegistry:
-        return ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))
-
-    async with Runtime.open(db_path, models=registry, tools=tools) as rt:
+    async with opened_runtime(db_path, rule) as rt:
         engine = GoalEngine(rt, timer_interval=0.05)
         await engine.start()
         try:
