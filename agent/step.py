@@ -13,7 +13,8 @@ Decisions, and why:
   stopping agent does not retry.
 * **A prompt refused as too long** is no error of the goal's: the estimate was low. The meter is
   calibrated with the answer, the view compacted, and the step tried once more.
-* **An answer cut off by the output limit** loses its tool calls (they are incomplete; never run).
+* **An answer cut off by the output limit** keeps its tool calls only as notes (they are incomplete:
+  never run, never called malformed, never retried); the turn ends ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ from agent.attempts import Attempts
 from agent.calls import CallId, OutOfTime
 from agent.compaction import compact_view
 from agent.messages import TextBlock, ToolUseBlock
-from agent.models.base import ConvMessage, FinishReason, Model, ModelError, ModelErrorKind, ModelRequest, ModelResponse
+from agent.models.base import (
+    ConvMessage,
+    FinishReason,
+    Model,
+    ModelError,
+    ModelErrorKind,
+    ModelRequest,
+    ModelResponse,
+    drop_cut_calls,
+)
 from agent.payloads import EndReason
 from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd
 
@@ -134,9 +144,9 @@ class ModelStep:
         calls = self.attempts
         calls.stream = []
         content = response.content
-        if response.finish_reason is FinishReason.MAX_TOKENS:
-            # Tool calls cut off by the output limit are incomplete; never run them.
-            content = [b for b in content if not isinstance(b, ToolUseBlock)]
+        if response.finish_reason is FinishReason.MAX_TOKENS and any(isinstance(b, ToolUseBlock) for b in content):
+            # Tool calls cut off by the output limit are incomplete: recorded as notes, never run.
+            content = drop_cut_calls(content)
         if not content:
             content = [TextBlock(text="")]
         usage = response.usage

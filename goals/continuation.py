@@ -47,8 +47,15 @@ def _budget_left(goal: Goal, now: datetime) -> str:
     return ", ".join(parts) if parts else "no limit set"
 
 
-def render(goal: Goal, round_no: int, now: datetime, *, stall_warning: bool = False) -> str:
-    """The whole continuation text for round ``round_no``."""
+#: Added when the previous turn ended ``max_tokens``: its answer was cut and its tool calls not run.
+ANSWER_CUT = (
+    "Your last answer was cut off by the output limit (max_tokens), and any tool call in it was not run. "
+    "Keep each answer and each tool call small: write a large file in several smaller writes or appends."
+)
+
+
+def render(goal: Goal, round_no: int, now: datetime, *, stall_warning: bool = False, answer_cut: bool = False) -> str:
+    """The whole continuation text for round ``round_no`` (``answer_cut``: the last turn ended ``max_tokens``)."""
     of = f" of {goal.budgets.max_rounds}" if goal.budgets.max_rounds else ""
     lines = [stable_part(goal), "", "---", f"Round {round_no}{of}. Budget left: {_budget_left(goal, now)}."]
     if goal.memory.notes:
@@ -63,5 +70,7 @@ def render(goal: Goal, round_no: int, now: datetime, *, stall_warning: bool = Fa
             "directory (or in the output of the goal's progress command); progress notes alone do not count. "
             "Change approach, or the goal will be paused as stalled."
         )
+    if answer_cut:
+        lines.append(ANSWER_CUT)
     lines.append("Verify where things stand, then continue.")
     return "\n".join(lines)

@@ -319,11 +319,13 @@ def _next_round(g: Goal, inp: PolicyInput, facts: Facts) -> Decision:
         return Decision(DecisionKind.WAIT, g)
     g = g.model_copy(update={"not_before": None})
     warn = g.memory.warned_stall
+    cut = inp.interval.last_end_reason == "max_tokens"
     if facts.superseded:
         round_no = g.continuation_round or (g.rounds + 1)
-        return Decision(DecisionKind.REISSUE, g, render(g, round_no, now, stall_warning=warn), round_no)
+        text = render(g, round_no, now, stall_warning=warn, answer_cut=cut)
+        return Decision(DecisionKind.REISSUE, g, text, round_no)
     round_no = g.rounds + 1
-    return Decision(DecisionKind.CONTINUE, g, render(g, round_no, now, stall_warning=warn), round_no)
+    return Decision(DecisionKind.CONTINUE, g, render(g, round_no, now, stall_warning=warn, answer_cut=cut), round_no)
 
 
 #: The outcome rules in order of precedence; the first that returns a decision decides.

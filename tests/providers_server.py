@@ -571,6 +571,24 @@ async def run_turn(
     return TurnRecord(events=events, calls=calls, charged_tokens=tokens, charged_cost=cost)
 
 
+#: Recorded answers of real servers (``tests/wire/``; its README says which were written by hand).
+WIRE = Path(__file__).resolve().parent / "wire"
+
+
+def recorded_frames(name: str) -> list[bytes]:
+    """The events of a recorded stream (``tests/wire/NAME``), each a frame as sent (comments included:
+    a header of ``:`` lines, which SSE readers ignore)."""
+    raw = (WIRE / name).read_bytes()
+    return [part + b"\n\n" for part in raw.split(b"\n\n") if part.strip()]
+
+
+def recorded_response(name: str) -> Respond:
+    """A recorded whole answer (``tests/wire/NAME``: JSON with ``status``, ``headers`` and ``body``,
+    the body as the server sent it, as text)."""
+    rec = json.loads((WIRE / name).read_text())
+    return Respond(status=int(rec["status"]), headers=dict(rec.get("headers", {})), body=str(rec["body"]).encode())
+
+
 def context_length_refusal(window: int, tokens: int) -> Respond:
     """OpenAI's (and vLLM's) 400 answer to a prompt of ``tokens`` tokens past a ``window``-token context."""
     message = (

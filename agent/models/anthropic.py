@@ -50,6 +50,8 @@ from agent.models.base import (
     ModelRequest,
     ModelResponse,
     ToolSpec,
+    cut_call_note,
+    with_cut_notes,
 )
 from agent.spend import Price, Usage
 
@@ -287,14 +289,19 @@ class _Assembly:
         else:
             logger.debug("ignoring stream event {!r}", kind)
 
-    def content(self) -> list[Block]:
+    def content(self, cut: bool = False) -> list[Block]:
+        """The message's blocks; ``cut`` (stopped by the output limit): its tool calls, incomplete,
+        become notes (never run, never "malformed")."""
         out: list[Block] = []
+        notes: list[str] = []
         for index in sorted(self.blocks):
             part = self.blocks[index]
             if part.kind == "text":
                 text = "".join(part.text)
                 if text:
                     out.append(TextBlock(text=text))
+            elif part.kind == "tool_use" and cut:
+                notes.append(cut_call_note(part.name, "".join(part.json)))
             elif part.kind == "tool_use":
                 if not part.name:
                     raise ModelError(ModelErrorKind.MALFORMED, f"tool_use block #{index} has no name", usage=self.usage)
@@ -315,7 +322,7 @@ class _Assembly:
                         usage=self.usage,
                     )
                 out.append(ToolUseBlock(id=part.id, name=part.name, input=args))
-        return out
+        return with_cut_notes(out, notes) if notes else out
 
 
 class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
@@ -429,7 +436,7 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
         if finish is None:
             logger.warning("unknown stop_reason {!r}; treating it as the end of the answer", got.stop_reason)
             finish = FinishReason.END_TURN
-        content = got.content()
+        content = got.content(cut=finish is FinishReason.MAX_TOKENS)
         usage = got.usage
         if usage is None:
             raise ModelError(ModelErrorKind.MALFORMED, f"{self.provider} reported no usage for the message")

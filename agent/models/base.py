@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from agent.errors import AgentError
-from agent.messages import Content, TextBlock, ToolResultBlock
+from agent.messages import Block, Content, TextBlock, ToolResultBlock, ToolUseBlock
 from agent.spend import Price, Usage
 
 
@@ -246,6 +246,40 @@ class _SizeLog(MessageLog):
 def specs_size(tools: Sequence[ToolSpec]) -> int:
     """Size of tool specs in a model-neutral JSON form."""
     return len(json.dumps([s.model_dump() for s in tools])) if tools else 2
+
+
+#: How an answer cut off by the output limit records a tool call it was making: the call is
+#: incomplete (its arguments may not even parse), so it is never run, and the note says so (the model
+#: reads it in the next request). The head of its arguments is kept, bounded.
+CUT_CALL_NOTE = (
+    "[tool call {name} was cut off by the output limit (max_tokens) after {chars} characters of arguments"
+    " and was not run: {head}]"
+)
+#: Characters of a cut call's arguments kept in its note.
+CUT_CALL_HEAD = 160
+
+
+def cut_call_note(name: str, arguments: str) -> str:
+    """The note that records one tool call cut off by the output limit (see :data:`CUT_CALL_NOTE`)."""
+    head = arguments[:CUT_CALL_HEAD] + ("..." if len(arguments) > CUT_CALL_HEAD else "")
+    return CUT_CALL_NOTE.format(name=name or "(unnamed)", chars=len(arguments), head=head)
+
+
+def with_cut_notes(blocks: Sequence[Block], notes: Sequence[str]) -> list[Block]:
+    """``blocks`` without their tool calls, plus one text block of ``notes`` (the calls, recorded)."""
+    kept: list[Block] = [b for b in blocks if not isinstance(b, ToolUseBlock)]
+    if not notes:
+        return kept
+    lead = "\n" if any(isinstance(b, TextBlock) and b.text for b in kept) else ""
+    return [*kept, TextBlock(text=lead + "\n".join(notes))]
+
+
+def drop_cut_calls(blocks: Sequence[Block]) -> list[Block]:
+    """An answer cut off by the output limit: its tool calls (incomplete, never run) become notes."""
+    notes = [
+        cut_call_note(b.name, json.dumps(b.input, ensure_ascii=False)) for b in blocks if isinstance(b, ToolUseBlock)
+    ]
+    return with_cut_notes(blocks, notes)
 
 
 class ModelResponse(BaseModel):

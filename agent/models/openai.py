@@ -12,8 +12,10 @@ DeepSeek, OpenRouter, Ollama, vLLM, the llama.cpp server): only ``base_url`` dif
 * A failure is classified precisely (see :mod:`agent.models.classify` for the status table): the
   driver retries rate limits, server errors, timeouts and dropped connections; the goal engine
   pauses at once on authentication failures. A stream that ends without a finish reason is a
-  dropped connection, a failed attempt, never a short answer. A chunk that is not valid JSON, or
-  tool arguments that do not parse, are ``malformed``. (``data: [DONE]`` ends the stream as in
+  dropped connection, a failed attempt, never a short answer. The finish reason is read first: an
+  answer cut off by the output limit (``length``) keeps its tool calls as notes, never run (their
+  arguments are cut mid-JSON). A chunk that is not valid JSON, or tool arguments of a complete
+  answer that do not parse, are ``malformed``. (``data: [DONE]`` ends the stream as in
   the SDK, but the finish reason is the completeness signal; a body cut at the HTTP level, before
   its last chunk, is a dropped connection.)
 * The stream is read as raw server-sent events (see :mod:`agent.models._http`): each chunk is
@@ -54,6 +56,8 @@ from agent.models.base import (
     ModelRequest,
     ModelResponse,
     ToolSpec,
+    cut_call_note,
+    with_cut_notes,
 )
 from agent.models.classify import status_kind
 from agent.spend import Price, Usage
@@ -247,6 +251,11 @@ class _Assembly:
         text = "".join(self.text) + "".join(self.refusal)
         if text:
             blocks.append(TextBlock(text=text))
+        if self.finish == "length":
+            # Cut off by the output limit: the finish reason comes first. The calls are incomplete
+            # (their arguments may not parse): recorded as notes, never run, never "malformed".
+            notes = [cut_call_note(self.calls[i].name, "".join(self.calls[i].arguments)) for i in sorted(self.calls)]
+            return with_cut_notes(blocks, notes)
         for index in sorted(self.calls):
             part = self.calls[index]
             if not part.name:

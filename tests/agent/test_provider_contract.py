@@ -140,9 +140,14 @@ class Provider(ABC):
         """The provider's model against the local server at ``url`` (a 5 s timeout, 256 output tokens);
         ``name`` gives a model of its own (its own prompt estimator), named after :attr:`spec` if not given."""
 
+    #: The finish (stop) reason of an answer cut off by the output limit, on the wire.
+    cut_finish: ClassVar[str]
+
     @abstractmethod
-    def answer(self, text: list[str] | None = None, calls: list[Call] | None = None, *, usage: Usage) -> list[bytes]:
-        """A whole streamed answer."""
+    def answer(
+        self, text: list[str] | None = None, calls: list[Call] | None = None, *, usage: Usage, finish: str | None = None
+    ) -> list[bytes]:
+        """A whole streamed answer (``finish``: its finish reason on the wire, if not the natural one)."""
 
     @abstractmethod
     def started(self, text: list[str], *, input_tokens: int, text_done: bool = False) -> list[bytes]:
@@ -201,6 +206,7 @@ class OpenAIWire(Provider):
     unit = "chunk"
     unfinished_says = "finish_reason"
     wrong_shape_says = "choices"
+    cut_finish = "length"
     conversation: ClassVar[list[dict[str, Any]]] = [
         {"role": "user", "content": "weather in Oslo and Rome?"},
         {
@@ -242,8 +248,10 @@ class OpenAIWire(Provider):
             **{"timeout": 5.0, "max_tokens": MAX_TOKENS, **kw},
         )
 
-    def answer(self, text: list[str] | None = None, calls: list[Call] | None = None, *, usage: Usage) -> list[bytes]:
-        return openai_answer(text, calls, usage=usage)
+    def answer(
+        self, text: list[str] | None = None, calls: list[Call] | None = None, *, usage: Usage, finish: str | None = None
+    ) -> list[bytes]:
+        return openai_answer(text, calls, usage=usage, finish=finish)
 
     def started(self, text: list[str], *, input_tokens: int, text_done: bool = False) -> list[bytes]:
         return openai_started(text, input_tokens=input_tokens, text_done=text_done)
@@ -306,6 +314,7 @@ class AnthropicWire(Provider):
     required_headers = ("anthropic-version",)
     unfinished_says = "message_stop"
     wrong_shape_says = "content_block"
+    cut_finish = "max_tokens"
     conversation: ClassVar[list[dict[str, Any]]] = [
         {"role": "user", "content": [{"type": "text", "text": "weather in Oslo and Rome?"}]},
         {
@@ -348,8 +357,10 @@ class AnthropicWire(Provider):
             name or "claude-test", base_url=url, api_key=self.key, **{"timeout": 5.0, "max_tokens": MAX_TOKENS, **kw}
         )
 
-    def answer(self, text: list[str] | None = None, calls: list[Call] | None = None, *, usage: Usage) -> list[bytes]:
-        return anthropic_answer(text, calls, usage=usage)
+    def answer(
+        self, text: list[str] | None = None, calls: list[Call] | None = None, *, usage: Usage, finish: str | None = None
+    ) -> list[bytes]:
+        return anthropic_answer(text, calls, usage=usage, finish=finish)
 
     def started(self, text: list[str], *, input_tokens: int, text_done: bool = False) -> list[bytes]:
         return anthropic_started(text, input_tokens=input_tokens, text_done=text_done)
@@ -831,6 +842,25 @@ async def test_tool_arguments_that_are_not_json_are_malformed(
     assert err.kind is ModelErrorKind.MALFORMED
     assert "weather" in err.message and "not valid JSON" in err.message
     assert err.usage == usage  # tool calls are assembled when the answer has ended
+
+
+async def test_a_tool_call_cut_by_the_output_limit_is_a_note_the_turn_ends_max_tokens_after_one_request(
+    provider: Provider, server: ProviderServer, model: Model, db_path: Path
+) -> None:
+    # The finish reason comes first: arguments cut mid-JSON by the output limit are no malformed answer.
+    usage = Usage(input_tokens=5, output_tokens=MAX_TOKENS)
+    cut = Call("c1", "weather", ('{"city": "Os',))
+    server.add(Respond.stream(provider.answer(["Let me look."], calls=[cut], usage=usage, finish=provider.cut_finish)))
+    record = await run_turn(db_path, model, tools=[WEATHER])
+    assert (record.turn_end["reason"], record.turn_end["modelFinish"]) == ("max_tokens", "max_tokens")
+    assert len(server.requests) == 1
+    assert [c["error_class"] for c in record.calls] == [None]
+    assert not record.of(EventType.MODEL_ERROR) and not record.of(EventType.TOOL_RESULT)
+    [answer] = record.of(EventType.ASSISTANT_MESSAGE)
+    assert {b["type"] for b in answer.data["content"]} == {"text"}
+    text = "".join(b["text"] for b in answer.data["content"])
+    assert text.startswith("Let me look.\n[tool call weather was cut off by the output limit")
+    assert '{"city": "Os' in text
 
 
 async def test_401_is_auth_and_is_not_retried(

@@ -1160,3 +1160,14 @@ def test_render_round_of_max_budget_left_notes_and_verification() -> None:
     plain = render(make_goal(memory={"notes": []}), 1, NOW)
     assert "Round 1. Budget left: no limit set." in plain
     assert "progress notes" not in plain and "refused" not in plain and W not in plain
+
+
+def test_the_continuation_after_a_cut_answer_says_so_and_how_to_avoid_it() -> None:
+    # Issue 25: a turn that ended max_tokens lost its tool calls; the next round's card says why.
+    goal = make_goal()
+    cut = decide(PolicyInput(goal, make_interval(last_end_reason="max_tokens"), NOW))
+    plain = decide(PolicyInput(goal, make_interval(), NOW))
+    assert cut.kind is DecisionKind.CONTINUE and cut.continuation is not None
+    assert "cut off by the output limit (max_tokens)" in cut.continuation
+    assert "smaller writes" in cut.continuation
+    assert plain.continuation is not None and "cut off" not in plain.continuation
