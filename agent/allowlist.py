@@ -61,6 +61,8 @@ ETC_SECRETS = (
 #: ``/etc`` files that may be symlinks into a directory not shown (``/run``): their targets are bound.
 _FOLLOWED = ("/etc/resolv.conf", "/etc/hosts")
 _TMP = Path("/tmp")
+#: Files of the sandbox's ``/proc`` covered by ``/dev/null``.
+_PROC_COVERED = ("/proc/keys", "/proc/key-users")
 
 
 class MountError(AgentError, ValueError):
@@ -114,14 +116,16 @@ def _under(path: Path, tops: Iterable[Path]) -> bool:
 
 
 def mounts(
-    workdir: Path, read_only: Iterable[Path] = (), hidden: Iterable[Path] = (), *, workdir_source: str | None = None
+    workdir: Path, read_only: Iterable[Path] = (), hidden: Iterable[Path] = (), *, workdir_fd: int | None = None
 ) -> list[str]:
     """bwrap's arguments for the file system: allowlist, extra read-only paths, hidden paths, work
     directory, private ``/tmp``, ``/proc`` and ``/dev``; the root made read-only last.
 
-    ``workdir_source`` is what is bound at the work directory's place: ``/proc/self/fd/N`` of a
-    descriptor checked by :func:`agent.workdirs.open_workdir` (so a path swapped for a symlink after
-    the check is never followed); the path itself if not given.
+    ``workdir_fd`` is a descriptor of the work directory checked by
+    :func:`agent.workdirs.open_workdir`: bound with ``--bind-fd``, so a path swapped for a symlink
+    after the check is never followed, and bwrap closes it once the mount is made (it must never
+    reach the command: through ``/proc/self/fd/N/..`` it would climb to the host's root). Without
+    it the path itself is bound.
 
     Raises:
         MountError: an extra path does not exist, or the work directory is one of the hidden paths.
@@ -133,8 +137,14 @@ def mounts(
     for path in covered:
         ops.append((len(path.parts), 1, path, "dir" if path.is_dir() else "file", ""))
     if workdir != Path("/"):
-        ops.append((len(workdir.parts), 2, workdir, "bind", workdir_source or str(workdir)))
-    args = ["--proc", "/proc", "--dev", "/dev", *_arguments(ops)]
+        if workdir_fd is None:
+            ops.append((len(workdir.parts), 2, workdir, "bind", str(workdir)))
+        else:
+            ops.append((len(workdir.parts), 2, workdir, "bind-fd", str(workdir_fd)))
+    # The kernel keyrings' listing is covered: what the keyrings hold is not a command's business
+    # (and keyctl itself is refused by the system-call filter).
+    keys = [a for p in _PROC_COVERED if os.path.exists(p) for a in ("--ro-bind", "/dev/null", p)]
+    args = ["--proc", "/proc", *keys, "--dev", "/dev", *_arguments(ops)]
     # Made read-only last: mount points for what lies inside them were created first.
     for path in covered:
         if path.is_dir():
@@ -204,6 +214,8 @@ def _arguments(ops: list[_Op]) -> list[str]:
             args += ["--tmpfs", target]
         elif op == "file":
             args += ["--ro-bind", "/dev/null", target]
+        elif op == "bind-fd":
+            args += ["--bind-fd", source, target]
         else:
             args += ["--bind", source, target]
     return args

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import workdirs
+from agent.sandbox import SandboxUser
+from agent.sandbox.identity import hand_over
 from daemon.rpc.protocol import InvalidField
 
 
@@ -21,6 +23,9 @@ class Workdirs:
 
     def __init__(self, roots: Sequence[Path]) -> None:
         self._roots = tuple(roots)
+        #: Who new work directories belong to: the sandbox user of a root daemon (set once the
+        #: sandbox profile is built), else the daemon itself.
+        self.owner: SandboxUser | None = None
 
     def resolve(self, raw: str | None, name: str) -> Path:
         """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``.
@@ -32,6 +37,7 @@ class Workdirs:
         if raw is None:
             path = roots[0] / name
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            hand_over(path, self.owner)
             workdirs.pin(path)
             return path
         path = Path(raw).expanduser()
@@ -49,4 +55,7 @@ class Workdirs:
         if not path.is_dir():
             raise InvalidField(f"workdir {raw!r} does not exist or is not a directory", field="workdir")
         workdirs.pin(path)  # the directory every later use must still be
+        if self.owner is not None and path.stat().st_uid != self.owner.uid:
+            # A root daemon's commands run as the sandbox user: the named directory becomes theirs.
+            hand_over(path, self.owner, tree=True)
         return path

@@ -74,6 +74,19 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _sandbox_user_passes(request: pytest.FixtureRequest) -> None:
+    """As root, a daemon's sandboxed commands run as the sandbox user, and bwrap (as that user) must
+    pass through a work directory's parents to bind it (agent.sandbox.identity): pytest makes its
+    temporary directories 0700, so a test's own are opened for passage (search only, no listing)."""
+    if os.geteuid() != 0 or "tmp_path" not in request.fixturenames:
+        return
+    path: Path = request.getfixturevalue("tmp_path")
+    for part in (path, *list(path.parents)[:2]):
+        if part.stat().st_mode & 0o001 == 0:
+            part.chmod(part.stat().st_mode | 0o011)
+
+
 @pytest.fixture
 def outside() -> Iterator[Path]:
     """A fresh directory outside ``/tmp`` (removed afterwards): the sandbox gives commands a private
@@ -82,6 +95,8 @@ def outside() -> Iterator[Path]:
     if not base.is_dir() or not os.access(base, os.W_OK):
         pytest.skip("needs a writable /var/tmp (a directory outside /tmp)")
     path = Path(tempfile.mkdtemp(prefix="goald-test-", dir=base)).resolve()
+    if os.geteuid() == 0:
+        path.chmod(0o711)  # the sandbox user passes through to a work directory made here
     try:
         yield path
     finally:

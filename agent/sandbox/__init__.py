@@ -26,12 +26,17 @@ from ``agent.sandbox`` or ``agent``):
   (:mod:`agent.limits`), the timeout, killing every process of the command, the result.
 * :mod:`~agent.sandbox.capture` — reading both output streams as they come and keeping their
   head and tail, secrets redacted.
+* :mod:`~agent.sandbox.seccomp` — the system-call filter every command runs under.
+* :mod:`~agent.sandbox.identity` — the unprivileged user a root daemon's commands run as.
+* :mod:`~agent.sandbox.census` — what a sandboxed command holds, written down once, and the probe
+  that reads it from inside a real sandbox.
 * :mod:`~agent.sandbox.profile` — what a daemon decides once (:class:`SandboxProfile`, the
   detected :class:`Bwrap`) and per goal (:class:`SandboxPolicy`).
 """
 
 from agent.sandbox.base import BASE_VARIABLES, DEFAULT_PATH, SandboxResult, SandboxUnavailable
 from agent.sandbox.command import Sandbox
+from agent.sandbox.identity import SandboxUser, sandbox_user
 from agent.sandbox.profile import Bwrap, SandboxPolicy, SandboxProfile, detect_bwrap
 
 __all__ = [
@@ -43,5 +48,7 @@ __all__ = [
     "SandboxProfile",
     "SandboxResult",
     "SandboxUnavailable",
+    "SandboxUser",
     "detect_bwrap",
+    "sandbox_user",
 ]

@@ -39,6 +39,10 @@ class Capture:
             if len(self.tail) > 4 * limit:
                 del self.tail[: len(self.tail) - limit]
 
+    def saw(self, needle: bytes) -> bool:
+        """Whether ``needle`` is in what is kept (the head or the tail)."""
+        return needle in self.head or needle in self.tail
+
     def text(self, redactor: Redactor) -> str:
         limit = self.tail_keep + self.margin
         if len(self.tail) > limit:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from agent import workdirs
 from agent.errors import AgentError
+from agent.sandbox.identity import adopt
 from agent.tools.base import Tool, ToolContext, ToolOutput
 
 
@@ -80,11 +81,15 @@ def _open_dir(workdir: Path, parts: tuple[str, ...], raw: str, *, create: bool =
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=checked)
     try:
         for part in parts:
+            made = False
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o777, dir_fd=fd)
+                    made = True
             try:
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                if made:
+                    adopt(child, fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(
                     os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
@@ -131,12 +136,14 @@ def _write(workdir: Path, raw: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             if stat.S_ISREG(old.st_mode):
-                mode = stat.S_IMODE(old.st_mode)  # an executable script stays executable
+                # An executable script stays executable; set-id bits never survive a write.
+                mode = stat.S_IMODE(old.st_mode) & 0o1777
         tmp = f".{name[:200]}.{secrets.token_hex(6)}.goald-tmp"
         # A new file gets 0o666 less the umask, as open(2) makes it.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as fh:
+                adopt(fh.fileno(), dfd)
                 fh.write(data)
                 if mode is not None:
                     os.fchmod(fh.fileno(), mode)

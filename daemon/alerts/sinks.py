@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -195,6 +196,9 @@ class Command:
             try:
                 sandbox = self.sandbox_for(workdir, policy)
                 sandbox = dataclasses.replace(sandbox, env={**sandbox.env, **env})
+                if sandbox.run_as is not None:  # a root daemon: the directory is the sandbox user's
+                    for path in (workdir, workdir / "payload.json"):
+                        os.chown(path, *sandbox.run_as)
                 result = await sandbox.run(
                     conf.command, timeout=conf.timeout_seconds, output_cap=2000, merge_stderr=True
                 )

@@ -18,6 +18,7 @@ import pytest
 
 from agent import Shell, ToolContext
 from agent.allowlist import ETC_SECRETS, SYSTEM_PATHS, etc_secrets, mounts
+from agent.sandbox.identity import hand_over
 from daemon.settings import load_settings, sandbox_profile
 
 needs_bwrap = pytest.mark.needs_bwrap
@@ -53,6 +54,7 @@ def test_shell_sees_the_allowlist_and_none_of_the_daemons_secrets(
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
     profile = sandbox_profile(load_settings(config))
     workdir = state / "work" / "g"
+    hand_over(workdir, profile.user)  # as daemon.workdirs does: a root daemon's commands run as the sandbox user
     plain = Shell(lambda ctx: profile.sandbox(workdir))
     builder = Shell(lambda ctx: profile.sandbox(workdir, "builder"))
 
