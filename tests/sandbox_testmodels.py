@@ -15,6 +15,20 @@ FORK_BOMB = "for i in $(seq 400); do (exec -a goald-bomb sleep 30) & done; wait"
 MEMORY_HOG = "x=$(head -c 400000000 /dev/zero | tr '\\0' x); echo ${#x}"
 
 
+#: The attacks of the sandbox issue that need nothing but a shell, one shell call each (the model
+#: ``attacker``); each prints what it got, so the test reads the results.
+ATTACKS = (
+    # The descriptor climb: any descriptor that names a directory of the host leads to its root.
+    "ls /proc/self/fd; for fd in /proc/self/fd/*; do cat $fd/../../../../../../etc/hostname 2>/dev/null "
+    "&& echo CLIMBED $fd; echo pwned > $fd/../escaped 2>/dev/null && echo WROTE $fd; done; echo climb-done",
+    # Set-user-ID: a copy of id made set-uid, its directory opened to others.
+    "cp /usr/bin/id ./id2; chmod 4755 ./id2; chmod 755 .; stat -c 'mode %a owner %u' id2",
+    # The keyring: read the session keyring, add a key of our own.
+    "cat /proc/keys | wc -l; python3 -c 'import ctypes; print(ctypes.CDLL(None).syscall(250, 0, -3, 0))'; "
+    "python3 -c 'import ctypes; print(ctypes.CDLL(None).syscall(248, b\"user\", b\"mine\", b\"x\", 1, -3))'",
+)
+
+
 def models(name: str) -> Any:
     from agent import Reply, ScriptedModel, ToolCall, ToolResultBlock
 
@@ -32,6 +46,15 @@ def models(name: str) -> Any:
             return Reply.say("done")
 
         return ScriptedModel(bomber, name="bomber", record=False)
+    if name == "attacker":
+
+        def attacker(request: Any) -> Reply:
+            seen = results(request)
+            if len(seen) < len(ATTACKS):
+                return Reply.call("shell", command=ATTACKS[len(seen)], timeout_seconds=30)
+            return Reply.say("done")
+
+        return ScriptedModel(attacker, name="attacker", record=False)
     if name == "leaker":
 
         def leaker(request: Any) -> Reply:

@@ -37,7 +37,9 @@ from typing import Any
 from agent.sandbox.command import Sandbox
 
 #: Mount points whose device nodes must work: ``nodev`` is not expected there.
-DEVICE_MOUNTS = frozenset({"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts"})
+DEVICE_MOUNTS = frozenset(
+    {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts"}
+)
 #: Mounts bwrap itself may add, depending on the host (parts of ``/proc`` it makes read-only).
 BWRAP_MOUNTS = frozenset({"/", "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", *DEVICE_MOUNTS})
 
