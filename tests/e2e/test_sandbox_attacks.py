@@ -11,6 +11,7 @@ can neither reach nor run the copy, and the keyring lists nothing and its calls 
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import pwd
@@ -40,6 +41,14 @@ def other_user() -> Iterator[str]:
         subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", OTHER], check=True)
     yield OTHER
     subprocess.run(["userdel", OTHER], check=False)
+
+
+def as_user(user: str, argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+    """``argv`` run as ``user``; ``None`` when it could not even be started (not reachable)."""
+    try:
+        return subprocess.run(argv, user=user, capture_output=True, text=True, check=False)
+    except PermissionError:
+        return None  # the work-directory root is 0710, its group the sandbox user's
 
 
 def add_session_key(description: bytes, payload: bytes) -> int:
@@ -81,14 +90,10 @@ async def test_the_shell_attacks_are_refused(tmp_path: Path, other_user: str) ->
     st = copy.stat()
     assert st.st_mode & 0o6000 == 0
     assert st.st_uid != 0 and st.st_uid == pwd.getpwnam("goald-sandbox").pw_uid
-    try:
-        ran = subprocess.run([str(copy), "-u"], user=other_user, capture_output=True, text=True, check=False)
-    except PermissionError:
-        pass  # it cannot even reach it: the work-directory root is 0710, its group the sandbox user's
-    else:
-        assert ran.stdout.strip() != "0", "another user ran the copy as root"
-    reach = subprocess.run(["test", "-x", str(copy)], user=other_user, check=False)
-    assert reach.returncode != 0, "another user can reach the goal's files"
+    ran = await asyncio.to_thread(as_user, other_user, [str(copy), "-u"])
+    assert ran is None or ran.stdout.strip() != "0", "another user ran the copy as root"
+    reach = await asyncio.to_thread(as_user, other_user, ["test", "-x", str(copy)])
+    assert reach is None or reach.returncode != 0, "another user can reach the goal's files"
     # 3. The keyring: nothing listed, keyctl and add_key killed, and the session keyring unchanged.
     assert keyring.split("--- stdout ---\n")[1].split()[0] == "0", keyring
     assert VIOLATION in keyring, keyring
