@@ -8,12 +8,28 @@ records that result. Tools the policy denies by name are not offered to the mode
 
 * ``allow``: glob patterns of tool names (``read_*``); ``None`` allows every tool.
 * ``shell_allow``: glob patterns of shell commands (``git *``, ``make test``); ``None`` allows every
-  command of an allowed shell tool, ``[]`` none. A command is split at the shell's unquoted control
-  operators (``;``, ``&&``, ``||``, ``|``, ``&``, newlines, parentheses) and **every** part must match
-  a pattern, so ``git *`` allows ``git status && git diff`` but not ``git status; curl … | sh``.
-  Command and process substitution (a backtick, ``$(``, ``<(``, ``>(``) could hide any command
-  inside an allowed one, so under patterns they are denied outright. Redirections stay part of
-  the command they belong to: where a command may write is the sandbox's business, not this list's.
+  command of an allowed shell tool, ``[]`` none.
+
+A pattern is matched against words, and bash runs the string, not the words: matching a pattern
+against the text of a command line cannot be sound (with ``shell:ls *``, ``ls ${_@P}`` re-expands
+the previous argument, ``'$(touch X; id > X)'``, and runs ``id``). So under patterns a command line
+is first parsed with a real shell parser (:func:`agent.tools.shellparse.parse_commands`, on
+``bashlex``) and allowed only when it is **plain simple commands**: literal words, joined by ``;``,
+``&&``, ``||``, ``|``, ``&`` and newlines, optionally grouped in ``( )`` or ``{ ; }``. Then **every**
+command must match a pattern, as its words after quote removal (``'l''s' -la`` is ``ls -la``) and
+its redirections (``2>&1``, ``>out.txt``), joined by single spaces; ``git *`` allows
+``git status && git diff`` but not ``git status; curl … | sh``. Refused whatever the patterns say,
+with the construct named in the reason: every expansion bash would perform (parameters such as
+``$x``, ``${_@P}``, ``$@``; command and process substitution; arithmetic; brace expansion; a
+here-document it would expand), assignments (``BASH_ENV=x ls``), function definitions and
+compound commands (``if``, ``for``, ``while``, ``case``), builtins that run text as code or assign
+variables by an evaluated name (``eval``, ``source``, ``exec``, ``command``, ``builtin``, ``trap``,
+``declare``, ``read``, ``printf -v`` …), a command name with a backslash or glob in it, a
+redirection to anything but a relative path without ``..`` (or ``/dev/null``), a line longer than
+4096 characters, and anything the parser cannot read. Globs and ``~`` in arguments are allowed:
+they expand inside the sandbox. A pattern that allows a program which runs others (``env *``,
+``xargs *``, ``find *`` with ``-exec``, ``bash *``) allows what that program runs: the list trusts
+the programs it names.
 
 A goal gives its policy as one list of entries (:meth:`ToolPolicy.from_entries`): tool name patterns,
 plus ``shell:PATTERN`` entries for the shell. ``["read_file", "shell:git *"]`` allows ``read_file``
@@ -27,6 +43,8 @@ from fnmatch import fnmatchcase
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
+
+from agent.tools.shellparse import Refusal, parse_commands
 
 SHELL_PREFIX = "shell:"
 
@@ -92,63 +110,30 @@ class ToolPolicy(BaseModel):
         command = args.get("command")
         if not isinstance(command, str):
             return "a shell call without a command string"
-        try:
-            parts = split_command(command)
-        except ValueError as exc:
-            return f"{exc} is not allowed when shell commands are restricted"
+        parsed = parse_commands(command)
+        if isinstance(parsed, Refusal):
+            return parsed.reason
         patterns = ", ".join(repr(p) for p in self.shell_allow) or "none"
-        if not parts:
-            return "an empty shell command"
-        for part in parts:
+        for simple in parsed:
+            part = simple.text
             if not any(fnmatchcase(part, p) for p in self.shell_allow):
-                if part == command.strip():
+                if len(parsed) == 1:
                     return f"the command {part!r} matches no allowed pattern (allowed: {patterns})"
                 return f"the part {part!r} of the command matches no allowed pattern (allowed: {patterns})"
         return None
 
 
 def split_command(command: str) -> list[str]:
-    """The simple commands of a shell command line, split at unquoted control operators.
+    """The simple commands of a shell command line, each as the text a ``shell:`` pattern is matched
+    against (words after quote removal, then redirections, joined by single spaces).
 
-    Each part has its whitespace collapsed. Raises ``ValueError`` (saying what) for command or
-    process substitution and for unbalanced quotes.
+    Raises ``ValueError`` with the reason when the line is not plain simple commands (see
+    :func:`agent.tools.shellparse.parse_commands`).
     """
-    parts: list[str] = []
-    buf: list[str] = []
-    quote: str | None = None
-    i, n = 0, len(command)
-    while i < n:
-        c = command[i]
-        nxt = command[i + 1 : i + 2]
-        if quote == "'":
-            quote = None if c == "'" else quote
-            buf.append(c)
-        elif c == "\\":
-            buf.append(command[i : i + 2])
-            i += 2
-            continue
-        elif c == "`" or (c == "$" and nxt == "("):
-            raise ValueError("command substitution (`...` or $(...))")
-        elif quote == '"':
-            quote = None if c == '"' else quote
-            buf.append(c)
-        elif c in "'\"":
-            quote = c
-            buf.append(c)
-        elif c in "<>" and nxt == "(":
-            raise ValueError("process substitution (<(...) or >(...))")
-        elif c == "&" and ((buf and buf[-1] in "<>") or nxt == ">"):
-            buf.append(c)  # a redirection (2>&1, &>file), not a control operator
-        elif c in ";&|\n()":
-            parts.append("".join(buf))
-            buf = []
-        else:
-            buf.append(c)
-        i += 1
-    if quote is not None:
-        raise ValueError("a command with unbalanced quotes")
-    parts.append("".join(buf))
-    return [" ".join(p.split()) for p in parts if p.strip()]
+    parsed = parse_commands(command)
+    if isinstance(parsed, Refusal):
+        raise ValueError(parsed.reason)
+    return [simple.text for simple in parsed]
 
 
 DENIED_PREFIX = "denied by policy: "
