@@ -16,6 +16,8 @@ from pathlib import Path
 from loguru import logger
 
 from agent import Bwrap, CommandLimits, McpServer, McpServers, Sandbox, SandboxUnavailable, detect_bwrap
+from agent.sandbox import SandboxUser, sandbox_user
+from agent.sandbox.identity import hand_over, prepare_root
 from daemon.settings import McpServerSettings, Settings
 
 
@@ -38,13 +40,24 @@ async def build_mcp_servers(settings: Settings) -> McpServers:
     config = [s.config_file] if s.config_file is not None else []
     hidden = tuple(p for p in (*visible, *([Path(creds)] if creds else []), *config) if p != Path("/"))
     servers = []
+    user = None
+    if bwrap is not None and s.mcp_servers:
+        try:
+            user = sandbox_user(s.sandbox_user)  # a root daemon's servers run as the sandbox user
+        except SandboxUnavailable as exc:
+            logger.error("MCP servers not started: {}", exc)
+            return McpServers()
     for name, cfg in s.mcp_servers.items():
         home = s.state_dir.expanduser() / "mcp" / name
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if user is not None:  # bwrap, as the sandbox user, passes through to the server's home
+            prepare_root(s.state_dir.expanduser(), user)
+            prepare_root(home.parent, user)
+            hand_over(home, user)
         box = None
         if bwrap is not None:
             try:
-                box = _server_sandbox(s, cfg, home, hidden, bwrap)
+                box = _server_sandbox(s, cfg, home, hidden, bwrap, user)
             except SandboxUnavailable as exc:
                 logger.error("MCP server {} not started: {}", name, exc)
                 continue
@@ -68,6 +81,7 @@ def _server_sandbox(
     home: Path,
     hidden: tuple[Path, ...],
     bwrap: Bwrap,
+    user: SandboxUser | None,
 ) -> Sandbox:
     """One server's sandbox: its home writable, the daemon's own paths hidden."""
     # The sandbox starts from an empty environment: the server's variables go in with it,
@@ -81,6 +95,7 @@ def _server_sandbox(
         disable_userns=bwrap.disable_userns,
         unshare_ipc=bwrap.unshare_ipc,
         read_only=(*s.sandbox_read_only_paths, *cfg.read_only_paths),
+        run_as=None if user is None else user.ids,
         # Its own group for each start, under these caps (agent.tools.mcp).
         limits=CommandLimits.of(
             s.sandbox_max_processes if cfg.max_processes is None else cfg.max_processes,

@@ -23,7 +23,10 @@ from agent.limits import MIB, Mechanism, limiter
 from daemon.host import build_mcp_servers
 from daemon.settings import ConfigError, load_settings
 
-BASE_PYTHON = os.path.realpath(sys.executable)
+#: The server's interpreter: the system's, which every sandbox shows (the server needs only the
+#: standard library); where there is none, this interpreter, shown read-only by its prefix.
+SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else None
+BASE_PYTHON = SYSTEM_PYTHON or os.path.realpath(sys.executable)
 
 FORKER = r"""
 import json, os, sys, time
@@ -125,7 +128,7 @@ async def test_an_mcp_server_runs_in_a_group_of_its_own_under_the_caps(tmp_path:
     server: dict[str, object] = {
         "command": [BASE_PYTHON, str(script)],
         "env": {"FORKER_TOKEN": "tok-5b1d3e7f9a"},
-        "read_only_paths": [sys.base_prefix],
+        "read_only_paths": [] if SYSTEM_PYTHON else [sys.base_prefix],
     }
     caps = (24, 160)
     if own_keys:  # the server's own keys beat the daemon-wide defaults
