@@ -9,9 +9,10 @@ commands that look again, ready to paste into a shell: the full path of this ins
 ``goald`` (it need not be on ``PATH``), a ``serve`` in the background that the next command waits
 for (``goald status`` answers once it serves), and the ``kill`` that stops it.
 
-The demo runs its commands unconfined (``sandbox = "none"``, so that it works where bubblewrap is
-missing); it says so once as the demo's own setting, instead of the daemon's warning meant for a
-configuration that chose it.
+The demo runs its commands in the sandbox when bubblewrap can make one here (as ``goald serve``
+does: as the sandbox user when started as root), and unconfined (``sandbox = "none"``) only where
+it cannot, so that it works on any machine; it says which once, as the demo's own setting, instead
+of the daemon's warning meant for a configuration that chose "none".
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 from loguru import logger
 
-from agent import Event, EventType
+from agent import Event, EventType, SandboxUnavailable, detect_bwrap
 from agent.backends import masked
 from daemon.demo_model import DEMO_OBJECTIVE, DEMO_VERIFY
 from daemon.display import describe_event, goal_line
@@ -41,7 +42,12 @@ from goals import GOAL_CHANGED, Goal, GoalChanged, GoalSpec, GoalStatus, VerifyC
 async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) -> int:
     """Run the demo goal in an embedded daemon; returns an exit code (0 when the goal completed)."""
     state = (state_dir or Path(tempfile.mkdtemp(prefix="goald-demo-"))).resolve()
-    settings = load_settings(None, state_dir=state, default_model="scripted:demo", sandbox="none")
+    try:
+        await asyncio.to_thread(detect_bwrap)
+        sandbox: Literal["bwrap", "none"] = "bwrap"
+    except SandboxUnavailable:
+        sandbox = "none"
+    settings = load_settings(None, state_dir=state, default_model="scripted:demo", sandbox=sandbox)
     # The daemon's warning about sandbox = "none" is meant for a configuration that chose it.
     logger.disable("daemon.sandbox_settings")
     host = Host(settings)
@@ -54,12 +60,16 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
         refused = await _started(host, server)
         if refused is not None:
             return refused  # (one line said why: another goald holds the state directory, say)
-        print(
-            'note: the demo runs its commands unconfined (sandbox = "none" is the demo\'s own setting, so that it'
-            " works without bubblewrap); goald serve uses the configured sandbox (bwrap by default)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if sandbox == "none":
+            note = (
+                'note: the demo runs its commands unconfined (sandbox = "none" is the demo\'s own setting where'
+                " bubblewrap cannot make a sandbox); goald serve uses the configured sandbox (bwrap by default)"
+            )
+        else:
+            who = host.sandboxing.user
+            as_whom = f" as the user {who.name}" if who is not None else ""
+            note = f"note: the demo runs its commands in the sandbox (bubblewrap{as_whom}), as goald serve does"
+        print(note, file=sys.stderr, flush=True)
         final, workdir = await _run_goal(host, say, live=not plain and out.isatty())
         say("")
         say(goal_line(goal_view(final)))
