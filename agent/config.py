@@ -1,4 +1,5 @@
-"""A session driver's settings: its retry policy, step limit, output limit and context policy.
+"""A session driver's settings: its retry policy, step limit, output limit, context policy and how
+many tool calls of a step run at once.
 
 Plain frozen pydantic models, so a daemon's configuration file and a test build them the same way;
 kept apart from :mod:`agent.driver` because the model-call path (:mod:`agent.step`) and compaction
@@ -60,3 +61,6 @@ class AgentConfig(BaseModel):
     min_call_seconds: float = Field(default=5.0, ge=0)
     #: When and how the model's view is compacted (:mod:`agent.context`).
     context: ContextPolicy = ContextPolicy()
+    #: Tool calls of one step that run at once; the rest wait their turn, in the order asked
+    #: (:mod:`agent.toolcalls`). A goal's caps on processes and memory bind whatever runs.
+    max_parallel_tools: int = Field(default=8, ge=1, le=1024)

@@ -1,8 +1,11 @@
 """A step's tool calls: run, their results committed and added to the view.
 
-Several calls of one step run in parallel and each result is committed as it comes; a step's only
-call has its result committed with the driver's next write (:mod:`agent.writer` says why that is
-as safe as its own commit). The tools, the work directory and what the runtime hands every call
+Several calls of one step run in parallel, at most ``max_parallel_tools`` at once
+(:class:`~agent.config.AgentConfig`; the others wait their turn, started in the order the model
+asked for them), and each result is committed as it comes; a step's only call has its result
+committed with the driver's next write (:mod:`agent.writer` says why that is as safe as its own
+commit). However many run, a goal's caps on processes and memory bind them together
+(:mod:`agent.limits`). The tools, the work directory and what the runtime hands every call
 are read from the agent live (:class:`ToolOwner`: the ACP bridge wraps the tools).
 """
 
@@ -12,6 +15,7 @@ import asyncio
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.config import AgentConfig
 from agent.events import EventType
 from agent.history import History
 from agent.messages import ToolResultBlock, ToolUseBlock
@@ -30,6 +34,7 @@ class ToolOwner(Protocol):
     tools: ToolRegistry
     workdir: Path | None
     tool_extra: dict[str, Any]
+    config: AgentConfig
 
 
 class ToolCalls:
@@ -41,13 +46,21 @@ class ToolCalls:
         self._history = history
 
     async def run(self, turn: OpenedTurn, uses: list[ToolUseBlock]) -> None:
-        """Run a step's calls (in parallel when there are several) and commit their results."""
+        """Run a step's calls (in parallel when there are several, at most ``max_parallel_tools``
+        at once, the others started in order as those end) and commit their results."""
         if len(uses) == 1:
             await self._run_one(turn, uses[0], defer=True)
             return
+        # Tasks start in the order they are made and each asks the semaphore first, whose waiters
+        # go in turn: the calls start in the order asked.
+        gate = asyncio.Semaphore(self._owner.config.max_parallel_tools)
         async with asyncio.TaskGroup() as tg:
             for use in uses:
-                tg.create_task(self._run_one(turn, use))
+                tg.create_task(self._run_gated(gate, turn, use))
+
+    async def _run_gated(self, gate: asyncio.Semaphore, turn: OpenedTurn, use: ToolUseBlock) -> None:
+        async with gate:
+            await self._run_one(turn, use)
 
     async def _run_one(self, turn: OpenedTurn, use: ToolUseBlock, *, defer: bool = False) -> None:
         owner = self._owner

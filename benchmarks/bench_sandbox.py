@@ -6,8 +6,11 @@ environment, output capture), bubblewrap with the network off and on (a daemon-l
 state directory and a work-directory root hidden, the work directory bound inside it), and the
 ``shell`` tool end to end through a ``ToolRegistry`` (which adds ``bash -c``). The bubblewrap
 rows minus the ``none`` row are the sandbox's own cost. The rows "with limits" run each command in
-a cgroup of its own (processes and memory capped, ``agent.limits``): minus the row without, they
-are the cost of making, entering, reading and removing that group per call.
+a cgroup (processes and memory capped, ``agent.limits``): minus the row without, they are the cost
+of making, entering, reading and removing the groups per call. "own group" is a command of no goal
+(an MCP server's kind); "goal group" a goal's command, in a child of its goal's group, which is
+made and removed with the call when no other command of the goal runs ("alone") and only held when
+one does ("goal busy": the group is held throughout, as by a parallel call).
 
 Run: ``python benchmarks/bench_sandbox.py [--calls N]``.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -80,8 +84,18 @@ async def run(calls: int) -> None:
                 disable_userns=found.disable_userns,
                 limits=CommandLimits.of(512, 4096),
             )
-            label = f"bwrap, with limits ({limiter().mechanism.value})"
+            mechanism = limiter().mechanism.value
+            label = f"bwrap, with limits ({mechanism}, own group)"
             rows.append((label, await timed(calls, lambda: limited.run(["true"], timeout=30))))
+            in_goal = dataclasses.replace(limited, limits_group="goal_bench")
+            label = f"bwrap, with limits ({mechanism}, goal group, alone)"
+            rows.append((label, await timed(calls, lambda: in_goal.run(["true"], timeout=30))))
+            held = limiter().hold("goal_bench", limited.limits)
+            try:
+                label = f"bwrap, with limits ({mechanism}, goal group, goal busy)"
+                rows.append((label, await timed(calls, lambda: in_goal.run(["true"], timeout=30))))
+            finally:
+                await held.release()
             shell_box = Sandbox(
                 workdir, hidden=(state, state / "work"), bwrap=found.path, disable_userns=found.disable_userns
             )
@@ -94,15 +108,14 @@ async def run(calls: int) -> None:
                 )
             )
     print(f"{calls} calls each; wall time per call")
-    print(f"{'':34} {'median':>9} {'p90':>9}")
+    print(f"{'':56} {'median':>9} {'p90':>9}")
     for label, values in rows:
-        print(f"{label:34} {statistics.median(values) * 1000:8.2f}ms {pct(values, 0.9) * 1000:8.2f}ms")
+        print(f"{label:56} {statistics.median(values) * 1000:8.2f}ms {pct(values, 0.9) * 1000:8.2f}ms")
     medians = dict((label, statistics.median(values)) for label, values in rows)
     if "bwrap, network off" in medians:
         cost = (medians["bwrap, network off"] - medians["Sandbox.none"]) * 1000
         print(f"sandbox start-up cost per shell call (median, network off, over Sandbox.none): {cost:.2f}ms")
-        limited_label = next((label for label in medians if label.startswith("bwrap, with limits")), None)
-        if limited_label is not None:
+        for limited_label in (label for label in medians if label.startswith("bwrap, with limits")):
             extra = (medians[limited_label] - medians["bwrap, network off"]) * 1000
             print(f"limits' cost per shell call (median, {limited_label} over network off): {extra:.2f}ms")
 

@@ -56,7 +56,9 @@ from agent import (
     file_tools,
     session_chain,
 )
+from agent.db import Conn
 from agent.errors import StorageUnavailable
+from agent.ids import SessionId
 from agent.models.health import ProviderHealth
 from daemon import __version__
 from daemon.alerts import Alerts
@@ -118,6 +120,12 @@ async def _step(what: str, done: Awaitable[object]) -> None:
     logger.debug("daemon stopping: {}", what)
     await done
     logger.debug("daemon stopping: {} stopped in {:.2f}s", what, time.monotonic() - start)
+
+
+def _chain_and_goal(conn: Conn, session_id: str) -> tuple[list[SessionId], Goal | None]:
+    """A session's chain (itself, its parents, its root last) and the live goal that decides its sandbox."""
+    chain = session_chain(conn, session_id)
+    return chain, live_goal_of_chain(conn, chain)
 
 
 class Host:
@@ -444,6 +452,7 @@ class Host:
             tools.unavailable["shell"] = self.sandboxing.unavailable
         agent_config = {
             "min_call_seconds": self.settings.model_call_min_seconds,
+            "max_parallel_tools": self.settings.max_parallel_tools,
             "context": {
                 "compact_at": self.settings.context_compact_at,
                 "compact_to": self.settings.context_compact_to,
@@ -461,21 +470,23 @@ class Host:
         A subagent's call runs in its own child session, which has no goal: the goal is looked up
         through the ``parent_session_id`` chain, and the topmost session's live goal decides, so a
         child gets exactly its root goal's sandbox (never the daemon-wide default, which may allow
-        more, e.g. the network).
+        more, e.g. the network). Every command of a goal (its sessions' calls, parallel ones
+        included, and its verification and progress commands) runs in the goal's one cgroup, under
+        its caps for all of them together; a session of no goal has one of its own (its root's).
         """
         if ctx.workdir is None:
             raise SandboxUnavailable("this session has no work directory")
         assert self.rt is not None
-        goal = await self.rt.store.read(lambda conn: live_goal_of_chain(conn, session_chain(conn, ctx.session_id)))
+        chain, goal = await self.rt.store.read(lambda conn: _chain_and_goal(conn, ctx.session_id))
         if goal is None:
-            return self.sandboxing.sandbox(ctx.workdir)
-        return self.sandboxing.sandbox(ctx.workdir, policy=goal_policy(self.sandboxing, goal))
+            return self.sandboxing.sandbox(ctx.workdir, limits_group=chain[-1] if chain else ctx.session_id)
+        return self.sandboxing.sandbox(ctx.workdir, policy=goal_policy(self.sandboxing, goal), limits_group=goal.id)
 
     def _goal_runner(self, goal: Goal) -> CommandRunner:
-        """Where ``goal``'s verification and progress commands run: its own sandbox, as its shell."""
+        """Where ``goal``'s verification and progress commands run: its own sandbox and cgroup, as its shell."""
         policy = goal_policy(self.sandboxing, goal)
         return sandboxed_runner(
-            lambda workdir: self.sandboxing.sandbox(workdir, policy=policy),
+            lambda workdir: self.sandboxing.sandbox(workdir, policy=policy, limits_group=goal.id),
             goal_redactor(self.sandboxing, goal.sandbox),
         )
 

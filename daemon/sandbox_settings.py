@@ -108,9 +108,9 @@ class GoalSandbox(BaseModel):
     secrets: dict[str, SecretRef] = {}
     #: Paths this goal's commands see read-only besides the system directories (a toolchain under /opt).
     read_only_paths: list[ReadOnlyPath] = []
-    #: Cap on the processes of each of this goal's commands (default: ``sandbox_max_processes``; 0: none).
+    #: Cap on the processes of this goal's commands all together (default: ``sandbox_max_processes``; 0: none).
     max_processes: Processes | None = None
-    #: Cap on the memory of each of this goal's commands, in MiB (default: ``sandbox_max_memory_mb``; 0: none).
+    #: Cap on the memory of this goal's commands all together, in MiB (default: ``sandbox_max_memory_mb``; 0: none).
     max_memory_mb: MemoryMb | None = None
 
     @field_validator("secrets")

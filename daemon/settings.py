@@ -104,10 +104,12 @@ class Settings(BaseSettings):
     shell_timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
     #: Paths every sandboxed command sees read-only besides the system directories.
     sandbox_read_only_paths: list[ReadOnlyPath] = []
-    #: Cap on the processes of each sandboxed command as a whole (0: no cap).
+    #: Cap on the processes of a goal's sandboxed commands all together (0: no cap).
     sandbox_max_processes: Processes = 512
-    #: Cap on the memory of each sandboxed command as a whole, in MiB (0: no cap).
+    #: Cap on the memory of a goal's sandboxed commands all together, in MiB (0: no cap).
     sandbox_max_memory_mb: MemoryMb = 4096
+    #: Tool calls of one model step that run at once (the others wait their turn, in order).
+    max_parallel_tools: int = Field(default=8, ge=1, le=1024)
     #: No model call starts with less than this many seconds left of its goal's wall time or
     #: before its deadline; a call still running when the time runs out is cancelled.
     model_call_min_seconds: float = Field(default=5.0, ge=0, le=3600)

@@ -182,9 +182,9 @@ class SandboxSpec(BaseModel):
     network: bool | None = None
     #: Extra paths the goal's commands may read (a toolchain under ``/opt``, say): absolute.
     read_only_paths: list[str] = Field(default=[], max_length=64)
-    #: Processes of one command at once (bwrap's two included).
+    #: Processes of the goal's commands all together, at once (bwrap's two of each included).
     max_processes: int | None = Field(default=None, ge=MIN_PROCESSES, le=1_000_000)
-    #: Memory of one command as a whole, in MiB.
+    #: Memory of the goal's commands all together, in MiB.
     max_memory_mb: int | None = Field(default=None, ge=MIN_MEMORY_MB, le=16 * 1024 * 1024)
     #: Secret environment variables of this goal's commands, by name: where the daemon reads each.
     secrets: dict[str, SecretSource] = Field(default={}, max_length=64)

@@ -2,12 +2,17 @@
 
 Tests that need it carry ``@pytest.mark.needs_bwrap`` (the root ``conftest.py`` skips them, with
 the reason, where it cannot); tests that build a :class:`Sandbox` themselves use :data:`BWRAP`.
+Tests of the limits find here whether cgroups enforce them (:func:`needs_cgroups`) and which groups
+of a daemon are left (:func:`our_groups`).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agent.sandbox import Bwrap, Sandbox, SandboxUnavailable, detect_bwrap
 
@@ -37,3 +42,26 @@ def sandbox_in(workdir: Path, **kw: Any) -> Sandbox:
         **kw,
     }
     return Sandbox(workdir, **options)
+
+
+def needs_cgroups() -> None:
+    """Skip, saying why, unless limits are enforced by cgroups here (a delegated v2 subtree, or v1's
+    pids and memory writable): what the goal-wide caps need."""
+    from agent.limits import Mechanism, limiter
+
+    if limiter().mechanism is Mechanism.RLIMIT:
+        pytest.skip("no writable cgroup here (neither delegated v2 nor v1 pids and memory)")
+
+
+def cgroup_bases() -> list[Path]:
+    """Where this process's limiter makes its groups (one directory per v1 hierarchy, one for v2)."""
+    from agent.limits import limiter
+
+    lim: Any = limiter()
+    return list(getattr(lim, "bases", {}).values()) + ([lim.base] if hasattr(lim, "base") else [])
+
+
+def our_groups(pid: int | None = None) -> list[str]:
+    """The cgroups (goals' and commands') of the daemon ``pid`` (default: this process) still on the machine."""
+    prefix = f"goald-{os.getpid() if pid is None else pid}-"
+    return [e for base in cgroup_bases() for e in os.listdir(base) if e.startswith(prefix)]

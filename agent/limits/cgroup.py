@@ -1,8 +1,19 @@
-"""Limits by cgroup: each command in a child group of our own, v2 (delegated) or v1.
+"""Limits by cgroup, v2 (delegated) or v1: a group per goal, and each command in a child group of it.
 
 The layout and the files written are those of :mod:`agent.limits` (the package docstring says why
-cgroups). Group names carry the PID of the daemon that made them (``goald-PID-N``), so a daemon
-started after a killed one removes what that one left (:func:`clean_stale`).
+cgroups, and why per goal). Under our own group (the base):
+
+* ``goald-PID-N-KEY``: a goal's group (``KEY`` its id, or a session's, cut to safe characters),
+  with the goal's caps; on v2 it enables ``pids`` and ``memory`` for its children and holds no
+  process itself (a v2 group with children that use controllers may not).
+* ``goald-PID-N-KEY/goald-PID-M``: one command of that goal, without caps of its own: the goal's
+  bind it, and its counters tell which command a limit hit.
+* ``goald-PID-N``: a command of no goal (an MCP server, a notification command), with its own caps.
+
+A goal's group is made by its first command (or :meth:`Limiter.hold`) and removed after its last
+one, so it holds nothing while none of its commands runs, and is gone when the goal ends, its
+session is dropped or the daemon stops. Names carry the PID of the daemon that made them, so a
+daemon started after a killed one removes what that one left (:func:`clean_stale`).
 """
 
 from __future__ import annotations
@@ -13,16 +24,19 @@ import itertools
 import os
 import re
 import shlex
+import threading
 from pathlib import Path
 
 from loguru import logger
 
-from agent.limits.base import CommandLimits, Group, Limiter, LimitsUnavailable, Mechanism
+from agent.limits.base import CommandLimits, GoalGroup, Group, Limiter, LimitsUnavailable, Mechanism
 
 PREFIX = "goald-"
 #: The leaf a delegated v2 group's own processes move into (see :mod:`agent.limits.detect`).
 LEAF = "goald-daemon"
-_STALE = re.compile(r"^goald-(\d+)-\d+$")
+#: A group of ours: a command's (``goald-PID-N``) or a goal's (``goald-PID-N-KEY``).
+_STALE = re.compile(r"^goald-(\d+)-\d+(?:-[A-Za-z0-9_-]*)?$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 _seq = itertools.count(1)
@@ -44,6 +58,13 @@ def _read_counts(path: Path) -> dict[str, int]:
     return counts
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 async def _rmdir(path: Path) -> None:
     """Remove an emptied cgroup. The kernel may take a moment to let go of exited processes, so a
     busy group is tried again for up to about a second; a group still busy then is left, logged."""
@@ -61,12 +82,18 @@ async def _rmdir(path: Path) -> None:
 
 
 def clean_stale(parent: Path) -> None:
-    """Remove the command groups of daemons that no longer run."""
+    """Remove the groups (goals' and commands') of daemons that no longer run, a goal's command
+    groups before the goal's."""
     with contextlib.suppress(OSError):
         for entry in os.scandir(parent):
             m = _STALE.match(entry.name)
             if m is None or not entry.is_dir(follow_symlinks=False) or _alive(int(m.group(1))):
                 continue
+            with contextlib.suppress(OSError):
+                for child in os.scandir(entry.path):
+                    if child.is_dir(follow_symlinks=False):
+                        with contextlib.suppress(OSError):
+                            os.rmdir(child.path)
             with contextlib.suppress(OSError):
                 os.rmdir(entry.path)
 
@@ -81,11 +108,65 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _plural(n: int) -> str:
+    return f"{n} process{'es' if n > 1 else ''}"
+
+
+class _Goal(GoalGroup):
+    """One goal's group (see the module docstring), shared by its commands' groups."""
+
+    def __init__(
+        self, owner: _CgroupLimiter, key: str, limits: CommandLimits, dirs: dict[str, Path], version: int
+    ) -> None:
+        super().__init__(key, limits)
+        self.owner = owner
+        self.dirs = dirs  # controller -> the goal's group
+        self.version = version
+        self.holds = 1
+
+    def peak_memory(self) -> int | None:
+        memory = self.dirs.get("memory")
+        if memory is None:
+            return None
+        return _read_int(memory / ("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"))
+
+    def processes(self) -> int | None:
+        pids = self.dirs.get("pids")
+        return None if pids is None else _read_int(pids / "pids.current")
+
+    def peak_processes(self) -> int | None:
+        pids = self.dirs.get("pids")
+        return None if pids is None else _read_int(pids / "pids.peak")
+
+    def limit_hits(self) -> int:
+        """How often the goal's process limit refused a fork (v2 counts it in the goal's group)."""
+        pids = self.dirs.get("pids")
+        return 0 if pids is None else _read_counts(pids / "pids.events").get("max", 0)
+
+    def unhold(self) -> bool:
+        """Give up one hold; whether it was the last (the group is then no longer live)."""
+        with self.owner.lock:
+            self.holds -= 1
+            last = self.holds == 0
+            if last and self.owner.live.get(self.key) is self:
+                del self.owner.live[self.key]
+        return last
+
+    async def release(self) -> None:
+        if self.unhold():
+            for path in dict.fromkeys(self.dirs.values()):
+                await _rmdir(path)
+
+
 class _CgroupGroup(Group):
-    def __init__(self, limits: CommandLimits, dirs: dict[str, Path], version: int) -> None:
+    def __init__(self, limits: CommandLimits, dirs: dict[str, Path], version: int, goal: _Goal | None = None) -> None:
         self.limits = limits
         self.dirs = dirs  # controller -> this command's group
         self.version = version
+        self.goal = goal
+        # On v2 a fork refused by the goal's limit may be counted in the goal's group only (the
+        # kernel's semantics since 6.12): a rise while this command ran is its verdict too.
+        self._goal_hits = goal.limit_hits() if goal is not None and version == 2 else 0
 
     def enter(self, pid: int) -> None:
         for path in dict.fromkeys(self.dirs.values()):
@@ -100,81 +181,203 @@ class _CgroupGroup(Group):
             for path in dict.fromkeys(self.dirs.values())
         )
 
+    def _refused(self) -> bool:
+        pids = self.dirs.get("pids")
+        if pids is None:
+            return False
+        if _read_counts(pids / "pids.events").get("max", 0) > 0:  # v1, and v2 before 6.12: where the fork failed
+            return True
+        return self.goal is not None and self.version == 2 and self.goal.limit_hits() > self._goal_hits
+
+    def _killed(self) -> int:
+        memory = self.dirs.get("memory")
+        if memory is None:
+            return 0
+        if self.version == 2:
+            return _read_counts(memory / "memory.events").get("oom_kill", 0)
+        return _read_counts(memory / "memory.oom_control").get("oom_kill", 0)
+
     def verdict(self) -> str | None:
         found: list[str] = []
-        pids = self.dirs.get("pids")
-        if pids is not None and _read_counts(pids / "pids.events").get("max", 0) > 0:
-            found.append(f"process limit ({self.limits.max_processes}) reached: new processes were refused")
-        memory = self.dirs.get("memory")
-        if memory is not None:
-            if self.version == 2:
-                killed = _read_counts(memory / "memory.events").get("oom_kill", 0)
-            else:
-                killed = _read_counts(memory / "memory.oom_control").get("oom_kill", 0)
-            if killed > 0:
-                found.append(
-                    f"memory limit ({self.limits.memory_text()}) exceeded: the kernel killed "
-                    f"{killed} process{'es' if killed > 1 else ''} of the command"
-                )
+        limits = self.limits if self.goal is None else self.goal.limits
+        whose = "" if self.goal is None else " of the goal"
+        together = "" if self.goal is None else ", all its commands together"
+        if self._refused():
+            found.append(f"process limit{whose} ({limits.max_processes}{together}) reached: new processes were refused")
+        killed = self._killed()
+        if killed > 0:
+            found.append(
+                f"memory limit{whose} ({limits.memory_text()}{together}) exceeded: the kernel killed "
+                f"{_plural(killed)} of {'this' if self.goal is not None else 'the'} command"
+            )
         return "; ".join(found) or None
 
     async def remove(self) -> None:
-        for path in dict.fromkeys(self.dirs.values()):
-            await _rmdir(path)
+        try:
+            for path in dict.fromkeys(self.dirs.values()):
+                await _rmdir(path)
+        finally:
+            if self.goal is not None:
+                await self.goal.release()
 
 
-class V1Limiter(Limiter):
+class _CgroupLimiter(Limiter):
+    """What v1 and v2 share: the live goal groups, held and released."""
+
+    version: int
+
+    def __init__(self) -> None:
+        self.live: dict[str, _Goal] = {}
+        self.lock = threading.Lock()
+
+    def goals(self) -> dict[str, GoalGroup]:
+        with self.lock:
+            return dict(self.live)
+
+    def hold(self, goal: str, limits: CommandLimits) -> GoalGroup:
+        return self._hold(goal, limits)
+
+    def _hold(self, key: str, limits: CommandLimits) -> _Goal:
+        with self.lock:
+            found = self.live.get(key)
+            if found is not None:
+                found.holds += 1
+                if found.limits != limits:
+                    self._recap(found, limits)
+                return found
+            name = f"{PREFIX}{os.getpid()}-{next(_seq)}-{_UNSAFE.sub('_', key)[:48]}"
+            made = _Goal(self, key, limits, self._make_goal(name, limits), self.version)
+            self.live[key] = made
+            return made
+
+    def _recap(self, goal: _Goal, limits: CommandLimits) -> None:
+        """New caps for a live goal group (its policy changed), where its controllers allow; else
+        it keeps its caps until none of its commands runs (logged)."""
+        needed = {"pids"} if limits.max_processes is not None else set()
+        needed |= {"memory"} if limits.max_memory_bytes is not None else set()
+        try:
+            if not needed <= goal.dirs.keys():
+                raise OSError(f"its group has no {', '.join(sorted(needed - goal.dirs.keys()))} controller")
+            self._write_caps(goal.dirs, limits)
+        except OSError as exc:
+            logger.warning("the caps of goal {} stay {} (not changed to {}): {}", goal.key, goal.limits, limits, exc)
+            return
+        goal.limits = limits
+
+    def group(self, limits: CommandLimits, *, goal: str | None = None) -> Group:
+        name = f"{PREFIX}{os.getpid()}-{next(_seq)}"
+        if goal is None:
+            return _CgroupGroup(limits, self._make_command(name, limits), self.version)
+        held = self._hold(goal, limits)
+        dirs: dict[str, Path] = {}
+        try:
+            for controller, parent in held.dirs.items():
+                dirs[controller] = parent / name
+            for path in dict.fromkeys(dirs.values()):
+                path.mkdir()
+        except OSError as exc:
+            for path in dict.fromkeys(dirs.values()):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            if held.unhold():  # nothing ever ran in it
+                for path in dict.fromkeys(held.dirs.values()):
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+            raise LimitsUnavailable(f"cannot set up the command's cgroup in its goal's: {exc}") from None
+        return _CgroupGroup(limits, dirs, self.version, held)
+
+    def _make_goal(self, name: str, limits: CommandLimits) -> dict[str, Path]:
+        raise NotImplementedError
+
+    def _make_command(self, name: str, limits: CommandLimits) -> dict[str, Path]:
+        raise NotImplementedError
+
+    def _write_caps(self, dirs: dict[str, Path], limits: CommandLimits) -> None:
+        raise NotImplementedError
+
+
+class V1Limiter(_CgroupLimiter):
     mechanism = Mechanism.CGROUP_V1
+    version = 1
 
     def __init__(self, bases: dict[str, Path]) -> None:
+        super().__init__()
         self.bases = bases
 
     def describe(self) -> str:
-        return "cgroup v1 (" + ", ".join(f"{c} under {p}" for c, p in self.bases.items()) + ")"
+        where = ", ".join(f"{c} under {p}" for c, p in self.bases.items())
+        return f"cgroup v1 ({where}): a group per goal, each command in a group of its own inside it"
 
-    def group(self, limits: CommandLimits) -> Group:
-        name = f"{PREFIX}{os.getpid()}-{next(_seq)}"
+    def _dirs(self, name: str, limits: CommandLimits) -> dict[str, Path]:
+        """A group named ``name`` in each hierarchy whose controller has a cap (made, no cap written)."""
         dirs: dict[str, Path] = {}
         try:
             if limits.max_processes is not None:
                 dirs["pids"] = self.bases["pids"] / name
                 dirs["pids"].mkdir()
-                write(dirs["pids"] / "pids.max", str(limits.max_processes))
             if limits.max_memory_bytes is not None:
-                dirs["memory"] = path = self.bases["memory"] / name
-                path.mkdir()
-                write(path / "memory.limit_in_bytes", str(limits.max_memory_bytes))
-                if (path / "memory.memsw.limit_in_bytes").exists():
-                    write(path / "memory.memsw.limit_in_bytes", str(limits.max_memory_bytes))
+                dirs["memory"] = self.bases["memory"] / name
+                dirs["memory"].mkdir()
+            self._write_caps(dirs, limits)
         except OSError as exc:
             for path in dirs.values():
                 with contextlib.suppress(OSError):
                     path.rmdir()
-            raise LimitsUnavailable(f"cannot set up the command's cgroup: {exc}") from None
-        return _CgroupGroup(limits, dirs, 1)
+            raise LimitsUnavailable(f"cannot set up the cgroup {name}: {exc}") from None
+        return dirs
+
+    _make_goal = _make_command = _dirs
+
+    def _write_caps(self, dirs: dict[str, Path], limits: CommandLimits) -> None:
+        if "pids" in dirs:
+            write(dirs["pids"] / "pids.max", str(limits.max_processes or "max"))
+        memory = dirs.get("memory")
+        if memory is not None:
+            value = str(limits.max_memory_bytes or -1)
+            files = [memory / "memory.limit_in_bytes"]
+            if (memory / "memory.memsw.limit_in_bytes").exists():
+                files.append(memory / "memory.memsw.limit_in_bytes")
+            try:
+                for path in files:
+                    write(path, value)
+            except OSError:  # raising a cap: memsw (never below the memory cap) goes first
+                for path in reversed(files):
+                    write(path, value)
 
 
-class V2Limiter(Limiter):
+class V2Limiter(_CgroupLimiter):
     mechanism = Mechanism.CGROUP_V2
+    version = 2
 
     def __init__(self, base: Path) -> None:
+        super().__init__()
         self.base = base
 
     def describe(self) -> str:
-        return f"cgroup v2 (delegated: {self.base})"
+        return f"cgroup v2 (delegated: {self.base}): a group per goal, each command in a group of its own inside it"
 
-    def group(self, limits: CommandLimits) -> Group:
-        path = self.base / f"{PREFIX}{os.getpid()}-{next(_seq)}"
+    def _dir(self, name: str, limits: CommandLimits, *, parent: bool) -> dict[str, Path]:
+        path = self.base / name
         try:
             path.mkdir()
-            if limits.max_processes is not None:
-                write(path / "pids.max", str(limits.max_processes))
-            if limits.max_memory_bytes is not None:
-                write(path / "memory.max", str(limits.max_memory_bytes))
-                if (path / "memory.swap.max").exists():
-                    write(path / "memory.swap.max", "0")
+            self._write_caps({"pids": path, "memory": path}, limits)
+            if parent:  # its commands' groups get the controllers' files (their verdicts)
+                write(path / "cgroup.subtree_control", "+pids +memory")
         except OSError as exc:
             with contextlib.suppress(OSError):
                 path.rmdir()
-            raise LimitsUnavailable(f"cannot set up the command's cgroup: {exc}") from None
-        return _CgroupGroup(limits, {"pids": path, "memory": path}, 2)
+            raise LimitsUnavailable(f"cannot set up the cgroup {name}: {exc}") from None
+        return {"pids": path, "memory": path}
+
+    def _make_goal(self, name: str, limits: CommandLimits) -> dict[str, Path]:
+        return self._dir(name, limits, parent=True)
+
+    def _make_command(self, name: str, limits: CommandLimits) -> dict[str, Path]:
+        return self._dir(name, limits, parent=False)
+
+    def _write_caps(self, dirs: dict[str, Path], limits: CommandLimits) -> None:
+        path = dirs["pids"]
+        write(path / "pids.max", str(limits.max_processes or "max"))
+        write(path / "memory.max", str(limits.max_memory_bytes or "max"))
+        if limits.max_memory_bytes is not None and (path / "memory.swap.max").exists():
+            write(path / "memory.swap.max", "0")

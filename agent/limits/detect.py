@@ -2,8 +2,8 @@
 
 Read from ``/proc/self/mountinfo`` (the cgroup mounts) and ``/proc/self/cgroup`` (our group in
 each hierarchy): a delegated cgroup v2 subtree first, else cgroup v1's ``pids`` and ``memory``,
-else rlimits, said once as a warning. Detecting a cgroup mechanism also removes the command groups
-of daemons that no longer run.
+else rlimits, said once as a warning. Detecting a cgroup mechanism also removes the groups (goals'
+and commands') of daemons that no longer run.
 """
 
 from __future__ import annotations
@@ -144,11 +144,12 @@ def limiter() -> Limiter:
             if found is None:
                 found = RlimitLimiter()
                 logger.warning(
-                    "no writable cgroup (a delegated cgroup v2 subtree, or cgroup v1 pids and memory): command "
-                    "limits fall back to rlimits, memory per process and processes only when not root; see {}",
+                    "no writable cgroup (a delegated cgroup v2 subtree, or cgroup v1 pids and memory): limits fall "
+                    "back to rlimits, set per command and not per goal (parallel calls each get the goal's caps), "
+                    "memory per process and processes only when not root; see {}",
                     "systemd/README.md",
                 )
             else:
-                logger.info("command limits: {}", found.describe())
+                logger.info("limits: {}", found.describe())
             _limiter = found
         return _limiter

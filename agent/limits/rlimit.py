@@ -2,7 +2,9 @@
 
 Weaker than a cgroup (see :mod:`agent.limits`): ``RLIMIT_AS`` caps each process, not the command,
 and ``RLIMIT_NPROC`` counts every process of the daemon's user and does not bind root, so it is set
-only when not root, to that count plus the cap. A hit limit is not explained (no verdict).
+only when not root, to that count plus the cap. Nothing binds a goal's commands together: a goal's
+caps are set on each of its commands, as when goald limited commands one by one (the warning at
+start says so). A hit limit is not explained (no verdict).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ class RlimitLimiter(Limiter):
     """Sets each command's rlimits (the fallback :func:`agent.limits.limiter` logs once)."""
 
     mechanism = Mechanism.RLIMIT
+    per_goal = False
 
     def describe(self) -> str:
-        return "rlimits per process (RLIMIT_AS; RLIMIT_NPROC only when not root)"
+        return "rlimits per process (RLIMIT_AS; RLIMIT_NPROC only when not root), set per command, not per goal"
 
-    def group(self, limits: CommandLimits) -> Group:
-        return _RlimitGroup(limits)
+    def group(self, limits: CommandLimits, *, goal: str | None = None) -> Group:
+        return _RlimitGroup(limits)  # per command, goal or not: rlimits cannot bind a goal as a whole
 
 
 class _RlimitGroup(Group):

@@ -3,10 +3,11 @@
 A :class:`Sandbox` is a small value: the work directory (the only writable place besides a private
 ``/tmp``), extra read-only paths (a toolchain), the paths to hide (the state directory, the
 database, the control socket, the credentials, other work directories), whether the network is on,
-the environment, secrets included, and caps on the command's processes and memory
-(:class:`~agent.limits.CommandLimits`). :meth:`Sandbox.argv` is the bubblewrap command line;
-:meth:`Sandbox.run` runs a command and returns its exit code, both output streams and the limit it
-hit, if any.
+the environment, secrets included, and caps on processes and memory
+(:class:`~agent.limits.CommandLimits`): a goal's, binding all its commands together when the
+sandbox names the goal (``limits_group``: they share its cgroup), else the command's own.
+:meth:`Sandbox.argv` is the bubblewrap command line; :meth:`Sandbox.run` runs a command and returns
+its exit code, both output streams and the limit it hit, if any.
 
 **The daemon reads a work directory as data, never as configuration.** A work directory belongs
 to the model: nothing in it (a ``.git/config`` with an fsmonitor or a pager, hooks, attributes, an

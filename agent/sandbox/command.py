@@ -76,8 +76,12 @@ class Sandbox:
     kill_grace: float = 2.0
     #: Paths shown read-only besides the system allowlist (a toolchain under ``/opt``, say).
     read_only: tuple[Path, ...] = ()
-    #: Caps on the processes and memory of each command as a whole (bwrap only).
+    #: Caps on the processes and memory (bwrap only): of every command with the same
+    #: :attr:`limits_group` together, else of this command as a whole.
     limits: CommandLimits = field(default_factory=CommandLimits)
+    #: Whose commands share one cgroup and the caps (a goal's id, or a session's): the command runs
+    #: in a child group of that goal's group (:mod:`agent.limits`); ``None``: a group of its own.
+    limits_group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.workdir.is_absolute():

@@ -15,7 +15,8 @@ to the group); a process that leaves the group (``setsid``) escapes it — one m
 with bubblewrap.
 
 Limits: bwrap waits on its ``--args`` pipe before it does anything, which is when the daemon puts
-it into the command's cgroup (:mod:`agent.limits`); everything it starts inherits the group.
+it into the command's cgroup (inside its goal's, whose caps bind all of the goal's commands
+together: :mod:`agent.limits`); everything it starts inherits the group.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ async def _start(
             argv = sandbox.argv(cmd)
         else:
             if sandbox.limits.active:
-                group = _new_group(sandbox.limits)
+                group = _new_group(sandbox.limits, sandbox.limits_group)
             # bwrap waits for these arguments: the time to put it into its cgroup.
             args.open(sandbox.setup_args(workdir_fd), hold=group is not None)
             argv = sandbox.argv(cmd, setup_fd=args.read_fd)
@@ -145,9 +146,9 @@ async def _start(
     return proc, group, started
 
 
-def _new_group(limits: CommandLimits) -> Group:
+def _new_group(limits: CommandLimits, goal: str | None) -> Group:
     try:
-        return limiter().group(limits)
+        return limiter().group(limits, goal=goal)
     except LimitsUnavailable as exc:
         raise SandboxUnavailable(str(exc)) from None
 

@@ -80,9 +80,11 @@ class SandboxPolicy:
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: Paths shown read-only to this goal's commands, besides the profile's (a toolchain, say).
     read_only: tuple[Path, ...] = ()
-    #: Cap on the processes of each command; ``None`` keeps the default, 0 means no cap.
+    #: Cap on the processes of the goal's commands all together (parallel calls included);
+    #: ``None`` keeps the default, 0 means no cap.
     max_processes: int | None = None
-    #: Cap on the memory of each command, in bytes; ``None`` keeps the default, 0 means no cap.
+    #: Cap on the memory of the goal's commands all together, in bytes; ``None`` keeps the
+    #: default, 0 means no cap.
     max_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
@@ -119,12 +121,21 @@ class SandboxProfile:
     kill_grace: float = 2.0
     #: Paths shown read-only to every command, besides the system allowlist.
     read_only: tuple[Path, ...] = ()
-    #: Default caps of each command (a goal's policy may change them).
+    #: Default caps of a goal's commands together (a goal's policy may change them).
     limits: CommandLimits = field(default_factory=CommandLimits)
 
-    def sandbox(self, workdir: Path, key: str | None = None, *, policy: SandboxPolicy | None = None) -> Sandbox:
+    def sandbox(
+        self,
+        workdir: Path,
+        key: str | None = None,
+        *,
+        policy: SandboxPolicy | None = None,
+        limits_group: str | None = None,
+    ) -> Sandbox:
         """The sandbox for a command in ``workdir``, under ``policy`` if given, else the configured
-        policy of the goal ``key`` (if any).
+        policy of the goal ``key`` (if any). Commands of the same ``limits_group`` (a goal's id, or
+        a session's) share one cgroup, under the policy's caps for all of them together; without
+        it, the command's caps are its own.
 
         Raises:
             SandboxUnavailable: saying why no command can run.
@@ -153,4 +164,5 @@ class SandboxProfile:
             kill_grace=self.kill_grace,
             read_only=tuple(dict.fromkeys((*self.read_only, *policy.read_only))),
             limits=policy.limits(self.limits),
+            limits_group=limits_group,
         )

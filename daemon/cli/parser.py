@@ -101,8 +101,8 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--read-only-path", action="append", metavar="PATH", help="a path the goal's commands may read (repeatable)"
     )
-    p.add_argument("--max-processes", type=int, metavar="N", help="processes of one command at once")
-    p.add_argument("--max-memory", type=int, metavar="MIB", help="memory of one command as a whole, in MiB")
+    p.add_argument("--max-processes", type=int, metavar="N", help="processes of the goal's commands together, at once")
+    p.add_argument("--max-memory", type=int, metavar="MIB", help="memory of the goal's commands together, in MiB")
     p.add_argument(
         "--secret",
         action="append",

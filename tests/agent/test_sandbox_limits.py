@@ -1,6 +1,7 @@
-"""Limits per sandboxed command, with the real bubblewrap and the machine's real cgroups: a fork bomb
+"""Limits of sandboxed commands, with the real bubblewrap and the machine's real cgroups: a fork bomb
 and a memory hog end with a clear tool error, the command's cgroup is removed afterwards, and a daemon
-running them keeps serving its other goals and ``daemon/health``.
+running them keeps serving its other goals and ``daemon/health`` (there the caps are the goal's, for
+all its commands together: ``test_goal_limits.py`` shows them binding parallel calls).
 
 Bounded on purpose: the bomb starts at most 400 processes that each exit within 30 s, and its shell
 call times out after a few seconds; the hog asks for at most 400 MB.
@@ -17,20 +18,15 @@ from typing import Any
 import pytest
 from harness import TEST_MODELS, Daemon, all_events, rpc, wait_goal
 from sandbox_testmodels import FORK_BOMB, MEMORY_HOG
-from sandboxkit import sandbox_in
+from sandboxkit import needs_cgroups, our_groups, sandbox_in
 
 from agent import Sandbox, SandboxPolicy, Shell, ToolContext
-from agent.limits import MIB, CommandLimits, Mechanism, limiter
+from agent.limits import MIB, CommandLimits
 from daemon.client import Connection as Client
 from daemon.settings import ConfigError, load_settings
 
 needs_bwrap = pytest.mark.needs_bwrap
 LIMIT = 90.0
-
-
-def needs_cgroups() -> None:
-    if limiter().mechanism is Mechanism.RLIMIT:
-        pytest.skip("no writable cgroup here (neither delegated v2 nor v1 pids and memory)")
 
 
 def boxed(workdir: Path, limits: CommandLimits) -> Sandbox:
@@ -39,16 +35,6 @@ def boxed(workdir: Path, limits: CommandLimits) -> Sandbox:
 
 def ctx(workdir: Path) -> ToolContext:
     return ToolContext(session_id="s", turn_id="t", call_id="c", workdir=workdir)
-
-
-def our_groups() -> list[str]:
-    """This process's command cgroups still on the machine."""
-    found = []
-    lim: Any = limiter()
-    bases = list(getattr(lim, "bases", {}).values()) + ([lim.base] if hasattr(lim, "base") else [])
-    for base in bases:
-        found += [e for e in os.listdir(base) if e.startswith(f"goald-{os.getpid()}-")]
-    return found
 
 
 def processes_named(marker: str) -> list[int]:
@@ -174,8 +160,12 @@ async def test_a_daemon_running_a_fork_bomb_and_a_memory_hog_keeps_serving_anoth
         d.close()
     results = [e["data"]["content"] for e in events if e["type"] == "tool/result"]
     assert len(results) == 2, results
-    assert results[0].startswith("process limit (32) reached: new processes were refused; "), results[0]
-    assert results[1].startswith("memory limit (64 MiB) exceeded: the kernel killed 1 process"), results[1]
+    assert results[0].startswith(
+        "process limit of the goal (32, all its commands together) reached: new processes were refused; "
+    ), results[0]
+    assert results[1].startswith(
+        "memory limit of the goal (64 MiB, all its commands together) exceeded: the kernel killed 1 process"
+    ), results[1]
     assert done["rounds"] == 40
     assert processes_named("goald-bomb") == []
 
