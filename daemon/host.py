@@ -270,6 +270,7 @@ class Host:
         self._notifier = Notifier.from_env()
         self.sandboxing = sandbox_profile(s)
         self._install_signals(asyncio.get_running_loop())
+        self.workdirs.owner = self.sandboxing.user
         return group
 
     async def _start_engine(self, rt: Runtime) -> GoalEngine:

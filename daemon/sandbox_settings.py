@@ -18,7 +18,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from agent import Redactor, SandboxPolicy, SandboxProfile, SandboxUnavailable, detect_bwrap
 from agent.allowlist import etc_secrets
 from agent.limits import MIB, MIN_MEMORY_BYTES, MIN_PROCESSES, CommandLimits, limiter
-from agent.sandbox import BASE_VARIABLES
+from agent.sandbox import BASE_VARIABLES, SandboxUser, sandbox_user
+from agent.sandbox.identity import prepare_root
 from daemon.provider_settings import read_secret
 
 if TYPE_CHECKING:
@@ -163,12 +164,31 @@ def sandbox_profile(settings: Settings) -> SandboxProfile:
         why = f'{exc}; install bubblewrap, or set sandbox = "none" to run commands unconfined'
         logger.error("no sandbox: {}. The shell tool is not offered and verification commands fail", why)
         return dataclasses.replace(profile, unavailable=why)
+    try:
+        user = sandbox_user(settings.sandbox_user)
+    except SandboxUnavailable as exc:
+        logger.error("no sandbox: {}. The shell tool is not offered and verification commands fail", exc)
+        return dataclasses.replace(profile, unavailable=str(exc))
+    if user is not None:
+        _let_through(settings, user)
+        logger.info("sandboxed commands run as {} (uid {}, gid {}): the daemon is root", user.name, user.uid, user.gid)
     logger.info("sandbox: {} (network {})", found.path, "on" if settings.sandbox_network else "off")
     # Found once per process: at start (logged, a fallback to rlimits as a warning), not in the first command.
     etc_secrets()
     if profile.limits.active or any(p.max_processes or p.max_memory_bytes for p in policies.values()):
         limiter()
-    return dataclasses.replace(profile, bwrap=found)
+    return dataclasses.replace(profile, bwrap=found, user=user)
+
+
+def _let_through(settings: Settings, user: SandboxUser) -> None:
+    """A root daemon: the work-directory roots (and a state directory that holds one) let the
+    sandbox user through to bind a work directory, and nobody else (``0710``, its group)."""
+    state = settings.state_dir.expanduser()
+    for root in settings.roots:
+        if root.is_relative_to(state) and state.is_dir():
+            os.chown(state, -1, user.gid)
+            os.chmod(state, 0o710)
+        prepare_root(root, user)
 
 
 def _goal_policies(settings: Settings) -> tuple[dict[str, SandboxPolicy], list[str]]:

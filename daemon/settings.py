@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     sandbox: Literal["bwrap", "none"] = "bwrap"
     #: Whether sandboxed commands have the network (a goal's ``goal_sandbox`` entry may say otherwise).
     sandbox_network: bool = False
+    #: Who sandboxed commands run as when the daemon is root (a user name, made as a system user
+    #: when missing, or ``UID:GID``); a daemon that is not root runs them as itself.
+    sandbox_user: str = Field(default="goald-sandbox", min_length=1)
     #: The ``shell`` tool's default and longest timeout for one command.
     shell_timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
     #: Paths every sandboxed command sees read-only besides the system directories.

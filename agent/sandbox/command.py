@@ -42,7 +42,7 @@ from typing import Literal
 from agent import allowlist
 from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
 from agent.redact import Redactor
-from agent.sandbox import process
+from agent.sandbox import process, seccomp
 from agent.sandbox.base import BASE_VARIABLES, DEFAULT_PATH, SandboxResult, SandboxUnavailable
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,7 +51,12 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: environment into a pipe on descriptor 3 (printf is a builtin: no process gets it as arguments),
 #: is dropped from the environment, and bash becomes bwrap, which reads it with ``--args 3``.
 _LAUNCH_VAR = "GOALD_BWRAP_ARGS"
-_LAUNCH = f'args=${_LAUNCH_VAR}; unset {_LAUNCH_VAR}; exec 3< <(printf %s "$args" | base64 -d); unset args; exec "$@"'
+#: The compiled system-call filter (base64), handed to bwrap the same way on descriptor 4.
+_SECCOMP_VAR = "GOALD_SECCOMP"
+_LAUNCH = (
+    f"args=${_LAUNCH_VAR}; filter=${_SECCOMP_VAR}; unset {_LAUNCH_VAR} {_SECCOMP_VAR}; "
+    'exec 3< <(printf %s "$args" | base64 -d) 4< <(printf %s "$filter" | base64 -d); unset args filter; exec "$@"'
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ class Sandbox:
     #: Whose commands share one cgroup and the caps (a goal's id, or a session's): the command runs
     #: in a child group of that goal's group (:mod:`agent.limits`); ``None``: a group of its own.
     limits_group: str | None = None
+    #: ``(uid, gid)`` bwrap runs as: the sandbox user when the daemon is root (never root itself:
+    #: :mod:`agent.sandbox.identity`); ``None`` keeps the daemon's own (unprivileged) user.
+    run_as: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.workdir.is_absolute():
@@ -156,16 +164,19 @@ class Sandbox:
         return args
 
     def _mounts(self, workdir_fd: int | None) -> list[str]:
-        source = None if workdir_fd is None else f"/proc/self/fd/{workdir_fd}"
         try:
-            return allowlist.mounts(self.workdir, self.read_only, self.hidden, workdir_source=source)
+            return allowlist.mounts(self.workdir, self.read_only, self.hidden, workdir_fd=workdir_fd)
         except allowlist.MountError as exc:
             raise SandboxUnavailable(str(exc)) from None
 
-    def setup_args(self, workdir_fd: int) -> bytes:
-        """bwrap's ``--args`` input for :meth:`run`: the secrets' ``--setenv`` and the mounts, the work
-        directory bound from ``workdir_fd`` (a descriptor checked by :func:`agent.workdirs.open_workdir`)."""
+    def setup_args(self, workdir_fd: int, seccomp_fd: int | None = None) -> bytes:
+        """bwrap's ``--args`` input for :meth:`run`: the secrets' ``--setenv``, the mounts, the work
+        directory bound from ``workdir_fd`` (a descriptor checked by :func:`agent.workdirs.open_workdir`,
+        which bwrap closes once it is mounted) and the system-call filter read from ``seccomp_fd``
+        (:mod:`agent.sandbox.seccomp`; bwrap closes it once loaded)."""
         parts = self._mounts(workdir_fd)
+        if seccomp_fd is not None:
+            parts += ["--seccomp", str(seccomp_fd)]
         return self.secret_args() + b"".join(p.encode() + b"\0" for p in parts)
 
     def launcher(self, cmd: Sequence[str], *, group: Group | None = None) -> tuple[list[str], dict[str, str]]:
@@ -178,10 +189,20 @@ class Sandbox:
         if self.kind == "none":
             return list(cmd), self.environment()
         bash = shutil.which("bash", path=DEFAULT_PATH) or "/bin/bash"
-        payload = self.secret_args() + b"".join(p.encode() + b"\0" for p in self._mounts(None))
+        parts = [*self._mounts(None), "--seccomp", "4"]
+        payload = self.secret_args() + b"".join(p.encode() + b"\0" for p in parts)
         script = (group.entry_script() if group is not None else "") + _LAUNCH
-        env = {"PATH": DEFAULT_PATH, _LAUNCH_VAR: base64.b64encode(payload).decode("ascii")}
-        return [bash, "-c", script, "goald-sandbox", *self.argv(cmd, setup_fd=3)], env
+        env = {
+            "PATH": DEFAULT_PATH,
+            _LAUNCH_VAR: base64.b64encode(payload).decode("ascii"),
+            _SECCOMP_VAR: base64.b64encode(seccomp.program()).decode("ascii"),
+        }
+        drop: list[str] = []
+        if self.run_as is not None:  # a root daemon: bwrap itself runs as the sandbox user
+            uid, gid = self.run_as
+            setpriv = shutil.which("setpriv", path=DEFAULT_PATH) or "/usr/bin/setpriv"
+            drop = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+        return [bash, "-c", script, "goald-sandbox", *drop, *self.argv(cmd, setup_fd=3)], env
 
     def limit_group(self) -> Group | None:
         """A new group under this sandbox's limits for one long-running command started through

@@ -29,12 +29,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from agent import workdirs
 from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
+from agent.sandbox import seccomp
 from agent.sandbox.base import DEFAULT_PATH, SandboxResult, SandboxUnavailable
 from agent.sandbox.capture import Capture, pump
 
@@ -79,6 +80,9 @@ async def run(
             await asyncio.shield(group.remove())
     code = proc.returncode
     assert code is not None
+    stopped = code in (-31, seccomp.SIGSYS_EXIT) or out.saw(seccomp.SHELL_SAYS) or err.saw(seccomp.SHELL_SAYS)
+    if info is not None and not timed_out and stopped:
+        verdict = seccomp.VIOLATION if verdict is None else f"{verdict}; {seccomp.VIOLATION}"
     return SandboxResult(
         exit_code=None if timed_out else (128 - code if code < 0 else code),
         stdout=out.text(redactor),
@@ -101,18 +105,26 @@ async def _start(
     """
     group: Group | None = None
     args = _ArgsPipe()
+    filter_fd = -1
     fds: tuple[int, ...] = ()
+    user: dict[str, Any] = {}
     try:
         if info is None:
             argv = sandbox.argv(cmd)
         else:
             if sandbox.limits.active:
                 group = _new_group(sandbox.limits, sandbox.limits_group)
+            filter_fd = _filter_pipe()
             # bwrap waits for these arguments: the time to put it into its cgroup.
-            args.open(sandbox.setup_args(workdir_fd), hold=group is not None)
+            args.open(sandbox.setup_args(workdir_fd, filter_fd), hold=group is not None)
             argv = sandbox.argv(cmd, setup_fd=args.read_fd)
             argv[1:1] = ["--info-fd", str(info.write_fd)]
-            fds = (info.write_fd, args.read_fd, workdir_fd)
+            # bwrap closes the work directory's and the filter's descriptors once used, and the
+            # others are its own (--info-fd, --args): the command holds 0, 1 and 2 only (the census).
+            fds = (info.write_fd, args.read_fd, workdir_fd, filter_fd)
+            if sandbox.run_as is not None:
+                uid, gid = sandbox.run_as
+                user = {"user": uid, "group": gid, "extra_groups": []}
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -124,6 +136,7 @@ async def _start(
                 stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=fds,
+                **user,
             )
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
@@ -131,6 +144,9 @@ async def _start(
             args.close_read()
             os.close(workdir_fd)
             workdir_fd = -1
+            if filter_fd >= 0:
+                os.close(filter_fd)
+                filter_fd = -1
         if group is not None:
             await _enter(group, proc, args)
         args.release()
@@ -138,12 +154,28 @@ async def _start(
         args.close()
         if workdir_fd >= 0:
             os.close(workdir_fd)
+        if filter_fd >= 0:
+            os.close(filter_fd)
         if info is not None:
             info.close()
         if group is not None:
             await asyncio.shield(group.remove())
         raise
     return proc, group, started
+
+
+def _filter_pipe() -> int:
+    """A pipe holding the compiled system-call filter (:mod:`agent.sandbox.seccomp`); its read end."""
+    program = seccomp.program()
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, program)  # a few kB: well within a pipe's buffer
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return read_fd
 
 
 def _new_group(limits: CommandLimits, goal: str | None) -> Group:

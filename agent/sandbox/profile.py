@@ -18,6 +18,7 @@ from agent.limits import CommandLimits
 from agent.redact import Redactor
 from agent.sandbox.base import SandboxUnavailable
 from agent.sandbox.command import Sandbox
+from agent.sandbox.identity import SandboxUser
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ class SandboxProfile:
     read_only: tuple[Path, ...] = ()
     #: Default caps of a goal's commands together (a goal's policy may change them).
     limits: CommandLimits = field(default_factory=CommandLimits)
+    #: The unprivileged user bwrap runs as when the daemon is root (:mod:`agent.sandbox.identity`).
+    user: SandboxUser | None = None
 
     def sandbox(
         self,
@@ -165,4 +168,5 @@ class SandboxProfile:
             read_only=tuple(dict.fromkeys((*self.read_only, *policy.read_only))),
             limits=policy.limits(self.limits),
             limits_group=limits_group,
+            run_as=None if self.user is None else self.user.ids,
         )
