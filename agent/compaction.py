@@ -35,11 +35,11 @@ from agent.calls import CallId, OutOfTime, settle_call
 from agent.config import AgentConfig
 from agent.context import (
     COMPACTED,
-    DROPPED_NOTE,
     SUMMARY_INSTRUCTION,
     Entry,
     apply,
     choose_cut,
+    dropped_summary,
     load_view,
     plan_fallback,
     tool_ids,
@@ -270,11 +270,10 @@ def _fall_back(
     dropped = 0
     if fb.cut is not None:
         dropped = sum(1 for e in view[: fb.cut] if not e.summary)
-        note = DROPPED_NOTE.format(n=dropped)
         update |= {
             "mode": "dropped",
             "through_seq": view[fb.cut - 1].seq,
-            "summary": f"{prev_summary}\n\n{note}" if prev_summary else note,
+            "summary": dropped_summary(prev_summary, dropped),
         }
     if record is not None:
         record = record.model_copy(update=update)

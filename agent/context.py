@@ -37,6 +37,7 @@ Decisions, and why:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.events import HISTORY_TYPES, Event, EventType
 from agent.messages import TextBlock, ToolResultBlock, content_from_python
 from agent.models.base import ConvMessage, message_bytes
-from agent.models.classify import reported_prompt_tokens
 from agent.payloads import ContextCompacted
 from agent.spend import PromptEstimator, Usage
 from agent.store import Store
@@ -60,6 +60,8 @@ SUMMARY_INSTRUCTION = (
 )
 SUMMARY_HEADER = "[Summary of the earlier conversation, compacted to fit the context window]\n"
 DROPPED_NOTE = "[{n} earlier message(s) were left out to fit the context window; no summary of them could be made]"
+#: The note a previous fallback left at the end of the summary (its count is read back).
+_DROPPED_TAIL = re.compile("(?:\n\n)?" + re.escape(DROPPED_NOTE).replace(re.escape("{n}"), r"(\d+)") + "$")
 ELIDED_MARK = "\n[... {n} characters elided to fit the context window ...]\n"
 PAGE = 5000
 
@@ -108,6 +110,17 @@ def history_message(event: Event) -> ConvMessage | None:
         block = ToolResultBlock(tool_use_id=data["toolUseId"], content=data["content"], is_error=data["isError"])
         return ConvMessage(role="tool", content=[block])
     return None
+
+
+def dropped_summary(previous: str | None, dropped: int) -> str:
+    """The summary after a fallback dropped ``dropped`` more messages: the previous summary with ONE
+    note of every message dropped so far (a note the previous one carried is counted in and replaced,
+    never appended to), so the note stays bounded however many compactions drop."""
+    before = 0
+    if previous is not None and (m := _DROPPED_TAIL.search(previous)):
+        before, previous = int(m.group(1)), previous[: m.start()]
+    note = DROPPED_NOTE.format(n=before + dropped)
+    return f"{previous}\n\n{note}" if previous else note
 
 
 def elide(text: str, keep: int) -> str:
@@ -207,13 +220,20 @@ class ContextMeter:
         """The view changed (compaction, reload): the next estimate is a bound from bytes alone."""
         self._last = None
 
-    def refused(self, prompt_bytes: int, window: int, message: str) -> None:
-        """The provider refused a prompt of ``prompt_bytes`` bytes as longer than ``window`` tokens.
+    def likely(self, prompt_bytes: int) -> int:
+        """The likely prompt tokens of a prompt of ``prompt_bytes`` bytes (the running ratio for what
+        was added since the last reported call): whether a request fits the window is decided on it."""
+        last = self._last
+        if last is None or prompt_bytes < last[0]:
+            return self.estimator.likely(prompt_bytes)
+        return last[1] + math.ceil((prompt_bytes - last[0]) * self.estimator.typical_ratio)
 
-        The estimate was too low: calibrate it with what the answer says (the prompt's tokens, when it
-        states them, else at least the window), so later prompts are bounded higher.
+    def refused(self, prompt_bytes: int, tokens: int) -> None:
+        """The provider refused a prompt of ``prompt_bytes`` bytes as too long, having counted ``tokens``
+        (as its answer states them, else at least the window).
+
+        The estimate was too low: calibrate it, so later prompts are bounded higher.
         """
-        tokens = reported_prompt_tokens(message) or window + 1
         self.estimator.observe(prompt_bytes, tokens)
         self._last = None
 

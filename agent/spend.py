@@ -114,19 +114,41 @@ class Refusal:
 
 
 class PromptEstimator:
-    """Bytes → an upper bound of prompt tokens, calibrated by reported usage."""
+    """Bytes → prompt tokens, calibrated per model by the calls that reported usage.
+
+    Two figures, for two uses. :meth:`bound` is an upper bound (the highest ratio seen, with a
+    margin): what the spend guard reserves. :meth:`likely` is the expected size (a running ratio of
+    the reported calls, recent ones weighing most): what is charged when a call reported no usage,
+    and what decides whether a prompt fits the window (a bound would refuse prompts that fit).
+    """
 
     INITIAL_RATIO = 0.5
     MARGIN = 1.25
     OVERHEAD_TOKENS = 16
+    #: Tokens per byte expected before any call reported usage (about 3.3 bytes a token: JSON, code
+    #: and English text run 3-4 bytes a token on the common tokenizers).
+    TYPICAL_RATIO = 0.3
+    #: How much of the running ratio's past each new observation keeps (recent calls weigh most).
+    DECAY = 0.8
 
     def __init__(self) -> None:
         self.ratio = self.INITIAL_RATIO
         self._seen: float | None = None
+        self._bytes = 0.0
+        self._tokens = 0.0
+
+    @property
+    def typical_ratio(self) -> float:
+        """The running ratio of tokens to bytes of the reported calls (:data:`TYPICAL_RATIO` before any)."""
+        return self._tokens / self._bytes if self._bytes > 0 else self.TYPICAL_RATIO
 
     def bound(self, prompt_bytes: int) -> int:
         """An upper bound of the tokens a prompt of ``prompt_bytes`` bytes can take."""
         return math.ceil(prompt_bytes * self.ratio) + self.OVERHEAD_TOKENS
+
+    def likely(self, size_bytes: int) -> int:
+        """The tokens ``size_bytes`` bytes likely take, by the running ratio (never above :meth:`bound`)."""
+        return min(math.ceil(size_bytes * self.typical_ratio) + self.OVERHEAD_TOKENS, self.bound(size_bytes))
 
     def observe(self, prompt_bytes: int, prompt_tokens: int) -> None:
         """Calibrate from one reported call."""
@@ -135,6 +157,8 @@ class PromptEstimator:
         seen = prompt_tokens / prompt_bytes
         self._seen = seen if self._seen is None else max(self._seen, seen)
         self.ratio = min(1.0, self._seen * self.MARGIN)
+        self._bytes = self._bytes * self.DECAY + prompt_bytes
+        self._tokens = self._tokens * self.DECAY + prompt_tokens
 
 
 _estimators: dict[str, PromptEstimator] = {}

@@ -24,6 +24,8 @@ import enum
 from dataclasses import dataclass
 from functools import partial
 
+from loguru import logger
+
 from agent.attempts import Attempts
 from agent.calls import CallId, OutOfTime
 from agent.compaction import compact_view
@@ -38,8 +40,22 @@ from agent.models.base import (
     ModelResponse,
     drop_cut_calls,
 )
+from agent.models.classify import stated_window
+from agent.models.windows import SERVER_REFUSAL
 from agent.payloads import EndReason
 from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd
+
+#: The ``error_kind`` of a turn that ended because its request cannot be made to fit the model's
+#: window, even after compaction (the request is not sent; the error names the figures).
+CONTEXT_TOO_SMALL = "context_too_small"
+#: The largest share of the context window an answer may take: with a small window (a local
+#: server's 2,048 tokens) the configured output limit would leave the prompt no room.
+ANSWER_SHARE = 0.25
+
+
+def output_limit(max_tokens: int, window: int) -> int:
+    """The output limit of a call: ``max_tokens``, at most :data:`ANSWER_SHARE` of the window."""
+    return max(16, min(max_tokens, int(window * ANSWER_SHARE)))
 
 
 class _Next(enum.Enum):
@@ -73,11 +89,14 @@ class ModelStep:
         """One model step: the answer, committed and added to the view, or how the turn ends."""
         calls = self.attempts
         model = calls.model
-        max_tokens = calls.config.max_tokens or model.max_tokens
+        await model.discover_window()  # once per model, where the configuration did not set it
+        configured = calls.config.max_tokens or model.max_tokens
         number = 0
         compact = refused = False
         while True:
             number += 1
+            # Read at each attempt: a refusal may have taught the model its real window.
+            max_tokens = output_limit(configured, model.context_window)
             request = await self._prepare(turn, max_tokens, compact)
             if isinstance(request, TurnEnd):
                 return request
@@ -106,12 +125,22 @@ class ModelStep:
         """The attempt's request, after a compaction when the view is too big (or was refused)."""
         calls = self.attempts
         request = calls.request(max_tokens)
-        window = calls.model.context_window
-        if compact or calls.history.meter.over(request.prompt_bytes, max_tokens, window, calls.config.context):
+        meter, window = calls.history.meter, calls.model.context_window
+        if compact or meter.over(request.prompt_bytes, max_tokens, window, calls.config.context):
             ended = await compact_view(calls, turn, request, max_tokens)
             if ended is not None:
                 return ended
             request = calls.request(max_tokens)
+        likely = meter.likely(request.prompt_bytes)
+        if likely + max_tokens > window:
+            # Even the fallback could not make it fit: a request estimated not to fit is never sent.
+            model = calls.model
+            why = (
+                f"the request (about {likely} tokens, and {max_tokens} for the answer) does not fit the model's"
+                f" context window of {window} tokens ({model.window_source}), even after compaction"
+            )
+            logger.warning("session {}: {} ({})", calls.session_id, why, model.spec)
+            return TurnEnd(reason=EndReason.ERROR, error=f"{CONTEXT_TOO_SMALL}: {why}", error_kind=CONTEXT_TOO_SMALL)
         return request
 
     async def _failed(self, attempt: _Attempt, model: Model, exc: ModelError, refused: bool) -> _Next | TurnEnd:
@@ -119,8 +148,9 @@ class ModelStep:
         calls = self.attempts
         turn, call_id, number, bound = attempt.turn, attempt.call_id, attempt.number, attempt.bound
         if exc.kind is ModelErrorKind.CONTEXT_LENGTH and not refused and not calls.is_stopping():
-            # Not an error of the goal's: the estimate was low. Calibrate, compact, retry once.
-            calls.history.meter.refused(attempt.request.prompt_bytes, model.context_window, exc.message)
+            # Not an error of the goal's: the estimate was low, or the window smaller than assumed.
+            # Learn the window the server states, calibrate, compact, retry once.
+            self._learn(model, attempt.request, exc)
             await calls.settle_failed(turn, call_id, exc, attempt=number, retry=True, prompt_bound=bound)
             return _Next.COMPACT
         retry = exc.retried_in_turn and calls.config.retry.retries(number, exc.retry_after)
@@ -138,6 +168,15 @@ class ModelStep:
         # Never sleep past the end of the time: the next reservation is refused then.
         await asyncio.sleep(delay if left is None else min(delay, max(left, 0.0)))
         return _Next.RETRY
+
+    def _learn(self, model: Model, request: ModelRequest, exc: ModelError) -> None:
+        """What a refusal for length teaches: the server's window (used by compaction at once, recorded
+        with its source) and the prompt's real size (the estimates calibrated with it)."""
+        stated = exc.stated or stated_window(exc.message)
+        if stated is not None and stated.window is not None:
+            model.learn_window(stated.window, SERVER_REFUSAL)
+        tokens = stated.prompt_tokens(request.max_tokens) if stated is not None else None
+        self.attempts.history.meter.refused(request.prompt_bytes, tokens or model.context_window + 1)
 
     async def _accept(self, attempt: _Attempt, model: Model, response: ModelResponse) -> ModelResponse:
         """Commit an answer (settling its call), add it to the view and calibrate the estimates."""

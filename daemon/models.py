@@ -81,14 +81,19 @@ def _scripted_model(provider: str, conf: ProviderSettings, name: str) -> Model:
 
 
 def _http_model(provider: str, conf: ProviderSettings, name: str) -> Model:
-    """Model ``name`` of an OpenAI-compatible or Anthropic provider (not yet guarded by its health)."""
+    """Model ``name`` of an OpenAI-compatible or Anthropic provider (not yet guarded by its health).
+
+    A window the configuration does not set is left to the model (the one goald knows for the name,
+    else a default, until the server states its own)."""
+    own = conf.models.get(name)
+    configured = conf.context_window is not None or (own is not None and own.context_window is not None)
     common: dict[str, Any] = {
         "name": name,
         "base_url": conf.base_url,
         "api_key": read_secret(conf),
         "timeout": conf.timeout_seconds,
         "max_tokens": conf.limits_for(name)[1],
-        "context_window": conf.limits_for(name)[0],
+        "context_window": conf.limits_for(name)[0] if configured else None,
         "price": conf.prices.get(name),
         "provider": provider,
     }

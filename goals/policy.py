@@ -30,7 +30,8 @@ even when a person's follow-up superseded the continuation in the same interval.
    call in an interval that is not a round (a person's follow-up) counts too; a round without one
    ends the streak.
 7. A budget spent (rounds, tokens, cost, wall time, deadline, or the guard refused a call): exhausted.
-8. The interval ended on a model error: an authentication error pauses at once; an error of a
+8. The interval ended on a model error: an authentication error pauses at once, and so does a
+   request that cannot be made to fit the model's window (``context_too_small``); an error of a
    provider outage (its circuit breaker was open or opened in the interval) is not counted: the
    goal waits the base backoff and goes on (its next call waits for the breaker), so one long
    outage leaves no goal paused; otherwise the goal waits (``not_before``, exponential backoff)
@@ -61,6 +62,10 @@ from goals.budgets import backoff, budget_spent, guard_limits, refusal_reason, w
 from goals.continuation import render
 from goals.decision import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput
 from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult
+
+#: The error kind of a turn whose request cannot be made to fit the model's window (agent.step): the
+#: goal pauses with the error as its reason, ``context_too_small: ...`` with the figures.
+CONTEXT_TOO_SMALL = "context_too_small"
 
 MAX_NOTES = 10
 MAX_SEEN_CALLS = 64
@@ -292,11 +297,15 @@ def _exhausted(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
 
 
 def _model_error(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
-    """Rule 8: a model error pauses (authentication, or M in a row) or waits a backoff."""
+    """Rule 8: a model error pauses (authentication, a window too small, or M in a row) or waits a backoff."""
     if not facts.error:
         return None
     if inp.interval.last_error_kind == ModelErrorKind.AUTH:
         return _pause(g, StopReason.AUTH_ERROR, inp.now)
+    if inp.interval.last_error_kind == CONTEXT_TOO_SMALL:
+        # Even compacted, the request does not fit the model's window (the error names the figures):
+        # waiting changes nothing; a person must pick a model with a larger window (or raise it).
+        return _pause(g, facts.error_text, inp.now)
     if not facts.counted_error:
         # The provider is down for every goal alike; counting would pause them all overnight.
         wait_until = inp.now + timedelta(seconds=backoff(g, 1))
@@ -360,7 +369,8 @@ def _stall(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, bool]:
     memory = g.memory.model_copy(
         update={
             "seen_calls": seen[-MAX_SEEN_CALLS:],
-            "fingerprint": inp.fingerprint,
+            # A walk cut short (or no work directory) observed nothing: the last fingerprint stays.
+            "fingerprint": inp.fingerprint if inp.fingerprint is not None else g.memory.fingerprint,
             "progress": inp.progress if inp.progress is not None else g.memory.progress,
             "warned_stall": streak >= n,
         }

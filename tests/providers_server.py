@@ -11,6 +11,10 @@ body) so a test can assert what was sent. Responses can be:
   or the body ends cleanly but early (build the frames without a finish);
 * a stall (``ending="stall"``) or a delay before the headers (``delay=``), for timeouts.
 
+A model that asks the server for its window (``GET /props``, ``GET /v1/models``, ``POST
+/api/show``) is answered apart: from ``probe_answers`` by path, else 404, never from the script,
+and recorded in ``probes``, not ``requests``.
+
 Frames are built per provider (``oa_*`` and ``an_*``), or from one provider-neutral description
 (text parts, :class:`Call` s with their argument fragments, a :class:`~agent.Usage`) by
 ``openai_answer``/``anthropic_answer`` and ``openai_started``/``anthropic_started``: the
@@ -96,6 +100,10 @@ class ProviderServer:
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
         self.unexpected: list[Recorded] = []
+        #: Requests that asked for the model's window (``GET /props``, ``GET /v1/models``,
+        #: ``POST /api/show``), answered by ``probe_answers`` by path, else 404.
+        self.probes: list[Recorded] = []
+        self.probe_answers: dict[str, Respond] = {}
         self._script: deque[Respond] = deque()
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -146,6 +154,13 @@ class ProviderServer:
         try:
             request = await self._read_request(reader)
             if request is None:
+                return
+            if is_probe(request):
+                # A model asking the server for its window (best effort): answered apart, never
+                # from the script, and not counted among the requests.
+                self.probes.append(request)
+                probe = self.probe_answers.get(request.path)
+                await self._send(writer, probe or Respond.json(404, {"error": "not found"}))
                 return
             self.requests.append(request)
             if self.on_request is not None:
@@ -218,6 +233,14 @@ class ProviderServer:
         elif respond.ending == "stall":
             await self._wait(60.0)
         # "drop": close the socket with the body unfinished (no terminating chunk).
+
+
+def is_probe(request: Recorded) -> bool:
+    """Whether a request asks for the model's window (what the providers ask a self-hosted server)."""
+    path = request.path.split("?", 1)[0]
+    if request.method == "GET":
+        return path.endswith(("/props", "/v1/models"))
+    return request.method == "POST" and path.endswith("/api/show")
 
 
 def _head(status: int, reason: str, headers: dict[str, str]) -> bytes:

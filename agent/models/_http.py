@@ -39,12 +39,16 @@ import contextlib
 import json
 import re
 from abc import abstractmethod
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
+from loguru import logger
+
 from agent.errors import AgentError
-from agent.models.base import DeltaCallback, MessageLog, Model, ModelError, ModelErrorKind, ToolSpec
-from agent.models.classify import error_kind, parse_retry_after
+from agent.models import windows
+from agent.models.base import DeltaCallback, MessageLog, Model, ModelError, ModelErrorKind, ToolSpec, known_window
+from agent.models.classify import error_kind, parse_retry_after, stated_window
 from agent.redact import redact
 from agent.spend import Price, Usage
 
@@ -191,6 +195,9 @@ SKIP: Final = object()
 #: What :meth:`StreamingHTTPModel._item` returns for the event that ends the stream.
 END: Final = object()
 
+#: Seconds each request asking the server for the model's window may take (best effort).
+PROBE_SECONDS = 5.0
+
 #: Seconds the rest of a body is read after the event that ended the stream (so the connection
 #: can serve the next request), as the SDKs do; an error meanwhile changes nothing.
 DRAIN_SECONDS = 0.1
@@ -248,19 +255,32 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         api_key: str | None,
         timeout: float,
         max_tokens: int,
-        context_window: int,
+        context_window: int | None,
         price: Price | None,
+        default_window: int,
+        window_source: str | None = None,
     ) -> None:
-        """Keep the settings; the client is made on first use. The providers document the arguments."""
+        """Keep the settings; the client is made on first use. The providers document the arguments.
+
+        ``context_window`` ``None``: not configured; the window goald knows for the model's name, else
+        ``default_window``, until the server says otherwise (:meth:`discover_window`, a refusal).
+        ``window_source``: where a given ``context_window`` came from (``config`` if not said).
+        """
         self.name = name
         self.provider = provider
         self.base_url = base_url
         self.timeout = timeout
         self.max_tokens = max_tokens
-        self.context_window = context_window
+        if context_window is None:
+            known = known_window(name)
+            self.context_window = known or default_window
+            self.window_source = windows.KNOWN_MODEL if known else windows.DEFAULT
+        else:
+            self.context_window, self.window_source = context_window, window_source or windows.CONFIG
         self.price = price
         self._api_key = api_key or ""
         self._client: _ClientT | None = None
+        self._window_asked = False
 
     @abstractmethod
     def _make_client(self) -> _ClientT:
@@ -282,6 +302,62 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+    # -- asking the server for the window --------------------------------------------------------
+
+    async def discover_window(self) -> None:
+        """Ask a self-hosted server (a ``base_url``) for the model's window when the configuration did
+        not set it: ``llama-server``'s ``GET /props``, vLLM's ``GET /v1/models``, Ollama's
+        ``POST /api/show``, the first that states one. Once per model, best effort: a failure (a 404
+        from the servers that have no such path) is ignored; an unreachable server ends the asking."""
+        if self._window_asked or self.base_url is None:
+            return
+        if self.window_source == windows.CONFIG or self.window_source in windows.FROM_SERVER:
+            return
+        self._window_asked = True  # once, whatever comes of it (concurrent first steps ask once)
+        root = self.base_url.rstrip("/")
+        root = root.removesuffix("/v1")
+        probes: list[tuple[str, str, str, Any, Callable[[object], int | None]]] = [
+            (windows.SERVER_PROPS, "get", root + "/props", None, windows.window_from_props),
+            (
+                windows.SERVER_MODELS,
+                "get",
+                root + "/v1/models",
+                None,
+                partial(windows.window_from_models, name=self.name),
+            ),
+            (windows.SERVER_SHOW, "post", root + "/api/show", {"model": self.name}, windows.window_from_show),
+        ]
+        for source, method, url, body, read in probes:
+            try:
+                answer = await self._ask(method, url, body)
+            except Exception as exc:  # best effort: nothing a probe does may fail a call
+                why = self._redact(f"{type(exc).__name__}: {exc}")
+                logger.debug("model {}: {} {} gave no window ({})", self.spec, method.upper(), url, why)
+                if getattr(exc, "status_code", None) is None:
+                    return  # no answer at all: the server is unreachable (the call will say so)
+                continue
+            window = read(answer)
+            if window is not None:
+                self.learn_window(window, source)
+                return
+
+    async def _ask(self, method: str, url: str, body: object) -> object:
+        """One small JSON request to the server, through the SDK client (its headers and key), with a
+        short timeout; the answer's JSON."""
+        import httpx2
+
+        client: Any = self._sdk()
+        options: dict[str, Any] = {"timeout": min(self.timeout, PROBE_SECONDS), **self._probe_options()}
+        if method == "get":
+            response = await client.get(url, cast_to=httpx2.Response, options=options)
+        else:
+            response = await client.post(url, cast_to=httpx2.Response, body=body, options=options)
+        return json.loads(await response.aread() if not response.is_closed else response.content)
+
+    def _probe_options(self) -> dict[str, Any]:
+        """Request options the SDK needs to send its key (a provider's own)."""
+        return {}
 
     @abstractmethod
     def _item(self, event: str | None, data: str) -> object:
@@ -383,16 +459,25 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         return ModelError(ModelErrorKind.CONNECTION, self._redact(f"connection to {where} failed: {why}"), usage=usage)
 
     def _http_error(
-        self, status: int, detail: str, headers: Mapping[str, str], usage: Usage | None, code: str | None = None
+        self,
+        status: int,
+        detail: str,
+        headers: Mapping[str, str],
+        usage: Usage | None,
+        code: str | None = None,
+        body: object = None,
     ) -> ModelError:
-        """The server answered with an error status; a retryable one may say when to retry."""
-        kind = error_kind(status, detail, code)
+        """The server answered with an error status; a retryable one may say when to retry, a
+        ``context_length`` one what it states of the window (``body``: the answer's JSON)."""
+        kind = error_kind(status, detail, code, body)
+        stated = stated_window(f"{code or ''} {detail}", body) if kind is ModelErrorKind.CONTEXT_LENGTH else None
         return ModelError(
             kind,
             self._redact(f"HTTP {status} from {self.provider}: {detail}")[:1000],
             retry_after=parse_retry_after(headers) if kind.retryable else None,
             usage=usage,
             status=status,
+            stated=stated,
         )
 
 

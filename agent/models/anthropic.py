@@ -339,9 +339,10 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
         api_key: str | None = None,
         timeout: float = 120.0,
         max_tokens: int = 4096,
-        context_window: int = 200_000,
+        context_window: int | None = None,
         price: Price | None = None,
         provider: str = "anthropic",
+        window_source: str | None = None,
     ) -> None:
         """Build a provider; no connection is made before the first call.
 
@@ -351,7 +352,10 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
             api_key: the key (the daemon reads it from the environment or a credential).
             timeout: seconds the HTTP client waits for the connection and for each read.
             max_tokens: default output limit of a call (a session may set its own).
-            context_window: the model's context size, in tokens.
+            context_window: the model's context size, in tokens; ``None`` (not configured): the size
+                goald knows for the model's name, else 200,000, until the server states its
+                own (asked at first use where it says, or read from a refusal).
+            window_source: where a given ``context_window`` came from (default ``config``).
             price: prices per million tokens, for cost accounting.
             provider: the provider's name in model specs (``PROVIDER:MODEL``).
         """
@@ -366,6 +370,8 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
             max_tokens=max_tokens,
             context_window=context_window,
             price=price,
+            default_window=200_000,
+            window_source=window_source,
         )
 
     def _make_client(self) -> AsyncAnthropic:
@@ -477,7 +483,7 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
             return self._unreachable(exc, exc.message, usage)
         if isinstance(exc, anthropic.APIStatusError):
             detail = exc.api_message or _detail(exc.body) or exc.message
-            return self._http_error(exc.status_code, detail, exc.response.headers, usage)
+            return self._http_error(exc.status_code, detail, exc.response.headers, usage, body=exc.body)
         if isinstance(exc, anthropic.APIResponseValidationError):
             return ModelError(
                 ModelErrorKind.MALFORMED,

@@ -16,10 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
 from agent.errors import AgentError
 from agent.messages import Block, Content, TextBlock, ToolResultBlock, ToolUseBlock
+from agent.models.windows import StatedWindow
 from agent.spend import Price, Usage
 
 
@@ -70,6 +72,7 @@ class ModelError(AgentError):
         usage: Usage | None = None,
         status: int | None = None,
         response_started: bool = False,
+        stated: StatedWindow | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -82,6 +85,8 @@ class ModelError(AgentError):
         #: before the attempt failed: the prompt is then likely billed even when no usage came
         #: (the driver charges its estimate). ``False`` for a refused connection or an error status.
         self.response_started = response_started
+        #: What a ``context_length`` answer stated: the server's window and the size it counted.
+        self.stated = stated
 
     @property
     def retryable(self) -> bool:
@@ -303,11 +308,40 @@ class Model(ABC):
     price: Price | None = None
     max_tokens: int = 4096
     context_window: int = 200_000
+    #: Where :attr:`context_window` came from (:mod:`agent.models.windows`: ``config``, ``known model``,
+    #: ``default``, ``server refusal``, ``server /props``...), for ``goald status`` and ``goal show``.
+    window_source: str = "default"
 
     @property
     def spec(self) -> str:
         """``PROVIDER:MODEL``."""
         return f"{self.provider}:{self.name}"
+
+    def learn_window(self, tokens: int, source: str) -> bool:
+        """Take the window a server stated (its refusal, its own description): used by compaction from
+        the next request on, and recorded with its source. Whether the figure changed."""
+        if tokens <= 0 or (tokens == self.context_window and source == self.window_source):
+            return False
+        if tokens != self.context_window:
+            logger.info(
+                "model {}: context window {} tokens ({}), was {} ({})",
+                self.spec,
+                tokens,
+                source,
+                self.context_window,
+                self.window_source,
+            )
+        self.context_window, self.window_source = tokens, source
+        return True
+
+    async def discover_window(self) -> None:
+        """Ask the server for the model's window, where it says and the configuration did not set it
+        (best effort, once; a failure is ignored). The driver calls it before each step; this default
+        asks nothing."""
+
+    def window_info(self) -> dict[str, Any]:
+        """The window and where it came from, as ``goald status`` and ``goal show`` name them."""
+        return {"contextWindow": self.context_window, "windowSource": self.window_source}
 
     @abstractmethod
     async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:

@@ -1,8 +1,9 @@
 """Classifying a provider's failures: what every HTTP provider shares.
 
 The HTTP status to :class:`~agent.models.base.ModelErrorKind` table (with the one 400 that is not
-the caller's fault: a prompt longer than the window, which the driver compacts and retries), the
-prompt size such an answer states, and ``Retry-After`` parsing. Secret redaction is
+the caller's fault: a prompt longer than the window, which the driver compacts and retries), what
+such an answer states (the window and the prompt's size, read with the table of the servers'
+wordings in :mod:`agent.models.windows`), and ``Retry-After`` parsing. Secret redaction is
 :mod:`agent.redact`'s. Pure functions of their inputs, so each provider classifies the same way.
 """
 
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from agent.models.base import ModelErrorKind
+from agent.models.windows import StatedWindow, read_refusal
 
 
 def status_kind(status: int) -> ModelErrorKind:
@@ -30,42 +31,31 @@ def status_kind(status: int) -> ModelErrorKind:
     return ModelErrorKind.BAD_REQUEST
 
 
-#: Words of the providers' "the prompt does not fit the window" answers (OpenAI-compatible servers:
-#: code ``context_length_exceeded``, vLLM "maximum context length", llama.cpp "exceeds the available
-#: context size"; Anthropic: "prompt is too long").
-_CONTEXT_WORDS = (
-    "context_length_exceeded",
-    "prompt is too long",
-    "maximum context length",
-    "context length",
-    "context size",
-    "context window",
-)
-_REPORTED_TOKENS = (
-    re.compile(r"prompt is too long: (\d+) tokens"),
-    re.compile(r"resulted in (\d+) tokens"),
-    re.compile(r"(\d+) in the messages"),
-    re.compile(r"request \((\d+) tokens\)"),
-)
-
-
-def error_kind(status: int, detail: str, code: str | None = None) -> ModelErrorKind:
-    """The error kind of an HTTP error answer: :func:`status_kind`, except that a 400 saying the
-    prompt does not fit the context window is ``context_length`` (the driver compacts and retries)."""
+def error_kind(status: int, detail: str, code: str | None = None, body: object = None) -> ModelErrorKind:
+    """The error kind of an HTTP error answer: :func:`status_kind`, except that an answer saying the
+    prompt does not fit the context window is ``context_length`` (the driver compacts and retries):
+    a 400 (413, 422) in the words of :mod:`agent.models.windows`, or any error status that states
+    the window in one of its servers' wordings."""
     kind = status_kind(status)
-    if kind is ModelErrorKind.BAD_REQUEST and status == 400:
-        text = f"{code or ''} {detail}".lower()
-        if any(word in text for word in _CONTEXT_WORDS):
-            return ModelErrorKind.CONTEXT_LENGTH
+    if kind is ModelErrorKind.AUTH or kind is ModelErrorKind.RATE_LIMIT:
+        return kind
+    stated = read_refusal(f"{code or ''} {detail}", body)
+    if stated is None:
+        return kind
+    if status in (400, 413, 422) or (stated.window is not None and stated.server != "unknown"):
+        return ModelErrorKind.CONTEXT_LENGTH
     return kind
 
 
+def stated_window(message: str, body: object = None) -> StatedWindow | None:
+    """What a "context length exceeded" answer states (the window, the size counted), if it is one."""
+    return read_refusal(message, body)
+
+
 def reported_prompt_tokens(message: str) -> int | None:
-    """The prompt's size in tokens when a "context length exceeded" answer states it."""
-    for pattern in _REPORTED_TOKENS:
-        if m := pattern.search(message):
-            return int(m.group(1))
-    return None
+    """The size in tokens a "context length exceeded" answer states it counted, if it does."""
+    stated = read_refusal(message)
+    return stated.tokens if stated is not None else None
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None = None) -> float | None:

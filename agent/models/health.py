@@ -81,6 +81,8 @@ class ProviderHealth:
         self.calls = 0
         self.failures = 0
         self.last_error: str | None = None
+        #: The provider's models in use, by name (each says its context window and where it came from).
+        self.models: dict[str, Model] = {}
 
     @property
     def state(self) -> str:
@@ -119,6 +121,7 @@ class ProviderHealth:
             "lastError": self.last_error,
             "breaker": self.breaker.snapshot(),
             "limiter": self.limiter.snapshot(),
+            "models": {name: model.window_info() for name, model in sorted(self.models.items())},
         }
 
 
@@ -132,7 +135,34 @@ class GuardedModel(Model):
         self.name = model.name
         self.price = model.price
         self.max_tokens = model.max_tokens
-        self.context_window = model.context_window
+        health.models[model.name] = model
+
+    # The window is the inner model's (it learns it from its server's answers); read and set through.
+    @property
+    def context_window(self) -> int:
+        """The inner model's context window."""
+        return self.inner.context_window
+
+    @context_window.setter
+    def context_window(self, tokens: int) -> None:
+        self.inner.context_window = tokens
+
+    @property
+    def window_source(self) -> str:
+        """Where the inner model's window came from."""
+        return self.inner.window_source
+
+    @window_source.setter
+    def window_source(self, source: str) -> None:
+        self.inner.window_source = source
+
+    def learn_window(self, tokens: int, source: str) -> bool:
+        """The inner model learns it."""
+        return self.inner.learn_window(tokens, source)
+
+    async def discover_window(self) -> None:
+        """The inner model asks its server (outside the breaker and the limiter: a probe is best effort)."""
+        await self.inner.discover_window()
 
     def breaker_open(self) -> bool:
         """Whether the provider's circuit breaker is open or half-open (the provider looks down).

@@ -307,10 +307,11 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         api_key: str | None = None,
         timeout: float = 120.0,
         max_tokens: int = 4096,
-        context_window: int = 128_000,
+        context_window: int | None = None,
         price: Price | None = None,
         provider: str = "openai",
         max_tokens_param: TokensParam | None = None,
+        window_source: str | None = None,
     ) -> None:
         """Build a provider; no connection is made before the first call.
 
@@ -321,7 +322,10 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
                 that need none get a placeholder.
             timeout: seconds the HTTP client waits for the connection and for each read.
             max_tokens: default output limit of a call (a session may set its own).
-            context_window: the model's context size, in tokens.
+            context_window: the model's context size, in tokens; ``None`` (not configured): the size
+                goald knows for the model's name, else 128,000, until the server states its
+                own (asked at first use where it says, or read from a refusal).
+            window_source: where a given ``context_window`` came from (default ``config``).
             price: prices per million tokens, for cost accounting.
             provider: the provider's name in model specs (``PROVIDER:MODEL``).
             max_tokens_param: how the output limit is sent; OpenAI's newer models want
@@ -339,11 +343,16 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
             max_tokens=max_tokens,
             context_window=context_window,
             price=price,
+            default_window=128_000,
+            window_source=window_source,
         )
         self.max_tokens_param: TokensParam = max_tokens_param or (
             "max_completion_tokens" if base_url is None else "max_tokens"
         )
         self._warned_no_usage = False
+
+    def _probe_options(self) -> dict[str, Any]:
+        return {"security": {"bearer_auth": True}}
 
     def _make_client(self) -> AsyncOpenAI:
         import openai
@@ -446,7 +455,7 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         if isinstance(exc, openai.APIStatusError):
             detail = _detail(exc.body) or exc.message
             code = exc.code if isinstance(exc.code, str) else None
-            return self._http_error(exc.status_code, detail, exc.response.headers, usage, code)
+            return self._http_error(exc.status_code, detail, exc.response.headers, usage, code, exc.body)
         if isinstance(exc, openai.APIResponseValidationError):
             return ModelError(
                 ModelErrorKind.MALFORMED,

@@ -58,5 +58,10 @@ class ModelRegistry:
             raise InvalidInput(f"unknown model {key!r}; known: {known}")
         return model
 
+    def windows(self) -> dict[str, dict[str, Any]]:
+        """Each model built so far, by spec: its context window and where the figure came from
+        (``config``, ``known model``, ``default``, ``server refusal``, ``server /props``...)."""
+        return {spec: model.window_info() for spec, model in sorted(self._models.items())}
+
 
 __all__ = ["ModelRegistry", "echo_model"]

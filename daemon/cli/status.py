@@ -54,7 +54,9 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     providers = h.get("providers") or {}
     if providers:
         out.append("providers:")
-        out.extend(f"  {provider_line(name, p)}" for name, p in sorted(providers.items()))
+        for name, p in sorted(providers.items()):
+            out.append(f"  {provider_line(name, p)}")
+            out.extend(f"    {window_line(model, w)}" for model, w in sorted((p.get("models") or {}).items()))
     else:
         out.append("providers: none with a circuit (scripted models only)")
     out.extend(cluster_lines(h.get("cluster")))
@@ -75,6 +77,11 @@ async def status(client: Connection, args: argparse.Namespace) -> int:
     else:
         print("\n".join(status_lines(health)))
     return EXIT_OK
+
+
+def window_line(model: str, window: dict[str, Any]) -> str:
+    """A model in use: its context window and where the figure came from (config, a server's word...)."""
+    return f"{model}: context window {int(window['contextWindow']):,} tokens ({window.get('windowSource', 'default')})"
 
 
 def provider_line(name: str, snapshot: dict[str, Any]) -> str:

@@ -5,20 +5,35 @@ through a real runtime turn where the driver's reaction matters. Pins (issue 25)
 
 * a tool call cut off by the output limit (llama-server: the arguments end mid-string, then
   ``finish_reason: "length"``) ends the turn ``max_tokens`` after one request: the call is recorded
-  as a note, never run, never called malformed, never retried.
+  as a note, never run, never called malformed, never retried;
+* llama-server's 400 refusal ("request (2253 tokens) exceeds the available context size (2048
+  tokens)") teaches the model its window, recorded as ``server refusal``; compaction aims at it at
+  once and the retry fits;
+* a model whose window the configuration does not set asks the server at first use (``/props``,
+  ``/v1/models``, ``/api/show``), once, and a 404 changes nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from providers_server import ProviderServer, Respond, recorded_frames, run_turn
+from providers_server import (
+    ProviderServer,
+    Respond,
+    oa_usage,
+    openai_text,
+    recorded_frames,
+    recorded_response,
+    run_turn,
+)
 from pydantic import BaseModel
 
-from agent import EventType, FunctionTool, ToolContext
+from agent import ContextCompacted, EventType, FunctionTool, Limits, ModelRegistry, Runtime, ToolContext
+from agent.context import SUMMARY_INSTRUCTION
 from agent.models.openai import OpenAIModel
 
 
@@ -71,3 +86,101 @@ async def test_a_tool_call_cut_by_the_output_limit_ends_max_tokens_with_one_requ
     assert "write_file" in note["text"] and "cut off by the output limit" in note["text"]
     assert '{"path":"a.txt","content":"txt' in note["text"]
     assert not record.of(EventType.TOOL_RESULT)
+
+
+async def _session(db_path: Path, model: OpenAIModel, *texts: str) -> list[Any]:
+    """The events of a fresh session of a real runtime that sent ``texts`` one after another."""
+    registry = ModelRegistry({model.spec: model}, default=model.spec)
+    async with Runtime.open(db_path, models=registry) as rt:
+        gid = await rt.create_guard(Limits(max_tokens=10_000_000))
+        sid = await rt.create_session(guard_id=gid, config={"agent": {"retry": {"base_delay": 0.001}}})
+        agent = await rt.agent(sid)
+        for text in texts:
+            await agent.followup(text)
+            async with asyncio.timeout(30):
+                await agent.when_idle()
+        return await rt.store.events_after(sid, 0)
+
+
+async def test_llama_server_s_refusal_teaches_the_window_and_the_retry_fits(
+    server: ProviderServer, db_path: Path
+) -> None:
+    server.add(
+        Respond.stream(openai_text(["noted"], usage=oa_usage(1100, 2))),
+        recorded_response("llama_server_context_refusal.response.json"),
+        Respond.stream(openai_text(["Earlier: the user sent a long message A."], usage=oa_usage(1150, 12))),
+        Respond.stream(openai_text(["done"], usage=oa_usage(1160, 1))),
+    )
+    model = llama_server(server, "learns")
+    assert (model.context_window, model.window_source) == (128_000, "default")
+    try:
+        events = await _session(db_path, model, "A " + "a" * 4000, "B " + "b" * 4000)
+    finally:
+        await model.aclose()
+    # The window the server stated, with where it came from, used from the next request on.
+    assert (model.context_window, model.window_source) == (2048, "server refusal")
+    assert model.window_info() == {"contextWindow": 2048, "windowSource": "server refusal"}
+    _, refused, summary, retry = server.requests
+    assert SUMMARY_INSTRUCTION[:40] in summary.raw.decode()
+    [error] = [e.data for e in events if e.type == EventType.MODEL_ERROR]
+    assert (error["kind"], error["retrying"]) == ("context_length", True)
+    assert "exceeds the available context size (2048 tokens)" in error["message"]
+    # Compaction aimed at the learned window: the retry is smaller and estimated to fit it.
+    [compacted] = [e.payload for e in events if isinstance(e.payload, ContextCompacted)]
+    assert compacted.tokens_after + retry.body["max_tokens"] <= 2048
+    assert len(retry.raw) < len(refused.raw)
+    assert "b" * 4000 in retry.raw.decode()  # the newest message is kept whole
+    assert retry.body["max_tokens"] <= 2048 // 4
+    ends = [e.data for e in events if e.type == EventType.TURN_END]
+    assert [e["reason"] for e in ends] == ["end_turn", "end_turn"]
+    # The server was asked for its window once, at first use; its 404s changed nothing.
+    assert [(p.method, p.path) for p in server.probes] == [
+        ("GET", "/props"),
+        ("GET", "/v1/models"),
+        ("POST", "/api/show"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "answer", "source", "window"),
+    [
+        ("/props", {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1}, "server /props", 2048),
+        (
+            "/v1/models",
+            {"object": "list", "data": [{"id": "asks", "object": "model", "max_model_len": 4096}]},
+            "server /v1/models",
+            4096,
+        ),
+        (
+            "/api/show",
+            {"parameters": "num_ctx 8192", "model_info": {"llama.context_length": 131072}},
+            "server /api/show",
+            8192,
+        ),
+    ],
+    ids=["llama-server", "vllm", "ollama"],
+)
+async def test_an_unset_window_is_asked_of_the_server_at_first_use(
+    server: ProviderServer, db_path: Path, path: str, answer: dict[str, Any], source: str, window: int
+) -> None:
+    server.probe_answers[path] = Respond.json(200, answer)
+    server.add(Respond.stream(openai_text(["hi"])), Respond.stream(openai_text(["again"])))
+    model = llama_server(server, "asks")
+    try:
+        await _session(db_path, model, "hello", "hello again")
+    finally:
+        await model.aclose()
+    assert (model.context_window, model.window_source) == (window, source)
+    asked = [p.path for p in server.probes]
+    assert asked[-1] == path and len(asked) == len(set(asked))  # once each, up to the one that said
+
+
+async def test_a_configured_window_is_not_asked(server: ProviderServer, db_path: Path) -> None:
+    server.add(Respond.stream(openai_text(["hi"])))
+    model = llama_server(server, "configured", context_window=4096)
+    try:
+        await _session(db_path, model, "hello")
+    finally:
+        await model.aclose()
+    assert (model.context_window, model.window_source) == (4096, "config")
+    assert server.probes == []

@@ -30,7 +30,17 @@ from typing import Any
 import pytest
 import storekit
 from harness import Daemon, all_events, rpc, wait_goal
-from providers_server import ProviderServer, Recorded, Respond, oa_call, oa_chunk, oa_usage, openai_stream, openai_text
+from providers_server import (
+    ProviderServer,
+    Recorded,
+    Respond,
+    is_probe,
+    oa_call,
+    oa_chunk,
+    oa_usage,
+    openai_stream,
+    openai_text,
+)
 from pydantic import BaseModel
 
 from agent import (
@@ -621,7 +631,7 @@ class DelegatingServer(ProviderServer):
 
     async def _read_request(self, reader: asyncio.StreamReader) -> Recorded | None:
         request = await super()._read_request(reader)
-        if request is not None:
+        if request is not None and not is_probe(request):  # a window probe is answered apart
             self.add(self._respond(request))  # taken by this same request, right after
         return request
 

@@ -30,6 +30,7 @@ from providers_server import (
     ProviderServer,
     Recorded,
     Respond,
+    is_probe,
     oa_call,
     oa_chunk,
     oa_usage,
@@ -184,7 +185,7 @@ class OutageServer(ProviderServer):
 
     async def _read_request(self, reader: asyncio.StreamReader) -> Recorded | None:
         request = await super()._read_request(reader)
-        if request is not None:
+        if request is not None and not is_probe(request):  # a window probe is answered apart
             # Scripted here, taken by this same request right after (no await in between).
             self.add(self._respond(request))
         return request

@@ -1171,3 +1171,15 @@ def test_the_continuation_after_a_cut_answer_says_so_and_how_to_avoid_it() -> No
     assert "cut off by the output limit (max_tokens)" in cut.continuation
     assert "smaller writes" in cut.continuation
     assert plain.continuation is not None and "cut off" not in plain.continuation
+
+
+def test_a_request_too_large_for_the_window_pauses_the_goal_with_the_figures() -> None:
+    # Issue 25: compaction could not make the request fit; waiting would change nothing.
+    error = (
+        "context_too_small: the request (about 2300 tokens, and 512 for the answer) does not fit the model's"
+        " context window of 2048 tokens (server refusal), even after compaction"
+    )
+    iv = make_interval(last_end_reason="error", last_error_kind="context_too_small", last_error=error)
+    decision = decide(PolicyInput(make_goal(), iv, NOW))
+    assert decision.kind is DecisionKind.PAUSE
+    assert decision.goal.status is GoalStatus.PAUSED and decision.goal.status_reason == error
