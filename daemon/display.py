@@ -35,15 +35,7 @@ from agent import (
     TurnStarted,
     parse_payload,
 )
-from goals import (
-    GoalBlockedReported,
-    GoalChanged,
-    GoalClaimed,
-    GoalCounted,
-    GoalFingerprinted,
-    GoalProgressNoted,
-    GoalVerified,
-)
+from goals import GoalBlockedReported, GoalChanged, GoalClaimed, GoalCounted, GoalProgressNoted, GoalVerified
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -97,8 +89,6 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
             return f"verification {verdict}" + (f" ({'; '.join(lines)})" if lines else "")
         case GoalBlockedReported() as report:
             return f"blocked: {report.reason}"
-        case GoalFingerprinted() as walked:
-            return walked.text
         case OtherPayload(type="schedule/run", data=run):
             return f"schedule {run.get('scheduleId')}: {run.get('outcome')} ({run.get('reason')})"
         case _:
@@ -163,7 +153,6 @@ _REASON_TEXT = {
     "deadline": "deadline passed",
     "wall_time": "wall time used up",
     "workdir_missing": "work directory missing",
-    "disk_limit": "disk limit reached",
     "context_too_small": "context window too small",
 }
 
