@@ -1,6 +1,6 @@
 """Owned intervals: one message from its receipt to the next whole-agent idle.
 
-A ``MessageId`` proves receipt, never an outcome (DESIGN.md, invariants 1, 7 and 11). A caller
+A ``MessageId`` proves receipt, never an outcome (docs/architecture.md#invariants: 1, 7 and 11). A caller
 that wants a result — a subagent's delegating call, the SDK's ``run()`` (and through it
 ``goald run``), an ACP prompt — owns an *interval* instead: it opens at the committed
 ``message/queued`` event of its own message (the receipt) and closes at the first ``status: idle``

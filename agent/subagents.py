@@ -3,7 +3,7 @@
 A ``delegate(task, tools?)`` call creates a fresh child session (``parent_session_id``, depth one
 more than the parent's), queues the task there as its only message, waits for the child's
 whole-agent idle and returns the child's final response (or its error) as the tool result. That
-is an owned interval (DESIGN.md, invariant 7): from the event that records the task as queued to
+is an owned interval (docs/architecture.md#invariants: 7): from the event that records the task as queued to
 the first idle status event after it. Only the call writes to the child, so the interval is the
 child's whole life and its result belongs to the call; the result is still read from the interval
 (the last committed assistant text, the last turn's end), never from the task message.

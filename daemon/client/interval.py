@@ -1,6 +1,6 @@
 """Owned intervals as the SDK reports them: what ``Client.run()`` and ``goald run`` return.
 
-A ``MessageId`` proves receipt, never an outcome (DESIGN.md, invariants 1, 7 and 11). A caller that
+A ``MessageId`` proves receipt, never an outcome (docs/architecture.md#invariants: 1, 7 and 11). A caller that
 wants a result therefore owns an *interval* explicitly: it starts at the committed
 ``message/queued`` event of the caller's own message and ends at the first ``status: idle``
 event of the same session with a higher sequence number. Everything before the receipt (an idle

@@ -13,7 +13,7 @@ active. The targets are sized so that work always remains: every one of the 50 r
 ``SIGKILL`` with a goal still active (a run that finished by itself fails the test), and only the
 last run finishes. The report printed at the end counts where each kill caught each goal.
 
-What must hold afterwards (invariants 9 and 10 of DESIGN.md, across real crashes):
+What must hold afterwards (docs/architecture.md#invariants: 9 and 10, across real crashes):
 
 * the child was really killed 50 times, each time while a goal was still active, and restarted
   each time; only the run after the campaign exited by itself;

@@ -6,7 +6,7 @@ queued by holding the slot with a slow turn of another session. A model's ``[del
 is the model being slow; tests wait for a model call's announcement, an event or a status, always
 with a time limit.
 
-What is pinned (DESIGN.md invariants 6 and 7, and the owned-runs note):
+What is pinned (docs/architecture.md#invariants: 6 and 7, and its owned interval):
 
 * ``prompt()`` answers the ``MessageId`` receipt while a slow model is still working;
 * ``run()`` collects from its own message's ``message/queued`` event to the first idle after it:
