@@ -255,10 +255,12 @@ class Attempts:
         retry: bool,
         prompt_bound: int,
         breaker_open: bool = False,
+        prompt_estimate: int | None = None,
     ) -> None:
         """Settle a failed attempt (the usage it reported, else its prompt's estimate if its answer had
-        started) and record it as a ``model/error`` event; its streamed text is discarded."""
-        usage, estimated = failed_usage(exc, prompt_bound)
+        started: ``prompt_estimate``, the likely size, else ``prompt_bound``) and record it as a
+        ``model/error`` event; its streamed text is discarded."""
+        usage, estimated = failed_usage(exc, prompt_bound, prompt_estimate)
         cost = self.model.price.cost(usage) if self.model.price else 0.0
         guard = self.guard
         partial_text = "".join(self.stream)

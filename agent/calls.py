@@ -4,9 +4,11 @@ A failed attempt is settled to the usage it reported. One whose answer had start
 dropped, timed out or malformed after a successful status) but that reported no usage — an
 OpenAI-compatible stream reports it only in its last chunk — is settled to its prompt's estimate
 instead (:func:`failed_usage`): the provider has likely billed the prompt, and charging nothing
-would let a flaky stream spend a budget unseen. The estimate is the reservation's prompt part, an
-upper bound; the row's error and the ``model/error`` event say it is an estimate. An attempt that
-failed before any answer (a refused connection, an error status) is charged nothing.
+would let a flaky stream spend a budget unseen. The estimate is the prompt's likely size (the
+model's running ratio of reported calls), never more than the reservation's prompt part, so a
+failure is charged what the server could have processed, not an upper bound; the row's error and
+the ``model/error`` event say it is an estimate. An attempt that failed before any answer (a
+refused connection, an error status, an HTTP 200 whose stream never began) is charged nothing.
 """
 
 from __future__ import annotations
@@ -78,15 +80,18 @@ def settle_call(
 ESTIMATED_NOTE = " [no usage reported after the answer started: charged the prompt's estimate]"
 
 
-def failed_usage(exc: ModelError, prompt_bound: int) -> tuple[Usage, bool]:
+def failed_usage(exc: ModelError, prompt_bound: int, prompt_estimate: int | None = None) -> tuple[Usage, bool]:
     """What a failed attempt is charged, and whether it is an estimate (see the module docstring).
 
-    ``prompt_bound`` is the reservation's prompt part: the upper bound of the prompt's tokens.
+    ``prompt_bound`` is the reservation's prompt part: the upper bound of the prompt's tokens;
+    ``prompt_estimate`` the prompt's likely size (the model's calibrated running ratio), charged
+    instead when given (never above the bound).
     """
     if exc.usage is not None:
         return exc.usage, False
     if exc.response_started:
-        return Usage(input_tokens=prompt_bound), True
+        charged = prompt_bound if prompt_estimate is None else min(prompt_estimate, prompt_bound)
+        return Usage(input_tokens=charged), True
     return Usage(), False
 
 

@@ -115,6 +115,7 @@ class CompactionHost(Protocol):
         retry: bool,
         prompt_bound: int,
         breaker_open: bool = False,
+        prompt_estimate: int | None = None,
     ) -> None:
         """Settle a failed attempt with its ``model/error`` event."""
         ...
@@ -322,7 +323,8 @@ async def summarize(host: CompactionHost, turn: OpenedTurn, older: list[Entry]) 
         return TurnEnd(reason=EndReason.BUDGET, error=str(cut))
     except ModelError as exc:
         logger.warning("session {}: the summary call failed ({}); falling back", host.session_id, exc)
-        await host.settle_failed(turn, call_id, exc, attempt=1, retry=False, prompt_bound=bound)
+        likely = estimator.likely(request.prompt_bytes)
+        await host.settle_failed(turn, call_id, exc, attempt=1, retry=False, prompt_bound=bound, prompt_estimate=likely)
         return None
     usage = response.usage
     cost = model.price.cost(usage) if model.price else 0.0

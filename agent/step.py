@@ -11,8 +11,19 @@ Decisions, and why:
   exponential backoff or the provider's ``Retry-After`` (:class:`~agent.config.RetryPolicy`). The
   backoff never sleeps past the end of the guard's time (the next reservation is refused then); a
   stopping agent does not retry.
-* **A prompt refused as too long** is no error of the goal's: the estimate was low. The meter is
-  calibrated with the answer, the view compacted, and the step tried once more.
+* **A prompt refused as too long** is no error of the goal's: the estimate was low, or the window
+  smaller than assumed. The window the refusal states is learned (:mod:`agent.models.windows`), the
+  meter calibrated with the size it states, the view compacted, and the step tried once more. An
+  empty answer (an HTTP 200 with no event) after a prompt near the window is taken for the same
+  (llama-cpp-python's server answers an overflowing streamed prompt so), never for a dropped
+  connection; far from the window it is retried as a malformed answer. Either way it is charged
+  nothing: its stream never began.
+* **A request estimated not to fit** (its likely size and its output limit over the window) is
+  never sent: compaction runs first, and when even its fallback cannot make it fit, the turn ends
+  ``error`` (``context_too_small``, with the figures). An answer takes at most a quarter of the
+  window, so a small window (a local server's 2,048 tokens) leaves the prompt room.
+* **A failed attempt that began an answer but reported no usage** is charged the prompt's likely
+  size (the model's running ratio), never the reservation's upper bound.
 * **An answer cut off by the output limit** keeps its tool calls only as notes (they are incomplete:
   never run, never called malformed, never retried); the turn ends ``max_tokens``.
 """
@@ -48,6 +59,9 @@ from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd
 #: The ``error_kind`` of a turn that ended because its request cannot be made to fit the model's
 #: window, even after compaction (the request is not sent; the error names the figures).
 CONTEXT_TOO_SMALL = "context_too_small"
+#: An empty answer (an HTTP 200 with no event) after a prompt whose likely size and output limit
+#: reach this share of the window is taken for a prompt that did not fit (compact, retry once).
+NEAR_WINDOW = 0.5
 #: The largest share of the context window an answer may take: with a small window (a local
 #: server's 2,048 tokens) the configured output limit would leave the prompt no room.
 ANSWER_SHARE = 0.25
@@ -147,19 +161,32 @@ class ModelStep:
         """Settle a failed attempt and say whether the step goes on; backs off before a retry."""
         calls = self.attempts
         turn, call_id, number, bound = attempt.turn, attempt.call_id, attempt.number, attempt.bound
-        if exc.kind is ModelErrorKind.CONTEXT_LENGTH and not refused and not calls.is_stopping():
-            # Not an error of the goal's: the estimate was low, or the window smaller than assumed.
-            # Learn the window the server states, calibrate, compact, retry once.
-            self._learn(model, attempt.request, exc)
-            await calls.settle_failed(turn, call_id, exc, attempt=number, retry=True, prompt_bound=bound)
-            return _Next.COMPACT
+        # What the server could have processed of the prompt, if it began an answer and said nothing.
+        likely = calls.history.meter.likely(attempt.request.prompt_bytes)
+        if not refused and not calls.is_stopping():
+            overflow = self._overflow(model, attempt.request, exc, likely)
+            if overflow is not None:
+                # Not an error of the goal's: the estimate was low, or the window smaller than assumed.
+                # Learn the window the server states, calibrate, compact, retry once.
+                self._learn(model, attempt.request, overflow)
+                await calls.settle_failed(
+                    turn, call_id, overflow, attempt=number, retry=True, prompt_bound=bound, prompt_estimate=likely
+                )
+                return _Next.COMPACT
         retry = exc.retried_in_turn and calls.config.retry.retries(number, exc.retry_after)
         retry = retry and not calls.is_stopping()
         # Read now, as the failure left it: a goal does not count errors of a provider outage.
         breaker_open = getattr(model, "breaker_open", None)
         outage = bool(breaker_open()) if callable(breaker_open) else False
         await calls.settle_failed(
-            turn, call_id, exc, attempt=number, retry=retry, prompt_bound=bound, breaker_open=outage
+            turn,
+            call_id,
+            exc,
+            attempt=number,
+            retry=retry,
+            prompt_bound=bound,
+            breaker_open=outage,
+            prompt_estimate=likely,
         )
         if not retry:
             return TurnEnd(reason=EndReason.ERROR, error=str(exc), error_kind=exc.kind.value)
@@ -169,9 +196,27 @@ class ModelStep:
         await asyncio.sleep(delay if left is None else min(delay, max(left, 0.0)))
         return _Next.RETRY
 
+    @staticmethod
+    def _overflow(model: Model, request: ModelRequest, exc: ModelError, likely: int) -> ModelError | None:
+        """The failure as a prompt that did not fit (``context_length``), if it is one: a refusal for
+        length, or an empty answer (an HTTP 200 with no event) after a prompt near the window."""
+        if exc.kind is ModelErrorKind.CONTEXT_LENGTH:
+            return exc
+        window = model.context_window
+        if not exc.empty or likely + request.max_tokens < NEAR_WINDOW * window:
+            return None
+        why = (
+            f"probable overflow: {exc.message}, after a prompt of about {likely} tokens (and {request.max_tokens}"
+            f" for the answer) near the context window of {window} tokens ({model.window_source})"
+        )
+        return ModelError(ModelErrorKind.CONTEXT_LENGTH, why, status=exc.status, empty=True)
+
     def _learn(self, model: Model, request: ModelRequest, exc: ModelError) -> None:
         """What a refusal for length teaches: the server's window (used by compaction at once, recorded
-        with its source) and the prompt's real size (the estimates calibrated with it)."""
+        with its source) and the prompt's real size (the estimates calibrated with it). An empty answer
+        states nothing: nothing is learned from it."""
+        if exc.empty:
+            return
         stated = exc.stated or stated_window(exc.message)
         if stated is not None and stated.window is not None:
             model.learn_window(stated.window, SERVER_REFUSAL)

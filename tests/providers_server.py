@@ -607,9 +607,13 @@ def recorded_frames(name: str) -> list[bytes]:
 
 def recorded_response(name: str) -> Respond:
     """A recorded whole answer (``tests/wire/NAME``: JSON with ``status``, ``headers`` and ``body``,
-    the body as the server sent it, as text)."""
+    the body as the server sent it, as text; ``"chunked": true``: sent with chunked transfer
+    encoding, as a stream is, the body as its one frame, or none if it is empty)."""
     rec = json.loads((WIRE / name).read_text())
-    return Respond(status=int(rec["status"]), headers=dict(rec.get("headers", {})), body=str(rec["body"]).encode())
+    status, headers, body = int(rec["status"]), dict(rec.get("headers", {})), str(rec["body"]).encode()
+    if rec.get("chunked"):
+        return Respond(status=status, headers=headers, frames=[body] if body else [])
+    return Respond(status=status, headers=headers, body=body)
 
 
 def context_length_refusal(window: int, tokens: int) -> Respond:

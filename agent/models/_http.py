@@ -442,6 +442,16 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
     def _redact(self, text: str) -> str:
         return redact(text, self._api_key)
 
+    def _empty(self, unit: str) -> ModelError:
+        """A successful status whose stream carried no {unit} at all (see :attr:`ModelError.empty`):
+        ``malformed`` (the server answers: never counted against the breaker), charged nothing."""
+        return ModelError(
+            ModelErrorKind.MALFORMED,
+            f"{self.provider} answered HTTP 200 with an empty stream (no {unit}): a server that cannot fit"
+            " the prompt may answer so",
+            empty=True,
+        )
+
     def _timed_out(self, usage: Usage | None) -> ModelError:
         """The server sent nothing for ``timeout`` seconds."""
         return ModelError(

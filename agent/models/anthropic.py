@@ -422,6 +422,8 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
         events = await self._read_stream(
             cast("Awaitable[httpx2.Response]", opening), got, on_delta, unit="event", failures=failures
         )
+        if events == 0:
+            raise self._empty("event")  # nothing began: charged nothing, no dropped connection
         with answer_started():
             return self._answer(got, events)
 

@@ -73,6 +73,7 @@ class ModelError(AgentError):
         status: int | None = None,
         response_started: bool = False,
         stated: StatedWindow | None = None,
+        empty: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -87,6 +88,11 @@ class ModelError(AgentError):
         self.response_started = response_started
         #: What a ``context_length`` answer stated: the server's window and the size it counted.
         self.stated = stated
+        #: A successful status whose stream carried nothing (no item at all): the server answered, so
+        #: it is no dropped connection, and began no answer, so nothing is charged. A server that
+        #: cannot fit a streamed prompt may answer so (llama-cpp-python's): the driver takes it for a
+        #: probable overflow after a prompt near the window.
+        self.empty = empty
 
     @property
     def retryable(self) -> bool:

@@ -403,6 +403,8 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         chunks = await self._read_stream(
             cast("Awaitable[httpx2.Response]", opening), got, on_delta, unit="chunk", failures=failures
         )
+        if chunks == 0 and got.finish is None:
+            raise self._empty("chunk")  # nothing began: charged nothing, no dropped connection
         with answer_started():
             if got.finish is None:
                 raise ModelError(

@@ -456,8 +456,16 @@ def waited(before: dict[str, Any], after: dict[str, Any]) -> float:
 
 def charged_for_a_break(provider: Provider, call: dict[str, Any], input_tokens: int) -> Usage:
     """What an attempt whose stream broke after it began with ``input_tokens`` is charged: the usage
-    it reported, else its prompt's estimate (the reservation's prompt part)."""
-    return provider.usage_seen(input_tokens) or Usage(input_tokens=call["reserved_tokens"] - MAX_TOKENS)
+    it reported, else its prompt's estimate (its likely size: some input tokens, none of output,
+    never more than the reservation's prompt part, the upper bound)."""
+    seen = provider.usage_seen(input_tokens)
+    if seen is not None:
+        return seen
+    charged = usage_of_row(call)
+    assert 0 < charged.input_tokens <= call["reserved_tokens"] - MAX_TOKENS
+    assert charged == Usage(input_tokens=charged.input_tokens)
+    assert "charged the prompt's estimate" in call["error"]
+    return charged
 
 
 def usage_of_row(call: dict[str, Any]) -> Usage:
@@ -861,6 +869,28 @@ async def test_a_tool_call_cut_by_the_output_limit_is_a_note_the_turn_ends_max_t
     text = "".join(b["text"] for b in answer.data["content"])
     assert text.startswith("Let me look.\n[tool call weather was cut off by the output limit")
     assert '{"city": "Os' in text
+
+
+async def test_an_empty_200_stream_is_an_empty_answer_charged_nothing_and_retried_as_malformed(
+    provider: Provider, server: ProviderServer, db_path: Path
+) -> None:
+    # A successful status, then a stream that ends before any item: the server answered (no dropped
+    # connection), began nothing (charged nothing). Far from the window it is retried as malformed.
+    attempts = RetryPolicy().max_attempts
+    server.add(*[Respond.stream([])] * (attempts + 1))
+    model = provider.model(server.url, name="contract-empty")
+    try:
+        err = await fails(provider, model)
+        record = await run_turn(db_path, model)
+    finally:
+        await model.aclose()
+    assert (err.kind, err.empty, err.response_started, err.retryable) == (ModelErrorKind.MALFORMED, True, False, False)
+    assert "empty stream" in err.message
+    assert (record.turn_end["reason"], record.turn_end["errorKind"]) == ("error", "malformed")
+    assert [c["error_class"] for c in record.calls] == ["malformed"] * attempts
+    assert [usage_of_row(c) for c in record.calls] == [Usage()] * attempts
+    assert record.charged_tokens == 0
+    assert not any(e.data.get("estimated") for e in record.of(EventType.MODEL_ERROR))
 
 
 async def test_401_is_auth_and_is_not_retried(

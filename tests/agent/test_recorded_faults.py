@@ -10,7 +10,10 @@ through a real runtime turn where the driver's reaction matters. Pins (issue 25)
   tokens)") teaches the model its window, recorded as ``server refusal``; compaction aims at it at
   once and the retry fits;
 * a model whose window the configuration does not set asks the server at first use (``/props``,
-  ``/v1/models``, ``/api/show``), once, and a 404 changes nothing.
+  ``/v1/models``, ``/api/show``), once, and a 404 changes nothing;
+* llama-cpp-python's empty HTTP 200 after a prompt near the window is a probable overflow: the
+  view is compacted and the request retried once, the empty attempt charged nothing and never
+  counted against the provider's circuit breaker.
 """
 
 from __future__ import annotations
@@ -32,8 +35,19 @@ from providers_server import (
 )
 from pydantic import BaseModel
 
-from agent import ContextCompacted, EventType, FunctionTool, Limits, ModelRegistry, Runtime, ToolContext
+from agent import (
+    ContextCompacted,
+    EventType,
+    FunctionTool,
+    Limits,
+    Model,
+    ModelRegistry,
+    Runtime,
+    ToolContext,
+    Usage,
+)
 from agent.context import SUMMARY_INSTRUCTION
+from agent.models.health import GuardedModel, ProviderHealth
 from agent.models.openai import OpenAIModel
 
 
@@ -88,7 +102,7 @@ async def test_a_tool_call_cut_by_the_output_limit_ends_max_tokens_with_one_requ
     assert not record.of(EventType.TOOL_RESULT)
 
 
-async def _session(db_path: Path, model: OpenAIModel, *texts: str) -> list[Any]:
+async def _session(db_path: Path, model: Model, *texts: str) -> list[Any]:
     """The events of a fresh session of a real runtime that sent ``texts`` one after another."""
     registry = ModelRegistry({model.spec: model}, default=model.spec)
     async with Runtime.open(db_path, models=registry) as rt:
@@ -184,3 +198,32 @@ async def test_a_configured_window_is_not_asked(server: ProviderServer, db_path:
         await model.aclose()
     assert (model.context_window, model.window_source) == (4096, "config")
     assert server.probes == []
+
+
+async def test_an_empty_200_after_a_prompt_near_the_window_is_a_probable_overflow(
+    server: ProviderServer, db_path: Path
+) -> None:
+    server.add(
+        Respond.stream(openai_text(["noted"], usage=oa_usage(700, 2))),
+        recorded_response("llama_cpp_python_empty_200.response.json"),
+        Respond.stream(openai_text(["Earlier: the user sent a long message A."], usage=oa_usage(650, 12))),
+        Respond.stream(openai_text(["done"], usage=oa_usage(800, 1))),
+    )
+    health = ProviderHealth("local", failure_threshold=1)
+    model = GuardedModel(llama_server(server, "overflows", context_window=2048), health)
+    try:
+        events = await _session(db_path, model, "A " + "a" * 2500, "B " + "b" * 1500)
+    finally:
+        await model.aclose()
+    [error] = [e.data for e in events if e.type == EventType.MODEL_ERROR]
+    assert (error["kind"], error["retrying"]) == ("context_length", True)
+    assert error["message"].startswith("probable overflow: ") and "empty stream" in error["message"]
+    assert "near the context window of 2048 tokens (config)" in error["message"]
+    # The stream never began: nothing charged, nothing estimated.
+    assert Usage.model_validate(error["usage"]) == Usage() and not error.get("estimated")
+    _, empty, summary, retry = server.requests
+    assert SUMMARY_INSTRUCTION[:40] in summary.raw.decode()
+    assert len(retry.raw) < len(empty.raw)
+    assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["end_turn", "end_turn"]
+    # The server answered: no failure counted against its breaker (one would have opened it).
+    assert (health.breaker.state.value, health.breaker.consecutive_failures) == ("closed", 0)
