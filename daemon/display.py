@@ -35,7 +35,15 @@ from agent import (
     TurnStarted,
     parse_payload,
 )
-from goals import GoalBlockedReported, GoalChanged, GoalClaimed, GoalCounted, GoalProgressNoted, GoalVerified
+from goals import (
+    GoalBlockedReported,
+    GoalChanged,
+    GoalClaimed,
+    GoalCounted,
+    GoalFingerprinted,
+    GoalProgressNoted,
+    GoalVerified,
+)
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -89,6 +97,8 @@ def describe_event(kind: str, d: dict[str, Any]) -> str:
             return f"verification {verdict}" + (f" ({'; '.join(lines)})" if lines else "")
         case GoalBlockedReported() as report:
             return f"blocked: {report.reason}"
+        case GoalFingerprinted() as walked:
+            return walked.text
         case OtherPayload(type="schedule/run", data=run):
             return f"schedule {run.get('scheduleId')}: {run.get('outcome')} ({run.get('reason')})"
         case _:

@@ -92,6 +92,7 @@ from daemon.workdirs import Workdirs
 from goals import MIGRATIONS as GOAL_MIGRATIONS
 from goals import (
     CommandRunner,
+    FingerprintLimits,
     Goal,
     GoalEngine,
     SandboxSpec,
@@ -238,6 +239,9 @@ class Host:
                 await self._stop.wait()
             finally:
                 self._set_state(RunState.STOPPING)
+                # First: a work-directory walk (a goal's idle, a goal/create in flight) ends now, and
+                # nothing of the shutdown waits for one (goals.verify.Fingerprinter).
+                engine.fingerprinter.stop()
                 self._notifier.stopping()
                 services.stop_first()
                 if stdio_task is not None:
@@ -282,6 +286,9 @@ class Host:
             model_check=self._check_model,
             runner=sandboxed_runner(self.sandboxing.sandbox, self.sandboxing.redactor),
             runner_for=self._goal_runner,
+            fingerprint_limits=FingerprintLimits(
+                max_bytes=s.fingerprint_max_bytes, max_seconds=s.fingerprint_max_seconds
+            ),
         )
         self.engine = engine
         # Before the engine resumes any goal's session (their tools are set up as they load).

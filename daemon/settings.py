@@ -116,6 +116,12 @@ class Settings(BaseSettings):
     #: No model call starts with less than this many seconds left of its goal's wall time or
     #: before its deadline; a call still running when the time runs out is cancelled.
     model_call_min_seconds: float = Field(default=5.0, ge=0, le=3600)
+    #: The most file content one work-directory fingerprint hashes at a goal's idle, in bytes (files
+    #: counted by their allocated blocks; the files past it count by size and times).
+    fingerprint_max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, le=1024**4)
+    #: The longest one work-directory fingerprint reads file content, in seconds (past it, that idle
+    #: judges no progress from the work directory, and the next walk goes on from what was read).
+    fingerprint_max_seconds: float = Field(default=2.0, gt=0, le=600)
     #: Network and secrets of each goal's commands, by goal key.
     goal_sandbox: dict[str, GoalSandbox] = {}
     #: What sessions may run unless their goal gives its own allowlist (``None``: every tool, every command).

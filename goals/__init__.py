@@ -48,6 +48,7 @@ from goals.payloads import (
     GoalClaimed,
     GoalCounted,
     GoalEdited,
+    GoalFingerprinted,
     GoalProgressNoted,
     GoalVerified,
 )
@@ -68,6 +69,7 @@ from goals.store import (
     GOAL_CLAIM,
     GOAL_COUNTED,
     GOAL_EDITED,
+    GOAL_FINGERPRINT,
     GOAL_PROGRESS,
     GOAL_VERIFIED,
     MIGRATIONS,
@@ -94,7 +96,16 @@ from goals.tools import (
     policy_for_session,
     tools_for_goal_sessions,
 )
-from goals.verify import CommandRunner, fingerprint, progress_digest, run_all, run_command, sandboxed_runner
+from goals.verify import (
+    CommandRunner,
+    FingerprintLimits,
+    fingerprint,
+    progress_digest,
+    run_all,
+    run_command,
+    sandboxed_runner,
+    size_text,
+)
 
 __all__ = [
     "GOAL_BLOCKED",
@@ -102,6 +113,7 @@ __all__ = [
     "GOAL_CLAIM",
     "GOAL_COUNTED",
     "GOAL_EDITED",
+    "GOAL_FINGERPRINT",
     "GOAL_PAYLOADS",
     "GOAL_PROGRESS",
     "GOAL_TOOL_NAMES",
@@ -113,6 +125,7 @@ __all__ = [
     "ContinuationFate",
     "Decision",
     "DecisionKind",
+    "FingerprintLimits",
     "Goal",
     "GoalBlocked",
     "GoalBlockedReported",
@@ -124,6 +137,7 @@ __all__ = [
     "GoalEdited",
     "GoalEngine",
     "GoalError",
+    "GoalFingerprinted",
     "GoalId",
     "GoalMemory",
     "GoalNotFound",
@@ -171,6 +185,7 @@ __all__ = [
     "run_command",
     "sandboxed_runner",
     "schedule_of",
+    "size_text",
     "stable_part",
     "tools_for_goal_sessions",
     "transition",

@@ -71,6 +71,7 @@ from goals.payloads import Caller
 from goals.policy import decide
 from goals.store import (
     GOAL_CHANGED,
+    GOAL_FINGERPRINT,
     GOAL_VERIFIED,
     MIGRATIONS,
     emit_changed,
@@ -86,7 +87,7 @@ from goals.store import (
 )
 from goals.timers import GoalTimers, due_of
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
-from goals.verify import CommandRunner, fingerprint, run_command, within
+from goals.verify import CommandRunner, Fingerprinter, FingerprintLimits, WalkStats, WalkStopped, run_command, within
 
 DecisionListener = Callable[[PolicyInput, Decision], None]
 Clock = Callable[[], datetime]
@@ -109,6 +110,7 @@ class GoalEngine:
         model_check: Callable[[str | None], None] | None = None,
         allowed_roots: list[Path] | None = None,
         runner_for: Callable[[Goal], CommandRunner] | None = None,
+        fingerprint_limits: FingerprintLimits | None = None,
     ) -> None:
         self.rt = runtime
         self.store = runtime.store
@@ -119,6 +121,8 @@ class GoalEngine:
         self.clock = clock
         self.model_check = model_check
         self.allowed_roots = allowed_roots
+        #: The work-directory walks, bounded (bytes, seconds) and stopped with the engine.
+        self.fingerprinter = Fingerprinter(fingerprint_limits)
         self._sessions: dict[str, str] = {}
         self._timers = GoalTimers(clock, timer_interval, self.kick)
         self._runs = EvaluationRuns(runtime.spawn, self._evaluate_once, self._retry_later)
@@ -169,7 +173,9 @@ class GoalEngine:
         return sum(1 for g in goals if g.status.live)
 
     async def stop(self) -> None:
-        """Stop listening and timing; evaluations in flight finish first."""
+        """Stop listening and timing; evaluations in flight finish first, except a work-directory
+        walk: it is stopped, and its evaluation decides nothing (the next start decides that idle)."""
+        self.fingerprinter.stop()
         if self._remove is not None:
             self._remove()
             self._remove = None
@@ -215,7 +221,7 @@ class GoalEngine:
             self.model_check(spec.model)
         workdir = check_workdir(spec.workdir, self.allowed_roots)
         # The work directory as it is at creation: round 1's progress is measured against it.
-        baseline = await asyncio.to_thread(fingerprint, workdir) if workdir is not None else None
+        baseline = (await self.fingerprinter.walk(workdir)).known if workdir is not None else None
         now = self.clock()
         goal_id = goal_id or GoalId.new()
         policy = goal_policy(spec.tools)
@@ -404,7 +410,10 @@ class GoalEngine:
         runner = self._runner(goal)
         if (ends := time_ends(goal)) is not None:  # no command runs past the goal's time
             runner = within(runner, (ends - now).total_seconds())
-        measured = await measure(goal, interval, runner)
+        try:
+            measured = await measure(goal, interval, runner, self.fingerprinter)
+        except WalkStopped:
+            return None  # the engine is stopping: the next start decides this idle
         now = self.clock()  # after the commands: the time they took counts (and may spend the budget)
         if ends is not None and measured.out_of_time:
             now = max(now, ends)  # a command the goal's time stopped: that time is spent, whatever the clocks
@@ -613,6 +622,8 @@ def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: M
                 "results": [r.model_dump(mode="json") for r in verification],
             },
         )
+    if measured.walk is not None and measured.walk.bounded:
+        tx.emit(goal.session_id, GOAL_FINGERPRINT, _walk_data(goal, measured.walk))
     if decision.continuation is not None and decision.round is not None:
         new = issue_continuation(tx, new, decision.round, decision.continuation)
     saved = save_goal(tx, new, goal.revision)
@@ -620,6 +631,23 @@ def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: M
     if decision.kind is DecisionKind.BOOKKEEP:
         emit_counted(tx, goal, saved)
     return saved
+
+
+def _walk_data(goal: Goal, walk: WalkStats) -> dict[str, Any]:
+    """A ``goal/fingerprint`` event's data: the bounds the work directory's walk met, in words and figures."""
+    return {
+        "goalId": goal.id,
+        "text": walk.summary(),
+        "filesByTime": walk.files_by_time,
+        "files": walk.files,
+        "bytesRead": walk.bytes_read,
+        "contentBytes": walk.content_bytes,
+        "fileBytes": walk.file_bytes,
+        "diskBytes": walk.disk_bytes,
+        "cut": walk.cut,
+        "truncated": walk.truncated,
+        "seconds": round(walk.seconds, 3),
+    }
 
 
 __all__ = [

@@ -114,7 +114,31 @@ class GoalCounted(Payload):
     cost: float
 
 
-#: Every goal payload; their kinds are ``GOAL_CHANGED`` … ``GOAL_COUNTED`` of :mod:`goals.store`.
+class GoalFingerprinted(Payload):
+    """``goal/fingerprint``: the work directory's walk at a decision met a bound (files counted by
+    size and time, reading cut short by time or bytes, the entry bound), said in ``text``."""
+
+    type: Literal["goal/fingerprint"] = "goal/fingerprint"
+    goal_id: str
+    #: The bounds that applied, in plain words ("fingerprint bounded: ...").
+    text: str
+    #: Files counted by size and times, not content; regular files seen.
+    files_by_time: int = 0
+    files: int = 0
+    #: Bytes read at this decision; allocated bytes counted by content, and of all files.
+    bytes_read: int = 0
+    content_bytes: int = 0
+    file_bytes: int = 0
+    #: What the work directory holds on disk (allocated blocks of what was walked).
+    disk_bytes: int = 0
+    #: Why reading stopped early (``time``, ``bytes``): no progress was judged from the walk.
+    cut: str | None = None
+    #: The entry bound cut the walk.
+    truncated: bool = False
+    seconds: float = 0.0
+
+
+#: Every goal payload; their kinds are ``GOAL_CHANGED`` … ``GOAL_FINGERPRINT`` of :mod:`goals.store`.
 GOAL_PAYLOADS: tuple[type[Payload], ...] = (
     GoalChanged,
     GoalCounted,
@@ -123,6 +147,7 @@ GOAL_PAYLOADS: tuple[type[Payload], ...] = (
     GoalBlockedReported,
     GoalVerified,
     GoalEdited,
+    GoalFingerprinted,
 )
 
 register_payloads(*GOAL_PAYLOADS)

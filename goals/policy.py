@@ -369,7 +369,8 @@ def _stall(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, bool]:
     memory = g.memory.model_copy(
         update={
             "seen_calls": seen[-MAX_SEEN_CALLS:],
-            "fingerprint": inp.fingerprint,
+            # A walk cut short (or no work directory) observed nothing: the last fingerprint stays.
+            "fingerprint": inp.fingerprint if inp.fingerprint is not None else g.memory.fingerprint,
             "progress": inp.progress if inp.progress is not None else g.memory.progress,
             "warned_stall": streak >= n,
         }

@@ -56,6 +56,8 @@ GOAL_BLOCKED = "goal/blocked"
 GOAL_VERIFIED = "goal/verified"
 #: A paused goal counted a turn that ran while it was paused (its counters; its status stays).
 GOAL_COUNTED = "goal/counted"
+#: The work directory's walk met a bound (files counted by size and time, reading cut short).
+GOAL_FINGERPRINT = "goal/fingerprint"
 
 
 #: PostgreSQL's names of the goals table's unique indexes, as SQLite's errors name their columns.
@@ -257,6 +259,7 @@ __all__ = [
     "GOAL_CLAIM",
     "GOAL_COUNTED",
     "GOAL_EDITED",
+    "GOAL_FINGERPRINT",
     "GOAL_PROGRESS",
     "GOAL_VERIFIED",
     "MIGRATIONS",

@@ -54,6 +54,7 @@ from goals import (
     GOAL_CLAIM,
     GOAL_COUNTED,
     GOAL_EDITED,
+    GOAL_FINGERPRINT,
     GOAL_PAYLOADS,
     GOAL_PROGRESS,
     GOAL_VERIFIED,
@@ -71,7 +72,16 @@ def test_every_kind_has_a_model_discriminated_by_its_literal_type() -> None:
     kinds = registered_kinds()
     assert {str(k) for k in EventType} <= kinds
     assert {GOAL_CHANGED, GOAL_PROGRESS, GOAL_CLAIM, GOAL_BLOCKED, GOAL_VERIFIED} <= kinds
-    goal_kinds = {GOAL_CHANGED, GOAL_PROGRESS, GOAL_CLAIM, GOAL_BLOCKED, GOAL_VERIFIED, GOAL_EDITED, GOAL_COUNTED}
+    goal_kinds = {
+        GOAL_CHANGED,
+        GOAL_PROGRESS,
+        GOAL_CLAIM,
+        GOAL_BLOCKED,
+        GOAL_VERIFIED,
+        GOAL_EDITED,
+        GOAL_COUNTED,
+        GOAL_FINGERPRINT,
+    }
     assert {kind_of(m) for m in GOAL_PAYLOADS} == goal_kinds
     # A kind reads as one model: registering another for it is refused, the same one again is not.
     register_payloads(GoalChanged)
