@@ -20,7 +20,9 @@ Frames are built per provider (``oa_*`` and ``an_*``), or from one provider-neut
 ``openai_answer``/``anthropic_answer`` and ``openai_started``/``anthropic_started``: the
 contract suite scripts the same scenario in each provider's own wire format with them.
 
-Only 127.0.0.1 is used; every response closes its connection, so each request is one connection.
+Only 127.0.0.1 is used; every response closes its connection, so each request is one connection,
+except one scripted ``keep_alive``: its connection stays open, and the next request on it is
+closed unanswered (a server that closed an idle keep-alive connection), recorded in ``hung_up``.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class Respond:
     delay: float = 0.0
     #: Seconds between frames.
     frame_delay: float = 0.0
+    #: Keep the connection open after the answer (no ``Connection: close``), then close it without
+    #: a byte when the client sends its next request on it: a server that closed an idle keep-alive
+    #: connection (the client meets "Server disconnected without sending a response").
+    keep_alive: bool = False
 
     @classmethod
     def json(cls, status: int, body: Any, headers: dict[str, str] | None = None) -> Respond:
@@ -104,6 +110,9 @@ class ProviderServer:
         #: ``POST /api/show``), answered by ``probe_answers`` by path, else 404.
         self.probes: list[Recorded] = []
         self.probe_answers: dict[str, Respond] = {}
+        #: Requests sent on a kept-alive connection the server then closed without answering
+        #: (``Respond(keep_alive=True)``); not in ``requests``.
+        self.hung_up: list[Recorded] = []
         self._script: deque[Respond] = deque()
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -171,6 +180,10 @@ class ProviderServer:
                 self.unexpected.append(request)
                 respond = Respond.json(500, {"error": {"message": "unscripted request", "type": "test_error"}})
             await self._send(writer, respond)
+            if respond.keep_alive:
+                later = await self._read_request(reader)
+                if later is not None:
+                    self.hung_up.append(later)  # closed below, unanswered
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -210,7 +223,8 @@ class ProviderServer:
         except ValueError:
             reason = "Overloaded" if respond.status == 529 else "Unknown"
         headers = {k.lower(): v for k, v in respond.headers.items()}
-        headers["connection"] = "close"
+        if not respond.keep_alive:
+            headers["connection"] = "close"
         if respond.frames is None:
             body = respond.body or b""
             headers.setdefault("content-type", "application/json")

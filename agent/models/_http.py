@@ -29,6 +29,11 @@ billed the prompt, so when no usage came the driver charges the prompt's estimat
 (:func:`agent.calls.failed_usage`); a failure before it (a refused connection, an error status)
 does not.
 
+A request that met a keep-alive connection the server had closed (it disconnected without a byte
+of answer: the request was never processed) is sent again at once on a new connection, inside the
+attempt (:meth:`StreamingHTTPModel._open`): it is no failure of the provider's, so it never reaches
+the circuit breaker and records no failed attempt.
+
 No SDK is imported here: each provider imports its own, lazily.
 """
 
@@ -369,7 +374,7 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
 
     async def _read_stream(
         self,
-        opening: Awaitable[httpx2.Response],
+        opening: Callable[[], Awaitable[httpx2.Response]],
         got: Assembly,
         on_delta: DeltaCallback | None,
         *,
@@ -379,7 +384,8 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         """Open the stream, feed every item to ``got`` and return how many items came.
 
         Args:
-            opening: the SDK call that opens the stream and gives the raw response.
+            opening: makes the SDK call that opens the stream and gives the raw response (made
+                again, at once, when the connection it took was one the server had closed).
             got: what builds the answer.
             on_delta: where text deltas go.
             unit: what an item is called in error messages (``chunk``, ``event``).
@@ -393,7 +399,7 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
         """
         opened = False
         try:
-            response = await opening
+            response = await self._open(opening)
             opened = True
             try:
                 return await self._feed(response, got, on_delta, unit)
@@ -407,6 +413,21 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
             raise _started(self._failure(exc, got.usage), opened) from None
         except failures as exc:
             raise _started(self._failure(exc, got.usage), opened) from None
+
+    async def _open(self, opening: Callable[[], Awaitable[httpx2.Response]]) -> httpx2.Response:
+        """Open the stream; a request sent on a keep-alive connection the server had closed (it
+        disconnected without a byte of answer: the request was never processed) is sent again at
+        once, on a new connection, at most :data:`STALE_RETRIES` times. The failure is the
+        connection's, not the provider's: nothing is recorded or counted against the breaker."""
+        for _ in range(STALE_RETRIES):
+            try:
+                return await opening()
+            except Exception as exc:
+                if not _stale_connection(exc):
+                    raise
+                why = self._redact(f"{type(exc).__name__}: {exc}")
+                logger.info("{}: the server had closed the idle connection ({}); sending again", self.spec, why)
+        return await opening()
 
     async def _feed(self, response: httpx2.Response, got: Assembly, on_delta: DeltaCallback | None, unit: str) -> int:
         """Feed the items of an opened response to ``got``; how many came."""
@@ -489,6 +510,28 @@ class StreamingHTTPModel(Model, Generic[_ClientT]):
             status=status,
             stated=stated,
         )
+
+
+#: Times a request is sent again at once when the pooled connection it took had been closed by the
+#: server (each retry takes another connection; the pool drops the closed one).
+STALE_RETRIES = 2
+#: What the HTTP stack says when a server closed a kept-alive connection before answering on it.
+_STALE_WORDS = ("without sending a response",)
+
+
+def _stale_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` (as the SDK raised it, or its cause) is a request that met a keep-alive
+    connection the server had closed: the server disconnected before any byte of its answer."""
+    import httpx2
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, httpx2.RemoteProtocolError) and any(w in str(cause) for w in _STALE_WORDS):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _started(error: ModelError, opened: bool) -> ModelError:

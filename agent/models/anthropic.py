@@ -25,8 +25,9 @@ Wire specifics:
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from loguru import logger
@@ -410,7 +411,8 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
         got = _Assembly()
         # The body is sent as prepared and the stream read raw (see agent.models._http); no
         # tracing span is opened for it.
-        opening = client.post(
+        opening = partial(
+            client.post,
             "/v1/messages",
             cast_to=httpx2.Response,
             content=body,
@@ -420,7 +422,7 @@ class AnthropicModel(StreamingHTTPModel["AsyncAnthropic"]):
         )
         failures = (anthropic.APIError, httpx2.RequestError)
         events = await self._read_stream(
-            cast("Awaitable[httpx2.Response]", opening), got, on_delta, unit="event", failures=failures
+            cast("Callable[[], Awaitable[httpx2.Response]]", opening), got, on_delta, unit="event", failures=failures
         )
         if events == 0:
             raise self._empty("event")  # nothing began: charged nothing, no dropped connection

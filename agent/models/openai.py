@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from loguru import logger
@@ -391,7 +392,8 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         got = _Assembly()
         # The body is sent as prepared and the stream read raw (see agent.models._http); the
         # options are those of ``create``.
-        opening = client.post(
+        opening = partial(
+            client.post,
             "/chat/completions",
             cast_to=httpx2.Response,
             content=body,
@@ -401,7 +403,7 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         )
         failures = (openai.APIError, httpx2.RequestError)
         chunks = await self._read_stream(
-            cast("Awaitable[httpx2.Response]", opening), got, on_delta, unit="chunk", failures=failures
+            cast("Callable[[], Awaitable[httpx2.Response]]", opening), got, on_delta, unit="chunk", failures=failures
         )
         if chunks == 0 and got.finish is None:
             raise self._empty("chunk")  # nothing began: charged nothing, no dropped connection

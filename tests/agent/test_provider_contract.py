@@ -69,6 +69,7 @@ from agent import (
     Usage,
 )
 from agent.models.anthropic import AnthropicModel
+from agent.models.health import GuardedModel, ProviderHealth
 from agent.models.openai import TOOL_ERROR_PREFIX, OpenAIModel
 
 #: The models under contract (``Model`` itself has no ``aclose``).
@@ -891,6 +892,30 @@ async def test_an_empty_200_stream_is_an_empty_answer_charged_nothing_and_retrie
     assert [usage_of_row(c) for c in record.calls] == [Usage()] * attempts
     assert record.charged_tokens == 0
     assert not any(e.data.get("estimated") for e in record.of(EventType.MODEL_ERROR))
+
+
+async def test_a_keep_alive_connection_the_server_closed_is_retried_at_once_and_not_counted(
+    provider: Provider, server: ProviderServer
+) -> None:
+    # The first answer keeps its connection; the server then closes it when the next request comes
+    # on it, without a byte ("Server disconnected without sending a response"): sent again at once,
+    # on a new connection, within the same attempt; the breaker (opening at 1 failure) sees nothing.
+    usage = Usage(input_tokens=5, output_tokens=1)
+    server.add(
+        Respond.stream(provider.answer(["one"], usage=usage), keep_alive=True),
+        Respond.stream(provider.answer(["two"], usage=usage)),
+    )
+    health = ProviderHealth(provider.name, failure_threshold=1)
+    model = GuardedModel(provider.model(server.url, name="contract-keepalive"), health)
+    try:
+        first = await model.complete(request())
+        second = await model.complete(request())
+    finally:
+        await model.aclose()
+    assert [first.content, second.content] == [[TextBlock(text="one")], [TextBlock(text="two")]]
+    assert len(server.hung_up) == 1 and len(server.requests) == 2
+    assert server.hung_up[0].body == server.requests[1].body
+    assert (health.breaker.state.value, health.breaker.consecutive_failures, health.failures) == ("closed", 0, 0)
 
 
 async def test_401_is_auth_and_is_not_retried(

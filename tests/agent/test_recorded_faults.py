@@ -13,7 +13,10 @@ through a real runtime turn where the driver's reaction matters. Pins (issue 25)
   ``/v1/models``, ``/api/show``), once, and a 404 changes nothing;
 * llama-cpp-python's empty HTTP 200 after a prompt near the window is a probable overflow: the
   view is compacted and the request retried once, the empty attempt charged nothing and never
-  counted against the provider's circuit breaker.
+  counted against the provider's circuit breaker;
+* a keep-alive connection the server closed after a streamed answer (llama-server's answer ends
+  without ``Connection: close``) fails nothing: the next request is sent again at once on a new
+  connection, with no failed attempt recorded and no breaker count.
 """
 
 from __future__ import annotations
@@ -227,3 +230,22 @@ async def test_an_empty_200_after_a_prompt_near_the_window_is_a_probable_overflo
     assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["end_turn", "end_turn"]
     # The server answered: no failure counted against its breaker (one would have opened it).
     assert (health.breaker.state.value, health.breaker.consecutive_failures) == ("closed", 0)
+
+
+async def test_a_keep_alive_connection_closed_after_a_streamed_answer_is_retried_without_a_breaker_count(
+    server: ProviderServer, db_path: Path
+) -> None:
+    server.add(
+        Respond.stream(recorded_frames("llama_server_cut_tool_call.sse"), keep_alive=True),
+        Respond.stream(openai_text(["fine"], usage=oa_usage(40, 1))),
+    )
+    health = ProviderHealth("local", failure_threshold=1)
+    model = GuardedModel(llama_server(server, "keepalive", context_window=8192), health)
+    try:
+        events = await _session(db_path, model, "write a.txt", "and now?")
+    finally:
+        await model.aclose()
+    assert len(server.hung_up) == 1 and len(server.requests) == 2
+    assert not [e for e in events if e.type == EventType.MODEL_ERROR]
+    assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["max_tokens", "end_turn"]
+    assert (health.breaker.state.value, health.breaker.consecutive_failures, health.failures) == ("closed", 0, 0)
