@@ -246,8 +246,9 @@ class ModelStep:
         )
         await calls.write(commit)
         prompt_bytes = attempt.request.prompt_bytes
-        calls.history.estimator.observe(prompt_bytes, usage.prompt_tokens)
-        calls.history.meter.observe(prompt_bytes, usage)
+        if not response.estimated:  # an estimate of goald's own would calibrate nothing
+            calls.history.estimator.observe(prompt_bytes, usage.prompt_tokens)
+            calls.history.meter.observe(prompt_bytes, usage)
         calls.history.append(ConvMessage(role="assistant", content=content))
         if content is not response.content:
             response = response.model_copy(update={"content": content})

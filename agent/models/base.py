@@ -301,6 +301,8 @@ class ModelResponse(BaseModel):
     content: Content
     finish_reason: FinishReason
     usage: Usage
+    #: ``usage`` is goald's estimate (the server reported none): charged, never calibrated with.
+    estimated: bool = False
 
 
 DeltaCallback = Callable[[str], None]

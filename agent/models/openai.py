@@ -61,7 +61,7 @@ from agent.models.base import (
     with_cut_notes,
 )
 from agent.models.classify import status_kind
-from agent.spend import Price, Usage
+from agent.spend import Price, Usage, estimator_for
 
 if TYPE_CHECKING:
     import httpx2
@@ -419,18 +419,24 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         finish = got.finish_reason(any(isinstance(b, ToolUseBlock) for b in content))
         usage = got.usage
         if usage is None:
-            usage = self._estimate_usage(len(body), got)
+            usage = self._estimate_usage(len(body), request.max_tokens, got)
+            return ModelResponse(content=content, finish_reason=finish, usage=usage, estimated=True)
         return ModelResponse(content=content, finish_reason=finish, usage=usage)
 
-    def _estimate_usage(self, prompt_bytes: int, got: _Assembly) -> Usage:
-        # A server that ignores include_usage: charge a cautious estimate (3 bytes a token) so budgets still bind.
+    def _estimate_usage(self, prompt_bytes: int, max_tokens: int, got: _Assembly) -> Usage:
+        """A server that ignores ``include_usage``: charge an estimate so budgets still bind. The prompt
+        at the model's running ratio of tokens to bytes (calibrated by the calls that did report
+        usage: :meth:`~agent.spend.PromptEstimator.likely`), the answer at the same ratio, never
+        more than the call's ``max_tokens``."""
         if not self._warned_no_usage:
             self._warned_no_usage = True
             logger.warning("{} sent no usage for model {}; charging estimates", self.provider, self.name)
+        estimator = estimator_for(self.spec)
         out_bytes = sum(len(t.encode()) for t in got.text) + sum(
             len(a.encode()) for c in got.calls.values() for a in c.arguments
         )
-        return Usage(input_tokens=math.ceil(prompt_bytes / 3), output_tokens=max(1, math.ceil(out_bytes / 3)))
+        output = min(max(1, math.ceil(out_bytes * estimator.typical_ratio)), max(1, max_tokens))
+        return Usage(input_tokens=estimator.likely(prompt_bytes), output_tokens=output)
 
     def _item(self, event: str | None, data: str) -> object:
         # As the SDK's stream: ``[DONE]`` ends it; an object with an ``error`` is an error.

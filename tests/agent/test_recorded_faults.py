@@ -16,7 +16,9 @@ through a real runtime turn where the driver's reaction matters. Pins (issue 25)
   counted against the provider's circuit breaker;
 * a keep-alive connection the server closed after a streamed answer (llama-server's answer ends
   without ``Connection: close``) fails nothing: the next request is sent again at once on a new
-  connection, with no failed attempt recorded and no breaker count.
+  connection, with no failed attempt recorded and no breaker count;
+* a server that sends no usage is charged estimates at the model's running ratio of the calls that
+  did report usage, and an answer's estimate never exceeds the call's ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from typing import Any
 import pytest
 from providers_server import (
     ProviderServer,
+    Recorded,
     Respond,
+    oa_chunk,
     oa_usage,
+    openai_stream,
     openai_text,
     recorded_frames,
     recorded_response,
@@ -249,3 +254,32 @@ async def test_a_keep_alive_connection_closed_after_a_streamed_answer_is_retried
     assert not [e for e in events if e.type == EventType.MODEL_ERROR]
     assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["max_tokens", "end_turn"]
     assert (health.breaker.state.value, health.breaker.consecutive_failures, health.failures) == ("closed", 0, 0)
+
+
+async def test_without_usage_the_estimate_follows_the_reported_calls_and_never_exceeds_max_tokens(
+    server: ProviderServer, db_path: Path
+) -> None:
+    def answer(request: Recorded) -> None:
+        if len(server.requests) == 1:
+            # The first call reports its usage: one token per 8 bytes of request (a byte-frugal tokenizer).
+            server.add(Respond.stream(openai_text(["ok"], usage=oa_usage(len(request.raw) // 8, 1))))
+        else:
+            # The next reports none, and answers 4,000 characters (cut by the output limit).
+            server.add(Respond.stream(openai_stream([oa_chunk(content="z" * 4000), oa_chunk(finish="length")])))
+
+    server.on_request = answer
+    model = llama_server(server, "calibrated", context_window=100_000)  # 32 output tokens a call
+    try:
+        events = await _session(db_path, model, "first " + "a" * 3000, "second " + "b" * 3000)
+    finally:
+        await model.aclose()
+    reported, estimated = (
+        Usage.model_validate(e.data["usage"]) for e in events if e.type == EventType.ASSISTANT_MESSAGE
+    )
+    second = len(server.requests[1].raw)
+    assert reported.input_tokens == len(server.requests[0].raw) // 8
+    # The prompt at the calibrated ratio (not 3 bytes a token: that was 2.7 times too much here).
+    assert abs(estimated.input_tokens - (second / 8 + 16)) <= 2
+    assert estimated.input_tokens < second / 3 / 2
+    # The answer's 4,000 characters are no more than the 32 tokens the call allowed.
+    assert estimated.output_tokens == 32
