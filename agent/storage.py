@@ -5,10 +5,17 @@ opened) is no fault of the statement: the same write succeeds once the condition
 reported as :class:`~agent.errors.StorageUnavailable` with a hint of what to do (so a caller can
 wait and retry, and an operator knows what to fix); any other SQLite error is a bug or bad input
 and stays what it is.
+
+A disk filled by something else (a goal's command writing into a work directory on the same file
+system) would leave the store unable to record even that: :class:`StoreReserve` is a file of real
+blocks beside the database that the store gives back when a write meets a full disk
+(:func:`is_disk_full`), then tries the write once more; the daemon makes it again once space is back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -36,6 +43,58 @@ _STORAGE_CODES = {
     8: "the database is read-only",  # SQLITE_READONLY
     14: "a database file cannot be opened",  # SQLITE_CANTOPEN
 }
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "database or disk is full" (``SQLITE_FULL``)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF == 13
+
+
+class StoreReserve:
+    """A file of ``size`` bytes of real blocks at ``path``, given back to the file system when the
+    store meets a full disk (:meth:`release`), made again when there is room (:meth:`make`).
+
+    Thread-safe enough for its use: the store thread releases it, the daemon's watcher makes it, and
+    both are single system calls on the path (a rename puts a made reserve in place whole).
+    """
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+
+    def present(self) -> bool:
+        """Whether the reserve is in place."""
+        return self.path.is_file()
+
+    def make(self) -> bool:
+        """Allocate the reserve (real blocks: ``posix_fallocate``); ``False`` if the disk has no room."""
+        tmp = self.path.with_name(self.path.name + ".new")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            logger.debug("the store's reserve {} cannot be made now: {}", self.path, exc.strerror)
+            return False
+        return True
+
+    def release(self) -> bool:
+        """Give the reserve's blocks back; ``True`` if there was one to give."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            logger.error("the store's reserve {} cannot be released: {}", self.path, exc.strerror)
+            return False
+        return True
 
 
 def storage_failure(exc: BaseException, path: Path) -> StorageUnavailable | None:

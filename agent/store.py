@@ -20,6 +20,9 @@ raises :class:`~agent.errors.StorageUnavailable` with a hint of what to do. The 
 condition (:meth:`Store.storage_health`), logs it once at error level, and clears it, logged,
 at the next commit that succeeds; :meth:`Store.wait_writable` lets whoever retries a write wake
 as soon as another write got through. Nothing polls: the writers' own retries are the probes.
+A write that meets a full disk first releases the store's reserve (:attr:`Store.reserve`, a file
+of real blocks the daemon keeps beside the database: :class:`agent.storage.StoreReserve`) and is
+tried once more, so that what filled the disk is still recorded.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from agent.migrate import apply_migrations, backup_into
 from agent.payloads import AgentStatus
 from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, payloads, relay
 from agent.schema import MIGRATIONS, Migration
-from agent.storage import owner_only
+from agent.storage import StoreReserve, is_disk_full, owner_only
 from agent.storage import storage_failure as storage_failure  # re-exported: its home moved
 
 T = TypeVar("T")
@@ -196,6 +199,8 @@ class Store:
         self._writable.set()
         #: What the transaction just run on the store thread committed, for the loop (see _work).
         self._delivery: tuple[list[Event], list[Callable[[], None]]] | None = None
+        #: Blocks kept beside the SQLite file for a write that meets a full disk (set by the daemon).
+        self.reserve: StoreReserve | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -447,6 +452,16 @@ class Store:
             for sid, seq in marks.items():
                 self._published[sid] = max(self._published.get(sid, 0), seq)
         except DatabaseError as exc:
+            if self.reserve is not None and is_disk_full(exc) and self.reserve.release():
+                # Whatever filled the disk, this write (a command's result, the failure itself) is
+                # recorded: once, with the reserve's blocks given back (made again when space is back).
+                logger.warning(
+                    "the disk of the store is full ({}): its reserve ({}) was released for this write;"
+                    " free space on it (goald makes the reserve again when there is room)",
+                    self.location,
+                    self.reserve.path,
+                )
+                return self._run_tx(fn)
             failure = self._failure_of(exc)
             if failure is None:
                 raise

@@ -148,6 +148,7 @@ def _path_findings(settings: Settings) -> list[Finding]:
         out.append(Finding("socket", f"directory {socket_dir} does not exist{runtime}; goald serve would create it"))
     if settings.database is not None and not settings.database.expanduser().parent.is_dir():
         out.append(Finding("database", f"directory {settings.database.expanduser().parent} does not exist"))
+    out += _shared_disk_findings(settings)
     for index, path in enumerate(settings.sandbox_read_only_paths):
         if not path.exists():
             out.append(Finding(f"sandbox_read_only_paths[{index}]", f"{path} does not exist"))
@@ -156,6 +157,33 @@ def _path_findings(settings: Settings) -> list[Finding]:
             socket_gid(group)
         except ConfigError as exc:
             out.append(Finding("socket_group", str(exc)))
+    return out
+
+
+def _shared_disk_findings(settings: Settings) -> list[Finding]:
+    """A work-directory root on the file system of the state directory (the default layout): a goal's
+    command that fills it leaves the store no room (``[storage]`` softens that; only another file
+    system prevents it). Checked when both exist."""
+    out: list[Finding] = []
+    state = settings.state_dir.expanduser()
+    try:
+        state_dev = state.stat().st_dev
+    except OSError:
+        return out
+    for root in settings.roots:
+        try:
+            shared = root.stat().st_dev == state_dev
+        except OSError:
+            continue
+        if shared:
+            out.append(
+                Finding(
+                    "workdir_roots",
+                    f"{root} is on the file system of the state directory {state}: a goal's command that"
+                    " fills it leaves the store no room (the [storage] watermark and reserve soften this);"
+                    " put workdir_roots on another file system",
+                )
+            )
     return out
 
 

@@ -163,6 +163,7 @@ _REASON_TEXT = {
     "deadline": "deadline passed",
     "wall_time": "wall time used up",
     "workdir_missing": "work directory missing",
+    "disk_limit": "disk limit reached",
     "context_too_small": "context window too small",
 }
 

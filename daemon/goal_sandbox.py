@@ -9,7 +9,9 @@ socket, which is as privileged as the daemon's user). Each field is merged on it
 neither side sets keeps the daemon-wide default (``sandbox_network``, ``sandbox_max_processes`` ...):
 
 * ``network``: an explicit ``false`` on either side wins; else an explicit ``true``; else the default.
-* ``max_processes``, ``max_memory_mb``: the smaller of the two caps that are set.
+* ``max_processes``, ``max_memory_mb``, ``max_disk_mb``: the smaller of the two caps that are set
+  (``max_disk_mb``, what the work directory may hold on disk, is judged by the goal engine at each
+  idle: :func:`goal_disk_limit`).
 * ``read_only_paths``: the union.
 * ``secrets``: the union by name; a name on both sides takes the config file's value. The spec names
   where the daemon reads each value (a credential file, an environment variable), never the value;
@@ -68,6 +70,17 @@ def goal_policy(profile: SandboxProfile, goal: Goal) -> SandboxPolicy:
         max_processes=_lower(base.max_processes, spec.max_processes),
         max_memory_bytes=_lower(base.max_memory_bytes, memory),
     )
+
+
+def goal_disk_limit(settings: Settings, goal: Goal) -> int | None:
+    """What ``goal``'s work directory may hold on disk, in bytes (``None``: no limit): the smaller of
+    its ``[goal_sandbox.<key>]`` and its own ``sandbox.max_disk_mb`` that are set, else
+    ``sandbox_max_disk_mb``; 0 means no limit."""
+    configured = settings.goal_sandbox.get(goal.key) if goal.key is not None else None
+    mb = _lower(configured.max_disk_mb if configured is not None else None, goal.sandbox.max_disk_mb)
+    if mb is None:
+        mb = settings.sandbox_max_disk_mb
+    return mb * MIB if mb else None
 
 
 def goal_redactor(profile: SandboxProfile, spec: SandboxSpec) -> Redactor:

@@ -32,6 +32,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -60,6 +61,7 @@ from agent.db import Conn
 from agent.errors import StorageUnavailable
 from agent.ids import SessionId
 from agent.models.health import ProviderHealth
+from agent.sandbox.base import CommandRefused
 from daemon import __version__
 from daemon.alerts import Alerts
 from daemon.alerts.rpc import register as register_notify
@@ -67,7 +69,8 @@ from daemon.backup import upgrade_store
 from daemon.cluster import LeaseManager
 from daemon.cluster.node import join
 from daemon.declared import GoalsFileError, apply_declared
-from daemon.goal_sandbox import goal_policy, goal_redactor
+from daemon.disk import StoreDisk
+from daemon.goal_sandbox import goal_disk_limit, goal_policy, goal_redactor
 from daemon.lock import StateLock
 from daemon.mcp_servers import build_mcp_servers
 from daemon.metrics import LoopLag, Metrics, MetricsService, SlotSemaphore
@@ -159,6 +162,12 @@ class Host:
         self.alerts = Alerts(settings.notify, lambda: self.sandboxing)
         #: Where sessions and goals work, inside the allowed roots.
         self.workdirs = Workdirs(settings.roots)
+        #: The disk holding the store: its watermark and the store's reserve (``[storage]``).
+        self.disk = StoreDisk(
+            settings.database_path.parent if settings.store is None else settings.state_dir.expanduser(),
+            settings.storage,
+            reserve=settings.store is None,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -201,6 +210,8 @@ class Host:
         # [web]: its address bound now, so a port in use stops the start before the store opens.
         web_sockets = bind_listeners(s.web) if s.web.enabled else []
         self.mcp = await build_mcp_servers(s)
+        # The reserve in place (or, on a disk already full, given back so that the store can open).
+        await asyncio.to_thread(self.disk.before_open)
         async with (
             self.mcp,
             Runtime.open(
@@ -213,6 +224,8 @@ class Host:
             ) as rt,
         ):
             self.rt = rt
+            rt.store.reserve = self.disk.reserve
+            disk_watch = rt.spawn(self.disk.watch())
             self.alerts.watch_breakers(self.healths, rt)
             engine = await self._start_engine(rt)
             await self._start_scheduler()
@@ -244,6 +257,7 @@ class Host:
                 engine.fingerprinter.stop()
                 self._notifier.stopping()
                 services.stop_first()
+                disk_watch.cancel()
                 if stdio_task is not None:
                     stdio_task.cancel()
                 if page is not None:
@@ -289,6 +303,8 @@ class Host:
             fingerprint_limits=FingerprintLimits(
                 max_bytes=s.fingerprint_max_bytes, max_seconds=s.fingerprint_max_seconds
             ),
+            disk_limit_for=lambda goal: goal_disk_limit(s, goal),
+            hold=self.disk.low,
         )
         self.engine = engine
         # Before the engine resumes any goal's session (their tools are set up as they load).
@@ -472,6 +488,16 @@ class Host:
         summary = self.models.get(self.settings.summary_model) if self.settings.summary_model else None
         return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots, summary_model=summary)
 
+    def _refuse_when_low(self) -> None:
+        """No sandboxed command starts while the disk holding the store is under its watermark.
+
+        Raises:
+            CommandRefused: saying so (the tool's result reads ``not run: ...``).
+        """
+        why = self.disk.low()
+        if why is not None:
+            raise CommandRefused(why)
+
     async def _sandbox_for(self, ctx: ToolContext) -> Sandbox:
         """One shell call's sandbox: the session's work directory, under its live goal's network and secrets.
 
@@ -484,6 +510,7 @@ class Host:
         """
         if ctx.workdir is None:
             raise SandboxUnavailable("this session has no work directory")
+        self._refuse_when_low()
         assert self.rt is not None
         chain, goal = await self.rt.store.read(lambda conn: _chain_and_goal(conn, ctx.session_id))
         if goal is None:
@@ -493,10 +520,12 @@ class Host:
     def _goal_runner(self, goal: Goal) -> CommandRunner:
         """Where ``goal``'s verification and progress commands run: its own sandbox and cgroup, as its shell."""
         policy = goal_policy(self.sandboxing, goal)
-        return sandboxed_runner(
-            lambda workdir: self.sandboxing.sandbox(workdir, policy=policy, limits_group=goal.id),
-            goal_redactor(self.sandboxing, goal.sandbox),
-        )
+
+        def sandbox_for(workdir: Path) -> Sandbox:
+            self._refuse_when_low()
+            return self.sandboxing.sandbox(workdir, policy=policy, limits_group=goal.id)
+
+        return sandboxed_runner(sandbox_for, goal_redactor(self.sandboxing, goal.sandbox))
 
     def learn_secrets(self, spec: SandboxSpec) -> None:
         """Redact the secrets ``spec`` names from every tool's output of sessions resolved from now on

@@ -50,6 +50,8 @@ def _cap(minimum: int, unit: str) -> AfterValidator:
 Processes = Annotated[int, Field(ge=0), _cap(MIN_PROCESSES, "")]
 #: A cap on a command's memory in MiB: 0 (no cap) or at least 16.
 MemoryMb = Annotated[int, Field(ge=0), _cap(MIN_MEMORY_BYTES // MIB, " MiB")]
+#: A limit on what a goal's work directory holds on disk, in MiB: 0 (no limit) or more.
+DiskMb = Annotated[int, Field(ge=0, le=1024 * 1024 * 1024)]
 
 
 class McpServerSettings(BaseModel):
@@ -113,6 +115,8 @@ class GoalSandbox(BaseModel):
     max_processes: Processes | None = None
     #: Cap on the memory of this goal's commands all together, in MiB (default: ``sandbox_max_memory_mb``; 0: none).
     max_memory_mb: MemoryMb | None = None
+    #: What this goal's work directory may hold on disk, in MiB (default: ``sandbox_max_disk_mb``; 0: none).
+    max_disk_mb: DiskMb | None = None
 
     @field_validator("secrets")
     @classmethod

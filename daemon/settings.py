@@ -38,6 +38,7 @@ from daemon.metrics import MetricsSettings
 from daemon.provider_settings import ModelLimits, ProviderSettings, read_secret
 from daemon.retention_settings import RetentionSettings
 from daemon.sandbox_settings import (
+    DiskMb,
     GoalSandbox,
     McpServerSettings,
     MemoryMb,
@@ -47,11 +48,13 @@ from daemon.sandbox_settings import (
     read_tool_secret,
     sandbox_profile,
 )
+from daemon.storage_settings import StorageSettings
 from daemon.web.settings import WebSettings
 
 __all__ = [
     "PLACEHOLDER_PROVIDER",
     "ConfigError",
+    "DiskMb",
     "GoalSandbox",
     "McpServerSettings",
     "MemoryMb",
@@ -62,6 +65,7 @@ __all__ = [
     "RetentionSettings",
     "SecretRef",
     "Settings",
+    "StorageSettings",
     "load_settings",
     "read_secret",
     "read_tool_secret",
@@ -111,6 +115,9 @@ class Settings(BaseSettings):
     sandbox_max_processes: Processes = 512
     #: Cap on the memory of a goal's sandboxed commands all together, in MiB (0: no cap).
     sandbox_max_memory_mb: MemoryMb = 4096
+    #: What a goal's work directory may hold on disk, in MiB, as measured at each idle (over it, the
+    #: goal pauses ``disk_limit``; 0: no limit).
+    sandbox_max_disk_mb: DiskMb = 10 * 1024
     #: Tool calls of one model step that run at once (the others wait their turn, in order).
     max_parallel_tools: int = Field(default=8, ge=1, le=1024)
     #: No model call starts with less than this many seconds left of its goal's wall time or
@@ -156,6 +163,8 @@ class Settings(BaseSettings):
     notify: NotifySettings = NotifySettings()
     #: The status page (:mod:`daemon.web`): off unless ``enabled``; tokens via ``goald web token add``.
     web: WebSettings = WebSettings()
+    #: Free space kept on the disk that holds the store: the watermark and the reserve (:mod:`daemon.disk`).
+    storage: StorageSettings = StorageSettings()
 
     @field_validator("default_model", "summary_model")
     @classmethod

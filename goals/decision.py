@@ -89,6 +89,10 @@ class PolicyInput:
     progress: str | None = None
     #: An unrecoverable fault found by the engine (e.g. the goal's model is no longer configured).
     fault: str | None = None
+    #: What the work directory holds on disk (bytes, as its walk measured them; ``None``: not
+    #: measured), and the goal's disk limit (``None``: none).
+    disk_bytes: int | None = None
+    disk_limit: int | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ goal's durable ``not_before`` when the store can write it, an in-memory timer wh
 at start the engine evaluates every active goal anyway, so no goal sits ``active`` with nothing
 queued, nothing running and no timer set.
 
+While the daemon says no goal may go on (``hold``: the disk holding the store is nearly full), a
+goal at its idle waits, active, with the reason (:attr:`GoalEngine.held`): nothing is decided or
+counted, no command runs, and it is looked at again every few seconds; only its disk limit is
+judged meanwhile (a work directory over it pauses the goal ``disk_limit``: the remedy).
+
 The engine is the loop and the transactions around the decision; the parts have their own
 modules: reading the interval's events (:mod:`goals.facts`), measuring the work directory and
 running the goal's commands (:mod:`goals.measure`), the decision (:mod:`goals.policy`), the
@@ -68,7 +73,7 @@ from goals.operations import (
     resume_goal,
 )
 from goals.payloads import Caller
-from goals.policy import decide
+from goals.policy import decide, disk_over
 from goals.store import (
     GOAL_CHANGED,
     GOAL_FINGERPRINT,
@@ -88,6 +93,9 @@ from goals.store import (
 from goals.timers import GoalTimers, due_of
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
 from goals.verify import CommandRunner, Fingerprinter, FingerprintLimits, WalkStats, WalkStopped, run_command, within
+
+#: How often a goal held back (:attr:`GoalEngine.hold`) is looked at again, in seconds.
+HOLD_RECHECK_SECONDS = 5.0
 
 DecisionListener = Callable[[PolicyInput, Decision], None]
 Clock = Callable[[], datetime]
@@ -111,6 +119,8 @@ class GoalEngine:
         allowed_roots: list[Path] | None = None,
         runner_for: Callable[[Goal], CommandRunner] | None = None,
         fingerprint_limits: FingerprintLimits | None = None,
+        disk_limit_for: Callable[[Goal], int | None] | None = None,
+        hold: Callable[[], str | None] | None = None,
     ) -> None:
         self.rt = runtime
         self.store = runtime.store
@@ -123,6 +133,15 @@ class GoalEngine:
         self.allowed_roots = allowed_roots
         #: The work-directory walks, bounded (bytes, seconds) and stopped with the engine.
         self.fingerprinter = Fingerprinter(fingerprint_limits)
+        #: A goal's disk limit in bytes (the daemon's: its sandbox settings merged with the config's);
+        #: else the goal's own ``sandbox.max_disk_mb``.
+        self.disk_limit_for = disk_limit_for
+        #: Why no goal may go on now, if so (the daemon's: the disk holding the store is nearly full).
+        #: A goal at its idle then waits (active, nothing counted) and is looked at again every
+        #: :data:`HOLD_RECHECK_SECONDS`; only its disk limit is judged meanwhile.
+        self.hold = hold
+        #: The goals waiting for :attr:`hold`, with the reason (shown with their activity).
+        self.held: dict[str, str] = {}
         self._sessions: dict[str, str] = {}
         self._timers = GoalTimers(clock, timer_interval, self.kick)
         self._runs = EvaluationRuns(runtime.spawn, self._evaluate_once, self._retry_later)
@@ -406,6 +425,11 @@ class GoalEngine:
         if st.status is not AgentStatus.IDLE or st.open_turn is not None:
             return None
         interval = interval_facts(goal, events, st.last_seq)
+        if goal.status is GoalStatus.ACTIVE and self.hold is not None and (why := self.hold()) is not None:
+            await self._held_back(goal, why)
+            return None
+        if self.held.pop(goal.id, None) is not None:
+            logger.info("goal {}: goes on (what held it back has cleared)", goal.id)
         now = self.clock()
         runner = self._runner(goal)
         if (ends := time_ends(goal)) is not None:  # no command runs past the goal's time
@@ -427,6 +451,8 @@ class GoalEngine:
             verification_reused=measured.verification_reused,
             fault=self._fault(goal),
             progress=measured.progress,
+            disk_bytes=measured.walk.disk_bytes if measured.walk is not None and measured.workdir_exists else None,
+            disk_limit=self._disk_limit(goal),
         )
         decision = decide(inp)
         if decision.kind is DecisionKind.NOTHING:
@@ -447,6 +473,35 @@ class GoalEngine:
         return decision
 
     # -- internals -------------------------------------------------------------------------
+
+    def _disk_limit(self, goal: Goal) -> int | None:
+        """``goal``'s disk limit in bytes (``None``: none)."""
+        if self.disk_limit_for is not None:
+            return self.disk_limit_for(goal)
+        mb = goal.sandbox.max_disk_mb
+        return mb * 1024 * 1024 if mb is not None else None
+
+    async def _held_back(self, goal: Goal, why: str) -> None:
+        """The idle of an active goal while :attr:`hold` says no goal may go on: nothing is decided or
+        counted (the interval is read whole later), except that a work directory over the goal's disk
+        limit pauses it now (the remedy, whatever else holds). Looked at again in a few seconds."""
+        disk = None
+        if goal.workdir:
+            try:
+                walked = await self.fingerprinter.walk(Path(goal.workdir))
+            except WalkStopped:
+                return
+            disk = walked.stats.disk_bytes if walked.digest is not None else None
+        reason = disk_over(disk, self._disk_limit(goal))
+        if reason is not None:
+            self.held.pop(goal.id, None)
+            with contextlib.suppress(GoalError):  # a person changed it meanwhile: theirs stands
+                await self._change(goal.id, GoalStatus.PAUSED, reason, "goal paused")
+            return
+        if self.held.get(goal.id) != why:
+            logger.warning("goal {}: waits: {}", goal.id, why)
+        self.held[goal.id] = why
+        self._timers.no_later_than(goal.id, self.clock() + timedelta(seconds=HOLD_RECHECK_SECONDS))
 
     async def _change(
         self,
@@ -540,6 +595,7 @@ class GoalEngine:
         self._timers.set(goal.id, due_of(goal))
 
     def _forget(self, goal: Goal) -> None:
+        self.held.pop(goal.id, None)
         if self._sessions.get(goal.session_id) == goal.id:
             del self._sessions[goal.session_id]
         self._timers.drop(goal.id)

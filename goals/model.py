@@ -110,6 +110,8 @@ class StopReason(enum.StrEnum):
     #: as ``completed (unverified: no verification)``; never labelled verified.
     NO_VERIFICATION = "no_verification"
     WORKDIR_MISSING = "workdir_missing"
+    #: Paused: the work directory holds more than the goal's disk limit (the reason carries the figures).
+    DISK_LIMIT = "disk_limit"
 
 
 class Budgets(BaseModel):
@@ -186,6 +188,9 @@ class SandboxSpec(BaseModel):
     max_processes: int | None = Field(default=None, ge=MIN_PROCESSES, le=1_000_000)
     #: Memory of the goal's commands all together, in MiB.
     max_memory_mb: int | None = Field(default=None, ge=MIN_MEMORY_MB, le=16 * 1024 * 1024)
+    #: What the goal's work directory may hold on disk, in MiB (measured at each idle: over it, the
+    #: goal pauses ``disk_limit``).
+    max_disk_mb: int | None = Field(default=None, ge=1, le=1024 * 1024 * 1024)
     #: Secret environment variables of this goal's commands, by name: where the daemon reads each.
     secrets: dict[str, SecretSource] = Field(default={}, max_length=64)
 

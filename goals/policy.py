@@ -23,7 +23,10 @@ even when a person's follow-up superseded the continuation in the same interval.
    verification commands ran and passed; a goal without any completes ``no_verification`` (shown
    as ``completed (unverified: no verification)``): the model's word alone is never "verified".
 3. An unrecoverable fault (the goal's model is no longer known, the work directory vanished): failed.
-   A claim in the same interval is counted as refused (it could not be verified).
+   A claim in the same interval is counted as refused (it could not be verified). Then a work
+   directory that holds more on disk than the goal's disk limit (as its walk measured it): paused
+   ``disk_limit``, with the figures (``disk_limit: the work directory holds 1.2 GiB, over its 1 GiB
+   limit``); nothing of the goal runs until a person frees space (or raises the limit) and resumes it.
 4. The continuation cancelled other than ``superseded``: paused, with the reason.
 5. K claims refused: paused ``unverified``.
 6. ``goal_blocked`` called in B consecutive rounds: paused ``blocked`` with the model's words. A
@@ -62,6 +65,7 @@ from goals.budgets import backoff, budget_spent, guard_limits, refusal_reason, w
 from goals.continuation import render
 from goals.decision import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput
 from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult
+from goals.verify import size_text
 
 #: The error kind of a turn whose request cannot be made to fit the model's window (agent.step): the
 #: goal pauses with the error as its reason, ``context_too_small: ...`` with the figures.
@@ -260,6 +264,20 @@ def _failed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
     return None
 
 
+def disk_over(disk_bytes: int | None, limit: int | None) -> str | None:
+    """The ``disk_limit`` pause reason, with the figures, when ``disk_bytes`` is over ``limit``."""
+    if disk_bytes is None or limit is None or disk_bytes <= limit:
+        return None
+    held, cap = size_text(disk_bytes), size_text(limit)
+    return f"{StopReason.DISK_LIMIT}: the work directory holds {held}, over its {cap} limit"
+
+
+def _over_disk(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 3, second part: a work directory over the goal's disk limit pauses it ``disk_limit``."""
+    reason = disk_over(inp.disk_bytes, inp.disk_limit)
+    return _pause(g, reason, inp.now) if reason is not None else None
+
+
 def _cancelled(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
     """Rule 4: the continuation cancelled (not superseded) pauses it, with the reason."""
     if not facts.cancelled:
@@ -341,6 +359,7 @@ def _next_round(g: Goal, inp: PolicyInput, facts: Facts) -> Decision:
 RULES: tuple[Rule, ...] = (
     _completed,
     _failed,
+    _over_disk,
     _cancelled,
     _unverified,
     _blocked,
@@ -395,6 +414,7 @@ __all__ = [
     "backoff",
     "budget_spent",
     "decide",
+    "disk_over",
     "guard_limits",
     "refusal_reason",
 ]

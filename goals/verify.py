@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import Redactor, Sandbox, SandboxUnavailable
+from agent.sandbox.base import CommandRefused
 from goals.model import VerifyCommand, VerifyResult
 
 OUTPUT_TAIL = 4000
@@ -140,6 +141,8 @@ def sandboxed_runner(sandbox_for: Callable[[Path], Sandbox], redactor: Redactor 
             result = await sandbox.run(
                 ["bash", "-c", command.cmd], timeout=command.timeout, output_cap=2 * OUTPUT_TAIL, merge_stderr=True
             )
+        except CommandRefused as exc:
+            return VerifyResult(cmd=command.cmd, exit_code=None, output_tail=f"not run: {exc}")
         except SandboxUnavailable as exc:
             return VerifyResult(cmd=command.cmd, exit_code=None, output_tail=f"verification cannot run: {exc}")
         text = result.stdout

@@ -16,6 +16,11 @@ class SandboxUnavailable(AgentError, RuntimeError):
     """A command cannot run in a sandbox here (bwrap is missing, or the work directory is unusable)."""
 
 
+class CommandRefused(SandboxUnavailable):
+    """A command is not started, for a reason of the host that passes (the disk holding the store is
+    nearly full); the message says why, and a tool's result reads ``not run: <message>``."""
+
+
 @dataclass(frozen=True)
 class SandboxResult:
     """What a command did."""

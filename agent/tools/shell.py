@@ -9,6 +9,8 @@ sandbox's process or memory cap (:mod:`agent.limits`) is an error whose first li
 The timeout is capped at the time the session's spend guard has left (:meth:`ToolContext.time_left`):
 a command still running when its goal's deadline or wall-time budget runs out is killed then, and
 the result says so ("stopped: the time budget ran out ..."); with no time left it is not run.
+A command the host refuses to start (:class:`~agent.sandbox.base.CommandRefused`: the daemon's disk
+for its store is under its watermark) is not run either, and the result says why: ``not run: ...``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from pydantic import BaseModel, Field
 
 from agent.sandbox import Sandbox, SandboxResult, SandboxUnavailable
+from agent.sandbox.base import CommandRefused
 from agent.tools.base import Tool, ToolContext, ToolOutput
 
 #: Why a command was stopped, or not run, when its session's time ran out.
@@ -86,6 +89,8 @@ class Shell(Tool[ShellArgs]):
         try:
             sandbox = await self._resolve(ctx)
             result = await sandbox.run(["bash", "-c", args.command], timeout=timeout, output_cap=self.stream_cap)
+        except CommandRefused as exc:
+            return ToolOutput(f"not run: {exc}", True)
         except SandboxUnavailable as exc:
             return ToolOutput(f"shell is not available: {exc}", True)
         return ToolOutput(render(result, timeout, stopped_by), is_error=not result.ok or result.limit is not None)

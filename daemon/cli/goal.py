@@ -94,6 +94,8 @@ def sandbox_params(args: argparse.Namespace) -> dict[str, Any] | None:
         out["maxProcesses"] = args.max_processes
     if getattr(args, "max_memory", None) is not None:
         out["maxMemoryMb"] = args.max_memory
+    if getattr(args, "max_disk", None) is not None:
+        out["maxDiskMb"] = args.max_disk
     for item in getattr(args, "secret", None) or []:
         name, _, where = item.partition("=")
         kind, _, ref = where.partition(":")

@@ -103,6 +103,7 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-processes", type=int, metavar="N", help="processes of the goal's commands together, at once")
     p.add_argument("--max-memory", type=int, metavar="MIB", help="memory of the goal's commands together, in MiB")
+    p.add_argument("--max-disk", type=int, metavar="MIB", help="what the work directory may hold on disk, in MiB")
     p.add_argument(
         "--secret",
         action="append",

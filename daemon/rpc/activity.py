@@ -4,8 +4,9 @@ Everything here is read, nothing is written. The activity of an active goal is d
 state the daemon already keeps, in this order: its session's open turn (a turn is running; if
 its provider's circuit is open, the turn is waiting for the provider), a session that is running
 with no turn open (its turn waits for a slot when every slot is taken, else it is starting), the
-goal's ``not_before`` (a backoff after a model error, or a retry of a failed evaluation), and
-otherwise an idle session whose next round is being decided.
+goal's ``not_before`` (a backoff after a model error, or a retry of a failed evaluation), a goal
+the engine holds back (the disk holding the store is under its watermark: ``waiting_disk``, with
+the figures), and otherwise an idle session whose next round is being decided.
 
 The last error is the goal's remembered model error, else the last turn that ended with an error
 among the session's recent events (a spend guard's refusal such as "cost budget set but the model
@@ -108,6 +109,10 @@ async def _activity(host: HostPort, goal: Goal, provider: dict[str, Any] | None)
     if goal.not_before is not None and goal.not_before > now:
         text = f"backing off before round {round_no} (after a model error or a failed evaluation)"
         return {"state": "backoff", "text": text, "until": _at(goal.not_before), "round": round_no}
+    held = host.engine.held.get(goal.id) if host.engine is not None else None
+    if held is not None:
+        text = f"waiting before round {round_no} until space is back: {held}"
+        return {"state": "waiting_disk", "text": text, "until": None, "round": round_no}
     return {"state": "deciding", "text": f"deciding round {round_no}", "until": None, "round": round_no}
 
 

@@ -58,6 +58,7 @@ class SandboxIn(Params):
     read_only_paths: list[str] = []
     max_processes: int | None = None
     max_memory_mb: int | None = None
+    max_disk_mb: int | None = None
     secrets: dict[str, SecretIn] = {}
 
     def to_spec(self) -> SandboxSpec:

@@ -23,6 +23,7 @@ from daemon.settings import (
     RetentionSettings,
     SecretRef,
     Settings,
+    StorageSettings,
     load_settings,
 )
 
@@ -52,6 +53,7 @@ def test_every_settings_key_is_documented_in_the_example() -> None:
         SecretRef,
         GoalSandbox,
         RetentionSettings,
+        StorageSettings,
         ClusterSettings,
         ToolPolicy,
         Price,

@@ -68,7 +68,10 @@ def fill(path: Path) -> int:
 async def test_a_full_disk_holds_the_goal_refuses_input_and_clears_by_itself(small_tmpfs: Path, tmp_path: Path) -> None:
     state = small_tmpfs / "state"
     work = tmp_path / "work"
-    d = Daemon(state, config={**TEST_MODELS, "workdir_roots": [str(work)]})
+    # The store's own behaviour on a full disk: without the watermark (the 4 MiB disk is always under
+    # the default) and the reserve, which test_disk_attack.py pins.
+    storage = {"min_free_mb": 0, "reserve_mb": 0}
+    d = Daemon(state, config={**TEST_MODELS, "workdir_roots": [str(work)], "storage": storage})
     d.stderr_path = tmp_path / "stderr.log"  # the log must not share the full file system
     filler = small_tmpfs / "filler"
     try:

@@ -30,6 +30,7 @@ from goals import Budgets, ContinuationFate, Decision, DecisionKind, GoalStatus,
 K = DecisionKind
 SUPERSEDED = {"continuation_fate": ContinuationFate.CANCELLED, "cancel_reason": "superseded"}
 N, B = RULES.stall_rounds, RULES.blocked_rounds
+OVER_DISK = "disk_limit: the work directory holds 1.5 GiB, over its 1 GiB limit"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ FACTS = [
     Fact("stall", goal={"stall_streak": N}, inputs={"fingerprint": "fp-old"}),
     Fact("fault", inputs={"fault": FAULT}),
     Fact("workdir_missing", inputs={"workdir_exists": False, "fingerprint": None}),
+    # The work directory holds more than the goal's disk limit (1.5 GiB of 1 GiB).
+    Fact("over_disk", inputs={"disk_bytes": 3 * 2**29, "disk_limit": 2**30}),
     # A note puts a stall's pause off (by at most N rounds); it is never progress by itself.
     Fact("notes", interval={"notes": ["tried another approach"]}),
     # A paused goal only counts; a claim is kept pending, decided at resume.
@@ -96,6 +99,7 @@ def oracle(names: set[str]) -> tuple[DecisionKind, str | None]:
         (lambda: "claim_passes" in names and "workdir_missing" not in names, K.COMPLETE, StopReason.VERIFIED),
         (lambda: "fault" in names, K.FAIL, FAULT),
         (lambda: "workdir_missing" in names, K.FAIL, StopReason.WORKDIR_MISSING),
+        (lambda: "over_disk" in names, K.PAUSE, OVER_DISK),
         (lambda: "cancelled" in names, K.PAUSE, "continuation cancelled: discarded"),
         (lambda: "blocked" in names, K.PAUSE, "blocked: need the key"),
         (lambda: "budget_spent" in names, K.EXHAUST, StopReason.TOKEN_BUDGET),
