@@ -51,10 +51,11 @@ Cost is bounded, and the daemon never waits on a walk:
   times. So the choice is the same at every walk of an unchanged tree, cached or not (the digest
   cache still saves the reads), and an unchanged tree keeps its digest;
 * reading stops after ``max_seconds`` (:data:`MAX_FINGERPRINT_SECONDS`; the daemon's
-  ``fingerprint_max_seconds``), and, as a backstop, after ``max_bytes`` actually read (a file
-  system that reports no holes): the walk then lists the rest without reading, and its digest does
-  not describe the tree (``WalkStats.cut``); the engine judges no progress from it, and what was
-  read is cached, so the next walk goes on from there;
+  ``fingerprint_max_seconds``; checked before each file, so a file begun, at most 64 MiB, is read
+  to its end, and each walk reads at least one file), and, as a backstop, after ``max_bytes``
+  actually read (a file system that reports no holes): the walk then lists the rest without
+  reading, and its digest does not describe the tree (``WalkStats.cut``); the engine judges no
+  progress from it, and what was read is cached, so the next walk goes on from there;
 * a walk checks a stop flag between files and between chunks (:class:`Fingerprinter`, in a daemon
   thread of its own): the daemon's shutdown stops it and does not wait for it.
 
@@ -421,7 +422,8 @@ class _Reader:
         """The content digest of the regular file ``name`` in ``dfd``, with its cache key.
 
         ``None`` if it is not a regular file once opened (a swap since the ``lstat``), is over the
-        per-file bound, cannot be read, or reading was cut short (by time or bytes: ``stats.cut``).
+        per-file bound, cannot be read, or the walk's byte budget ran out in it (``stats.cut``).
+        Raises :class:`WalkStopped` when the stop flag is set (checked between chunks).
         Opened without following a link and without blocking; only its data is read (holes are
         skipped, so a sparse file costs what it holds on disk).
         """
