@@ -13,7 +13,9 @@ The sandbox's root is an empty tmpfs, made read-only once the mounts are in plac
   targets, and only those, are bound too;
 * the extra read-only paths of the goal (a toolchain under ``/opt``, say);
 * the work directory, read-write, and a private ``/tmp``; ``/proc`` of the sandbox's own PID
-  namespace and a minimal ``/dev``.
+  namespace and a minimal ``/dev``;
+* with a network allow list, the daemon's proxy's socket for this command, read-only, at
+  ``/run/goald/proxy.sock`` (:mod:`agent.sandbox.bridge`), and nothing else of ``/run``.
 
 Nothing else exists: not ``/root``, ``/home``, ``/run`` (``/run/user``, ``/run/credentials``),
 ``/var`` (``/var/lib`` with the state directory), ``/srv``, ``/mnt``, other work directories. Only
@@ -116,10 +118,18 @@ def _under(path: Path, tops: Iterable[Path]) -> bool:
 
 
 def mounts(
-    workdir: Path, read_only: Iterable[Path] = (), hidden: Iterable[Path] = (), *, workdir_fd: int | None = None
+    workdir: Path,
+    read_only: Iterable[Path] = (),
+    hidden: Iterable[Path] = (),
+    *,
+    workdir_fd: int | None = None,
+    sockets: Iterable[tuple[Path, str]] = (),
 ) -> list[str]:
     """bwrap's arguments for the file system: allowlist, extra read-only paths, hidden paths, work
     directory, private ``/tmp``, ``/proc`` and ``/dev``; the root made read-only last.
+
+    ``sockets``: ``(host path, path inside)`` of unix sockets bound read-only (the network proxy's,
+    :mod:`agent.sandbox.proxy`; a socket on a read-only mount can still be connected to).
 
     ``workdir_fd`` is a descriptor of the work directory checked by
     :func:`agent.workdirs.open_workdir`: bound with ``--bind-fd``, so a path swapped for a symlink
@@ -136,6 +146,9 @@ def mounts(
     covered = _covered(hidden, workdir, shown)
     for path in covered:
         ops.append((len(path.parts), 1, path, "dir" if path.is_dir() else "file", ""))
+    for source, target in sockets:
+        inside = Path(target)
+        ops.append((len(inside.parts), 0, inside, "ro", str(source)))
     if workdir != Path("/"):
         if workdir_fd is None:
             ops.append((len(workdir.parts), 2, workdir, "bind", str(workdir)))

@@ -48,6 +48,8 @@ class EventType(enum.StrEnum):
     SESSION_CREATED = "session/created"
     #: Older turns were replaced by a summary in the model's view (:mod:`agent.context`).
     CONTEXT_COMPACTED = "context/compacted"
+    #: A sandboxed command's connection through the daemon's network proxy, let through or refused.
+    SANDBOX_NETWORK = "sandbox/network"
 
 
 #: Event kinds that make up the conversation history (the model's view of the session).

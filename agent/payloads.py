@@ -261,6 +261,30 @@ class ContextCompacted(Payload):
     cost: float = 0.0
 
 
+class SandboxNetwork(Payload):
+    """``sandbox/network``: a sandboxed command asked the daemon's network proxy for a connection
+    (its network is an allow list, :mod:`agent.sandbox.proxy`), and what became of it; or, with
+    ``omitted``, how many more attempts of one command were counted but not recorded one by one."""
+
+    type: Literal["sandbox/network"] = "sandbox/network"
+    host: str = ""
+    port: int = 0
+    #: ``CONNECT`` (HTTPS and other tunnels) or the plain HTTP request's method.
+    method: str = ""
+    #: Whether the proxy connected it.
+    allowed: bool = False
+    #: Why not: refused (not in the allow list, no public address) or failed (cannot resolve, connect).
+    reason: str | None = None
+    #: The address connected to, or the one refused.
+    address: str | None = None
+    omitted: int = 0
+    #: The shell call (its ``tool/result``'s ``toolUseId``) and turn that made it, when it came from one.
+    tool_use_id: str | None = None
+    turn_id: str | None = None
+    #: The goal whose verification or progress command made it, when it came from one.
+    goal_id: str | None = None
+
+
 #: The runtime's payloads, discriminated by their ``type``.
 RuntimePayload = Annotated[
     MessageQueued
@@ -275,7 +299,8 @@ RuntimePayload = Annotated[
     | ModelCharged
     | StatusChanged
     | SessionCreated
-    | ContextCompacted,
+    | ContextCompacted
+    | SandboxNetwork,
     Field(discriminator="type"),
 ]
 
@@ -331,4 +356,5 @@ register_payloads(
     StatusChanged,
     SessionCreated,
     ContextCompacted,
+    SandboxNetwork,
 )

@@ -3,7 +3,8 @@
 Runs ``true`` N times (default 100) each way and prints the median and p90 wall time per call:
 a bare subprocess (the floor), ``Sandbox.none`` (the unconfined path: own process group, scrubbed
 environment, output capture), bubblewrap with the network off and on (a daemon-like layout: the
-state directory and a work-directory root hidden, the work directory bound inside it), and the
+state directory and a work-directory root hidden, the work directory bound inside it) and with an
+allow list (the daemon's proxy: a unix socket per call, and the bridge before the command), and the
 ``shell`` tool end to end through a ``ToolRegistry`` (which adds ``bash -c``). The bubblewrap
 rows minus the ``none`` row are the sandbox's own cost. The rows "with limits" run each command in
 a cgroup (processes and memory capped, ``agent.limits``): minus the row without, they are the cost
@@ -30,6 +31,11 @@ from pathlib import Path
 
 from agent import CommandLimits, Sandbox, SandboxUnavailable, Shell, ToolContext, ToolRegistry, detect_bwrap
 from agent.limits import limiter
+from agent.sandbox import Network, NetworkProxy
+
+#: The row of a sandbox whose network is an allow list: the proxy's socket made and removed, the
+#: bridge started before ``true`` (``agent.sandbox.bridge``).
+ALLOW = "bwrap, network allow list (proxy socket + bridge)"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -77,6 +83,19 @@ async def run(calls: int) -> None:
                 )
                 label = f"bwrap, network {'on' if network else 'off'}"
                 rows.append((label, await timed(calls, lambda box=box: box.run(["true"], timeout=30))))
+            proxy = NetworkProxy()
+            try:
+                allowed = Sandbox(
+                    workdir,
+                    hidden=(state, state / "work"),
+                    proxy=proxy.gate(Network("allow", ("pypi.org",))),
+                    bwrap=found.path,
+                    disable_userns=found.disable_userns,
+                )
+                label = ALLOW
+                rows.append((label, await timed(calls, lambda: allowed.run(["true"], timeout=30))))
+            finally:
+                await proxy.stop()
             limited = Sandbox(
                 workdir,
                 hidden=(state, state / "work"),
@@ -118,6 +137,9 @@ async def run(calls: int) -> None:
         for limited_label in (label for label in medians if label.startswith("bwrap, with limits")):
             extra = (medians[limited_label] - medians["bwrap, network off"]) * 1000
             print(f"limits' cost per shell call (median, {limited_label} over network off): {extra:.2f}ms")
+    if ALLOW in medians:
+        extra = (medians[ALLOW] - medians["bwrap, network off"]) * 1000
+        print(f"an allow list's cost per shell call (median, its socket and bridge over network off): {extra:.2f}ms")
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from agent import InvalidInput, ModelRegistry
 from agent.sandbox.base import DEFAULT_PATH
 from daemon.models import ProviderNeedsRestart
 from daemon.rpc.protocol import InvalidField
+from daemon.sandbox_settings import network_findings
 from daemon.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def config_findings(
     """What in a valid configuration will probably not work as meant (see the module docstring)."""
     out: list[Finding] = []
     out += _key_findings(settings)
+    out += _network_findings(settings)
     for key in ("default_model", "summary_model"):
         spec = getattr(settings, key)
         if spec is not None and (why := model_problem(settings, spec)) is not None:
@@ -123,6 +125,15 @@ def _key_findings(settings: Settings) -> list[Finding]:
             )
         elif conf.base_url is None or not _is_local(conf.base_url):
             out.append(Finding(where, "names no API key (api_key_env, api_key_credential or api_key)"))
+    return out
+
+
+def _network_findings(settings: Settings) -> list[Finding]:
+    """Each sandbox network that is the host's (what it exposes), and each written as a boolean."""
+    out: list[Finding] = []
+    for line in network_findings(settings):
+        key, _, message = line.partition(": ")
+        out.append(Finding(key, message))
     return out
 
 

@@ -8,7 +8,9 @@ How the two sources merge (both are the operator's: the config file, and a clien
 socket, which is as privileged as the daemon's user). Each field is merged on its own, and a field
 neither side sets keeps the daemon-wide default (``sandbox_network``, ``sandbox_max_processes`` ...):
 
-* ``network``: an explicit ``false`` on either side wins; else an explicit ``true``; else the default.
+* ``network``: the stricter of the two that are set (:meth:`~agent.sandbox.network.Network.merge`):
+  ``"off"`` over an allow list over ``"host"``; two allow lists keep the names both allow. Neither
+  set: the default.
 * ``max_processes``, ``max_memory_mb``, ``max_disk_mb``: the smaller of the two caps that are set
   (``max_disk_mb``, what the work directory may hold on disk, is judged by the goal engine at each
   idle: :func:`goal_disk_limit`).
@@ -27,7 +29,7 @@ from loguru import logger
 
 from agent import Redactor
 from agent.limits import MIB
-from agent.sandbox import SandboxPolicy, SandboxProfile
+from agent.sandbox import Network, SandboxPolicy, SandboxProfile
 from daemon.settings import SecretRef, Settings, read_tool_secret
 from goals import Goal, SandboxSpec, SecretSource
 
@@ -60,8 +62,8 @@ def goal_policy(profile: SandboxProfile, goal: Goal) -> SandboxPolicy:
     if spec.empty:
         return configured or SandboxPolicy()
     base = configured or SandboxPolicy()
-    said = [n for n in (base.network, spec.network) if n is not None]
-    network = None if not said else all(said)
+    said = [n for n in (base.network, None if spec.network is None else Network.of(spec.network)) if n is not None]
+    network = None if not said else said[0] if len(said) == 1 else said[0].merge(said[1])
     memory = spec.max_memory_mb * MIB if spec.max_memory_mb is not None else None
     return SandboxPolicy(
         network=network,

@@ -62,6 +62,7 @@ from agent.errors import StorageUnavailable
 from agent.ids import SessionId
 from agent.models.health import ProviderHealth
 from agent.sandbox.base import CommandRefused
+from agent.sandbox.proxy import Report
 from daemon import __version__
 from daemon.alerts import Alerts
 from daemon.alerts.rpc import register as register_notify
@@ -75,6 +76,7 @@ from daemon.lock import StateLock
 from daemon.mcp_servers import build_mcp_servers
 from daemon.metrics import LoopLag, Metrics, MetricsService, SlotSemaphore
 from daemon.models import build_registry
+from daemon.network_events import NetworkEvents
 from daemon.notify import Notifier
 from daemon.ready_services import ReadyServices
 from daemon.rpc.methods import build_dispatcher
@@ -162,6 +164,8 @@ class Host:
         self.alerts = Alerts(settings.notify, lambda: self.sandboxing)
         #: Where sessions and goals work, inside the allowed roots.
         self.workdirs = Workdirs(settings.roots)
+        #: The network proxy's reports as ``sandbox/network`` events; made when the store is open.
+        self.network_events: NetworkEvents | None = None
         #: The disk holding the store: its watermark and the store's reserve (``[storage]``).
         self.disk = StoreDisk(
             settings.database_path.parent if settings.store is None else settings.state_dir.expanduser(),
@@ -224,6 +228,7 @@ class Host:
             ) as rt,
         ):
             self.rt = rt
+            self.network_events = NetworkEvents(rt.store, rt.spawn)
             rt.store.reserve = self.disk.reserve
             disk_watch = rt.spawn(self.disk.watch())
             self.alerts.watch_breakers(self.healths, rt)
@@ -267,6 +272,8 @@ class Host:
                     await _step("the scheduler", self.scheduler.stop())
                 await _step("the goal engine", engine.stop())
                 await _step("the services", services.stop_last())
+                if self.sandboxing.proxy is not None:  # every command has ended: nothing goes out now
+                    await _step("the network proxy", self.sandboxing.proxy.stop())
                 if self.leases is not None:
                     await _step("the drivers", self.leases.halt())
         logger.debug("daemon stopping: the store closed")
@@ -513,17 +520,26 @@ class Host:
         self._refuse_when_low()
         assert self.rt is not None
         chain, goal = await self.rt.store.read(lambda conn: _chain_and_goal(conn, ctx.session_id))
+        report = self._network_report(ctx.session_id, toolUseId=ctx.call_id, turnId=ctx.turn_id)
         if goal is None:
-            return self.sandboxing.sandbox(ctx.workdir, limits_group=chain[-1] if chain else ctx.session_id)
-        return self.sandboxing.sandbox(ctx.workdir, policy=goal_policy(self.sandboxing, goal), limits_group=goal.id)
+            group = chain[-1] if chain else ctx.session_id
+            return self.sandboxing.sandbox(ctx.workdir, limits_group=group, report=report)
+        policy = goal_policy(self.sandboxing, goal)
+        return self.sandboxing.sandbox(ctx.workdir, policy=policy, limits_group=goal.id, report=report)
+
+    def _network_report(self, session_id: str, **context: str | None) -> Report | None:
+        """Where a command's attempts through the network proxy go: ``sandbox/network`` events of
+        ``session_id`` (the log before the store is open)."""
+        return None if self.network_events is None else self.network_events.reporter(session_id, **context)
 
     def _goal_runner(self, goal: Goal) -> CommandRunner:
         """Where ``goal``'s verification and progress commands run: its own sandbox and cgroup, as its shell."""
         policy = goal_policy(self.sandboxing, goal)
+        report = self._network_report(goal.session_id, goalId=goal.id)
 
         def sandbox_for(workdir: Path) -> Sandbox:
             self._refuse_when_low()
-            return self.sandboxing.sandbox(workdir, policy=policy, limits_group=goal.id)
+            return self.sandboxing.sandbox(workdir, policy=policy, limits_group=goal.id, report=report)
 
         return sandboxed_runner(sandbox_for, goal_redactor(self.sandboxing, goal.sandbox))
 

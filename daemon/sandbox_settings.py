@@ -1,6 +1,14 @@
 """The sandbox's settings: caps on commands, each goal's sandbox and tool secrets, the MCP servers
 (which run in the sandbox), and :func:`sandbox_profile`, how the daemon sandboxes commands.
 
+The network of goals' commands is one of three settings (:mod:`agent.sandbox.network`):
+``sandbox_network`` (and ``[goal_sandbox.<key>] network``) is ``"off"`` (the default), ``{allow =
+["api.github.com", ...]}`` (through the daemon's proxy, :mod:`agent.sandbox.proxy`: every attempt
+a ``sandbox/network`` event), or ``"host"`` (unsafe: the host's loopback and abstract sockets
+too). ``true``/``false``, the older values, are still read (``"host"``/``"off"``), and
+:func:`network_findings` says so; it also names what ``"host"`` exposes. MCP servers and
+notification commands keep a boolean (``true``: the host's network).
+
 Re-exported from :mod:`daemon.settings`. Secrets are read here, when the profile is built at start,
 and every value read feeds the profile's redactor, so no tool output shows one.
 """
@@ -20,6 +28,8 @@ from agent.allowlist import etc_secrets
 from agent.limits import MIB, MIN_MEMORY_BYTES, MIN_PROCESSES, CommandLimits, limiter
 from agent.sandbox import BASE_VARIABLES, SandboxUser, sandbox_user
 from agent.sandbox.identity import prepare_root
+from agent.sandbox.network import Network, NetworkSetting, deprecated
+from agent.sandbox.proxy import NetworkProxy
 from daemon.provider_settings import read_secret
 
 if TYPE_CHECKING:
@@ -105,8 +115,9 @@ class GoalSandbox(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: The network on or off for this goal's commands (default: ``sandbox_network``).
-    network: bool | None = None
+    #: The network of this goal's commands: ``"off"``, ``{allow = [names]}``, ``"host"`` (unsafe)
+    #: (default: ``sandbox_network``; the stricter of this and a goal's own ``sandbox`` wins).
+    network: NetworkSetting | None = None
     #: Environment variables of this goal's commands only, by name; their values are redacted from tool output.
     secrets: dict[str, SecretRef] = {}
     #: Paths this goal's commands see read-only besides the system directories (a toolchain under /opt).
@@ -153,7 +164,7 @@ def sandbox_profile(settings: Settings) -> SandboxProfile:
         kind=settings.sandbox,
         hidden=tuple(_hidden_paths(settings)),
         roots=tuple(settings.roots),
-        network=settings.sandbox_network,
+        network=Network.of(settings.sandbox_network),
         policies=policies,
         redactor=Redactor(values + _daemon_secrets(settings)),
         read_only=tuple(settings.sandbox_read_only_paths),
@@ -176,12 +187,50 @@ def sandbox_profile(settings: Settings) -> SandboxProfile:
     if user is not None:
         _let_through(settings, user)
         logger.info("sandboxed commands run as {} (uid {}, gid {}): the daemon is root", user.name, user.uid, user.gid)
-    logger.info("sandbox: {} (network {})", found.path, "on" if settings.sandbox_network else "off")
+    network = Network.of(settings.sandbox_network)
+    logger.info("sandbox: {} (network {})", found.path, network.describe())
+    for finding in network_findings(settings):
+        logger.warning("{}", finding)
     # Found once per process: at start (logged, a fallback to rlimits as a warning), not in the first command.
     etc_secrets()
     if profile.limits.active or any(p.max_processes or p.max_memory_bytes for p in policies.values()):
         limiter()
-    return dataclasses.replace(profile, bwrap=found, user=user)
+    # Nothing listens until a command with an allow list runs (a goal may bring one at any time).
+    proxy = NetworkProxy(
+        owner=None if user is None else user.ids,
+        hosts={name: [str(a) for a in addresses] for name, addresses in settings.sandbox_network_hosts.items()},
+    )
+    return dataclasses.replace(profile, bwrap=found, user=user, proxy=proxy)
+
+
+#: What ``"host"`` hands a command, in words (``goald config check`` and the log at start).
+HOST_EXPOSES = (
+    "the host's network (unsafe): its commands reach the host's loopback (the model provider, the status page,"
+    " a PostgreSQL store on 127.0.0.1), its abstract unix sockets and every address the host reaches;"
+    ' give the names they need instead: network = {allow = ["api.github.com", ...]}'
+)
+
+
+def network_findings(settings: Settings) -> list[str]:
+    """What to say of the configured networks: each ``"host"`` (what it exposes) and each boolean
+    (deprecated), as ``key: message``."""
+    found: list[str] = []
+    places: list[tuple[str, NetworkSetting | None]] = [("sandbox_network", settings.sandbox_network)]
+    places += [(f"goal_sandbox.{key}.network", conf.network) for key, conf in settings.goal_sandbox.items()]
+    for key, value in places:
+        if value is None:
+            continue
+        if Network.of(value).host:
+            found.append(f"{key}: {HOST_EXPOSES}")
+        if (note := deprecated(value)) is not None:
+            found.append(f"{key}: {note}")
+    for index, sink in enumerate(settings.notify.sinks):
+        if sink.type == "command" and Network.of(sink.network).host:
+            found.append(f"notify.sinks[{index}].network: {HOST_EXPOSES}")
+    for name, server in settings.mcp_servers.items():
+        if server.network:
+            found.append(f"mcp_servers.{name}.network: true is {HOST_EXPOSES.split(';')[0]}")
+    return found
 
 
 def _let_through(settings: Settings, user: SandboxUser) -> None:
@@ -209,7 +258,7 @@ def _goal_policies(settings: Settings) -> tuple[dict[str, SandboxPolicy], list[s
             secrets[name] = value
         values += secrets.values()
         policies[key] = SandboxPolicy(
-            network=conf.network,
+            network=None if conf.network is None else Network.of(conf.network),
             secrets=secrets,
             read_only=tuple(conf.read_only_paths),
             max_processes=conf.max_processes,

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
+    IPvAnyAddress,
     PrivateAttr,
     ValidationError,
     ValidationInfo,
@@ -31,6 +32,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from agent import McpServer, ToolPolicy
 from agent.db import is_dsn
+from agent.sandbox.network import NetworkSetting, host_pattern
 from daemon.alerts.config import NotifySettings
 from daemon.cluster.settings import ClusterSettings
 from daemon.errors import DaemonError
@@ -102,8 +104,14 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json", "journal"] = "text"
     resume_on_start: bool = True
     sandbox: Literal["bwrap", "none"] = "bwrap"
-    #: Whether sandboxed commands have the network (a goal's ``goal_sandbox`` entry may say otherwise).
-    sandbox_network: bool = False
+    #: The network of goals' sandboxed commands: ``"off"``, ``{allow = [names]}`` (through the
+    #: daemon's proxy) or ``"host"`` (unsafe); ``true``/``false`` are read as ``"host"``/``"off"``.
+    #: A goal's ``goal_sandbox`` entry or its own ``sandbox`` may say otherwise (the stricter wins).
+    sandbox_network: NetworkSetting = "off"
+    #: Names the network proxy resolves to these addresses instead of asking DNS, trusted as
+    #: written, private addresses included (a package mirror on the private network): the
+    #: operator's explicit word. A name is still reached only by goals whose allow list has it.
+    sandbox_network_hosts: dict[str, list[IPvAnyAddress]] = {}
     #: Who sandboxed commands run as when the daemon is root (a user name, made as a system user
     #: when missing, or ``UID:GID``); a daemon that is not root runs them as itself.
     sandbox_user: str = Field(default="goald-sandbox", min_length=1)
@@ -219,6 +227,14 @@ class Settings(BaseSettings):
                 " goald-pg-password (LoadCredential=goald-pg-password:/path)"
             )
         return value
+
+    @field_validator("sandbox_network_hosts")
+    @classmethod
+    def _host_names(cls, value: dict[str, list[IPvAnyAddress]]) -> dict[str, list[IPvAnyAddress]]:
+        for name, addresses in value.items():
+            if host_pattern(name).startswith("*") or not addresses:
+                raise ValueError(f"{name!r}: a host name (no wildcard) and at least one address")
+        return {host_pattern(name): addresses for name, addresses in value.items()}
 
     @field_validator("mcp_servers")
     @classmethod

@@ -16,6 +16,7 @@ from typing import Any, assert_never
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent import ToolPolicy, TypedId
+from agent.sandbox.network import NetworkSetting
 from goals.errors import InvalidGoalTransition
 
 
@@ -175,13 +176,16 @@ class SecretSource(BaseModel):
 class SandboxSpec(BaseModel):
     """A goal's own sandbox settings (``sandbox`` in a goal spec), beside the config file's
     ``[goal_sandbox.<key>]``. How the two merge is the daemon's (see the README's goal section):
-    an explicit ``network = false`` on either side wins, the smaller of two caps wins, read-only
-    paths and secrets are the union (the config's value of a secret named on both sides)."""
+    the stricter network wins (``"off"`` over an allow list over ``"host"``; two allow lists keep
+    the names both allow), the smaller of two caps wins, read-only paths and secrets are the union
+    (the config's value of a secret named on both sides)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: The network on or off for this goal's commands (``None``: the daemon's default).
-    network: bool | None = None
+    #: The network of this goal's commands: ``"off"``, ``{"allow": [names]}`` (through the daemon's
+    #: proxy) or ``"host"`` (unsafe); ``true``/``false`` are read as ``"host"``/``"off"``
+    #: (``None``: the daemon's default).
+    network: NetworkSetting | None = None
     #: Extra paths the goal's commands may read (a toolchain under ``/opt``, say): absolute.
     read_only_paths: list[str] = Field(default=[], max_length=64)
     #: Processes of the goal's commands all together, at once (bwrap's two of each included).

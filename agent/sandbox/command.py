@@ -3,7 +3,8 @@ command line it builds.
 
 How the bubblewrap command line is built, and why:
 
-* Namespaces are listed one by one (user, pid, ipc, uts, and net when the network is off), never
+* Namespaces are listed one by one (user, pid, ipc, uts, and net unless the network is the
+  host's: off, or an allow list reached through the daemon's proxy, :attr:`Sandbox.proxy`), never
   ``--unshare-all``: its cgroup namespace is refused under systemd's ``RestrictNamespaces=~cgroup``.
   ``--cap-drop ALL`` matters when the daemon runs as root (bwrap then keeps every capability in
   the sandbox, enough to unmount what hides the state directory); ``--disable-userns`` (bwrap ≥ 0.8)
@@ -37,13 +38,16 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agent import allowlist
 from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
 from agent.redact import Redactor
-from agent.sandbox import process, seccomp
+from agent.sandbox import bridge, process, seccomp
 from agent.sandbox.base import BASE_VARIABLES, DEFAULT_PATH, SandboxResult, SandboxUnavailable
+
+if TYPE_CHECKING:
+    from agent.sandbox.proxy import ProxyGate
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Run by bash in :meth:`Sandbox.launcher`, after the limits' entry lines: bwrap's ``--args`` input
@@ -90,8 +94,13 @@ class Sandbox:
     #: ``(uid, gid)`` bwrap runs as: the sandbox user when the daemon is root (never root itself:
     #: :mod:`agent.sandbox.identity`); ``None`` keeps the daemon's own (unprivileged) user.
     run_as: tuple[int, int] | None = None
+    #: A network allow list (:mod:`agent.sandbox.network`): the daemon's proxy's gate for this
+    #: command, bound in with the bridge before it (:mod:`agent.sandbox.bridge`); ``network`` is off.
+    proxy: ProxyGate | None = None
 
     def __post_init__(self) -> None:
+        if self.proxy is not None and self.network:
+            raise SandboxUnavailable("a sandbox on the host's network has no proxy")
         if not self.workdir.is_absolute():
             raise SandboxUnavailable(f"the work directory {str(self.workdir)!r} is not an absolute path")
         for path in self.read_only:
@@ -124,6 +133,8 @@ class Sandbox:
     def environment(self, *, secrets: bool = True) -> dict[str, str]:
         """The command's whole environment: nothing of the daemon's is inherited."""
         env = {"PATH": DEFAULT_PATH, "HOME": str(self.workdir), "LANG": "C.UTF-8", "TMPDIR": "/tmp", **self.env}
+        if self.proxy is not None and self.kind == "bwrap":
+            env.update(bridge.environment())
         return {**env, **self.secrets} if secrets else env
 
     def secret_args(self) -> bytes:
@@ -160,12 +171,15 @@ class Sandbox:
             if secrets_fd is not None:
                 args += ["--args", str(secrets_fd)]
             args += self._mounts(None)
+        if self.proxy is not None:
+            cmd = bridge.wrap(cmd)
         args += ["--chdir", str(self.workdir), "--", *cmd]
         return args
 
     def _mounts(self, workdir_fd: int | None) -> list[str]:
         try:
-            return allowlist.mounts(self.workdir, self.read_only, self.hidden, workdir_fd=workdir_fd)
+            sockets = [] if self.proxy is None else [(self.proxy.path, bridge.SOCKET)]
+            return allowlist.mounts(self.workdir, self.read_only, self.hidden, workdir_fd=workdir_fd, sockets=sockets)
         except allowlist.MountError as exc:
             raise SandboxUnavailable(str(exc)) from None
 
@@ -188,6 +202,8 @@ class Sandbox:
         bwrap: everything of the server inherits them. Unconfined, limits do not apply."""
         if self.kind == "none":
             return list(cmd), self.environment()
+        if self.proxy is not None:  # its socket lives only while :meth:`run` runs a command
+            raise SandboxUnavailable('a long-running server cannot have a network allow list: "off" or "host"')
         bash = shutil.which("bash", path=DEFAULT_PATH) or "/bin/bash"
         parts = [*self._mounts(None), "--seccomp", "4"]
         payload = self.secret_args() + b"".join(p.encode() + b"\0" for p in parts)
@@ -236,4 +252,7 @@ class Sandbox:
         Raises:
             SandboxUnavailable: the sandbox could not be started (bwrap missing, no work directory).
         """
-        return await process.run(self, cmd, timeout=timeout, output_cap=output_cap, merge_stderr=merge_stderr)
+        if self.proxy is None or self.kind == "none":
+            return await process.run(self, cmd, timeout=timeout, output_cap=output_cap, merge_stderr=merge_stderr)
+        async with self.proxy.hold():  # the proxy's socket for this command, while it runs
+            return await process.run(self, cmd, timeout=timeout, output_cap=output_cap, merge_stderr=merge_stderr)

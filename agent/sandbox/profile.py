@@ -1,6 +1,11 @@
 """What a daemon decides about sandboxes once, at start (:class:`SandboxProfile`, the detected
-:class:`Bwrap`), and per goal (:class:`SandboxPolicy`); a profile builds each command's
-:class:`~agent.sandbox.command.Sandbox`."""
+:class:`Bwrap`, the network proxy), and per goal (:class:`SandboxPolicy`); a profile builds each
+command's :class:`~agent.sandbox.command.Sandbox`.
+
+The network is one of three settings (:class:`~agent.sandbox.network.Network`): ``off``, an allow
+list (the command gets a gate of the profile's :class:`~agent.sandbox.proxy.NetworkProxy`,
+reporting where :meth:`SandboxProfile.sandbox` is told to), or ``host``. ``True`` and ``False``
+are still taken where a network is given (``host`` and ``off``)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from agent.redact import Redactor
 from agent.sandbox.base import SandboxUnavailable
 from agent.sandbox.command import Sandbox
 from agent.sandbox.identity import SandboxUser
+from agent.sandbox.network import Network
+from agent.sandbox.proxy import NetworkProxy, Report
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,9 @@ class SandboxPolicy:
         ValueError: a read-only path is not absolute, or a cap is below its minimum.
     """
 
-    #: The network on or off; ``None`` keeps the default.
-    network: bool | None = None
+    #: The network (``off``, an allow list, ``host``); ``None`` keeps the default. A boolean is
+    #: read as before (``True``: ``host``).
+    network: Network | None = None
     #: Secret environment variables for this goal's commands only.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: Paths shown read-only to this goal's commands, besides the profile's (a toolchain, say).
@@ -89,6 +97,9 @@ class SandboxPolicy:
     max_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        given: object = self.network  # a boolean, as before the three settings, is still taken
+        if isinstance(given, bool):
+            object.__setattr__(self, "network", Network.of(given))
         for path in self.read_only:
             if not Path(path).is_absolute():
                 raise ValueError(f"the read-only path {str(path)!r} is not an absolute path")
@@ -114,7 +125,8 @@ class SandboxProfile:
     hidden: tuple[Path, ...] = ()
     #: Work-directory roots: hidden, except the one that is a command's own work directory.
     roots: tuple[Path, ...] = ()
-    network: bool = False
+    #: The default network of goals' commands (a boolean is read as before: ``True`` is ``host``).
+    network: Network = field(default_factory=Network)
     #: Policies by goal key.
     policies: Mapping[str, SandboxPolicy] = field(default_factory=dict)
     #: Redacts every secret the daemon knows (tool secrets and provider keys), from every tool.
@@ -126,6 +138,13 @@ class SandboxProfile:
     limits: CommandLimits = field(default_factory=CommandLimits)
     #: The unprivileged user bwrap runs as when the daemon is root (:mod:`agent.sandbox.identity`).
     user: SandboxUser | None = None
+    #: The daemon's network proxy, for commands whose network is an allow list.
+    proxy: NetworkProxy | None = None
+
+    def __post_init__(self) -> None:
+        given: object = self.network  # a boolean, as before the three settings, is still taken
+        if isinstance(given, bool):
+            object.__setattr__(self, "network", Network.of(given))
 
     def sandbox(
         self,
@@ -134,11 +153,13 @@ class SandboxProfile:
         *,
         policy: SandboxPolicy | None = None,
         limits_group: str | None = None,
+        report: Report | None = None,
     ) -> Sandbox:
         """The sandbox for a command in ``workdir``, under ``policy`` if given, else the configured
         policy of the goal ``key`` (if any). Commands of the same ``limits_group`` (a goal's id, or
         a session's) share one cgroup, under the policy's caps for all of them together; without
-        it, the command's caps are its own.
+        it, the command's caps are its own. With an allow list, the command's attempts through the
+        proxy go to ``report`` (default: the log).
 
         Raises:
             SandboxUnavailable: saying why no command can run.
@@ -150,16 +171,22 @@ class SandboxProfile:
         policy = policy or SandboxPolicy()
         secrets = dict(policy.secrets)
         network = self.network if policy.network is None else policy.network
+        gate = None
         if self.kind == "none":
             return Sandbox.none(workdir, secrets=secrets, kill_grace=self.kill_grace)
         if self.bwrap is None:
             raise SandboxUnavailable("no usable bwrap was detected")
+        if network.proxied:
+            if self.proxy is None:
+                raise SandboxUnavailable("a network allow list needs the daemon's network proxy, which is not running")
+            gate = self.proxy.gate(network, report)
         own = Path(os.path.realpath(workdir))
         hidden = (*self.hidden, *(r for r in self.roots if Path(os.path.realpath(r)) != own))
         return Sandbox(
             workdir,
             hidden=hidden,
-            network=network,
+            network=network.host,
+            proxy=gate,
             secrets=secrets,
             bwrap=self.bwrap.path,
             disable_userns=self.bwrap.disable_userns,

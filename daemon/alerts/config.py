@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agent.sandbox.network import NetworkSetting
 from daemon.alerts.kinds import NotificationKind
 
 #: The placeholders a payload template may use (``$name`` or ``${name}``), each filled JSON-escaped.
@@ -168,8 +169,9 @@ class CommandSink(_Sink):
 
     type: Literal["command"]
     command: list[str] = Field(min_length=1)
-    #: Whether the command has the network (a pager's CLI needs it).
-    network: bool = False
+    #: The command's network (a pager's CLI needs one): ``"off"``, ``{allow = [names]}`` (through
+    #: the daemon's proxy, attempts logged) or ``"host"`` (unsafe); ``true``/``false`` as ``"host"``/``"off"``.
+    network: NetworkSetting = "off"
     #: Secret environment variables of the command, by name (redacted from its output).
     secrets: dict[str, SecretSource] = {}
     timeout_seconds: float = Field(default=30.0, gt=0, le=600)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent import SandboxPolicy, SandboxUnavailable
 from agent.outbox import Attempt
-from agent.sandbox import Sandbox
+from agent.sandbox import Network, Sandbox
 from daemon.alerts.config import CommandSink, NotifySettings, NtfySink, WebhookSink, fill
 from daemon.alerts.payload import dumps, signature, template_values
 
@@ -186,7 +186,7 @@ class Command:
         workdir = Path(tempfile.mkdtemp(prefix="goald-notify-"))
         try:
             (workdir / "payload.json").write_text(text)
-            policy = SandboxPolicy(network=conf.network, secrets=secrets)
+            policy = SandboxPolicy(network=Network.of(conf.network), secrets=secrets)
             env = {
                 "GOALD_NOTIFICATION": text,
                 "GOALD_NOTIFICATION_ID": str(payload["id"]),

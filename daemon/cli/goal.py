@@ -86,7 +86,12 @@ def sandbox_params(args: argparse.Namespace) -> dict[str, Any] | None:
         UsageError: a malformed ``--secret``.
     """
     out: dict[str, Any] = {}
-    if getattr(args, "network", None) is not None:
+    allow = getattr(args, "network_allow", None)
+    if allow and getattr(args, "network", None) is not None:
+        raise UsageError(f"--network {args.network} and --network-allow: one or the other")
+    if allow:
+        out["network"] = {"allow": allow}
+    elif getattr(args, "network", None) is not None:
         out["network"] = args.network
     if getattr(args, "read_only_path", None):
         out["readOnlyPaths"] = args.read_only_path

@@ -94,9 +94,16 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--network",
-        action=argparse.BooleanOptionalAction,
+        choices=("off", "host"),
         default=None,
-        help="the network on (or off) for the goal's commands",
+        help="the goal's commands' network: off, or host (the host's network, its loopback included: unsafe)",
+    )
+    p.add_argument("--no-network", dest="network", action="store_const", const="off", help="the same as --network off")
+    p.add_argument(
+        "--network-allow",
+        action="append",
+        metavar="HOST",
+        help="a host name (or *.domain) the goal's commands may reach through the daemon's proxy (repeatable)",
     )
     p.add_argument(
         "--read-only-path", action="append", metavar="PATH", help="a path the goal's commands may read (repeatable)"

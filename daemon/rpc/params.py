@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from agent import MessageId, SessionId
+from agent.sandbox.network import NetworkSetting
 from goals import Budgets, GoalStatus, SandboxSpec
 
 
@@ -54,7 +55,8 @@ class SecretIn(Params):
 class SandboxIn(Params):
     """A goal's own sandbox settings on the wire (merged with ``[goal_sandbox.<key>]``; see the README)."""
 
-    network: bool | None = None
+    #: ``"off"``, ``{"allow": [names]}`` or ``"host"``; ``true``/``false`` as ``"host"``/``"off"``.
+    network: NetworkSetting | None = None
     read_only_paths: list[str] = []
     max_processes: int | None = None
     max_memory_mb: int | None = None

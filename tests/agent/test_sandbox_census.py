@@ -4,9 +4,10 @@ A probe (:data:`agent.sandbox.census.PROBE`) runs inside the real sandbox throug
 daemon runs commands by: the shell tool, a verification command and a progress command (the goal
 engine's runner), an MCP server (the launcher a spawner without descriptors uses) and a
 notification command (the command sink). What it reports is compared with
-:func:`agent.sandbox.census.expected` for network off, network on (the host's), extra read-only
-paths and secrets: any descriptor, mount, capability, namespace, variable or answering host
-socket not in the census fails, whatever attack would have used it.
+:func:`agent.sandbox.census.expected` for network off, an allow list (through the daemon's proxy),
+the host's network, extra read-only paths and secrets: any descriptor, mount, capability,
+namespace, variable or answering host socket not in the census fails, whatever attack would have
+used it. An MCP server cannot have an allow list (its launcher refuses one).
 """
 
 from __future__ import annotations
@@ -22,9 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sandboxkit import bwrap
 
 from agent.limits import MIB, CommandLimits
-from agent.sandbox import Sandbox, SandboxPolicy, SandboxProfile, SandboxResult, census, sandbox_user
+from agent.sandbox import (
+    Network,
+    NetworkProxy,
+    Sandbox,
+    SandboxPolicy,
+    SandboxProfile,
+    SandboxResult,
+    SandboxUnavailable,
+    census,
+    sandbox_user,
+)
 from agent.sandbox.identity import hand_over, prepare_root
 from agent.tools.base import ToolContext
 from agent.tools.shell import Shell
@@ -32,13 +44,12 @@ from daemon.alerts.config import CommandSink
 from daemon.alerts.sinks import Command
 from goals.model import VerifyCommand
 from goals.verify import sandboxed_runner
-from sandboxkit import bwrap
 
 pytestmark = pytest.mark.needs_bwrap
 
 SECRET = "census-secret-value-0123456789"
 KINDS = ("shell", "verification", "progress", "mcp", "notification")
-SETTINGS = ("network_off", "network_host", "read_only", "secrets")
+SETTINGS = ("network_off", "network_allow", "network_host", "read_only", "secrets")
 #: What bash adds to the environment of a command it runs (the shell tool and the goal's commands run
 #: through ``bash -c``).
 BASH = ("SHLVL", "_")
@@ -62,7 +73,7 @@ def host_endpoints() -> Iterator[list[str]]:
 
 
 @pytest.fixture
-def place(outside: Path) -> tuple[SandboxProfile, Path, Path]:
+def place(outside: Path) -> Iterator[tuple[SandboxProfile, Path, Path]]:
     """A profile as a daemon on this machine builds it (the sandbox user when root, caps set), a
     work directory made as the daemon makes one, and a toolchain directory to show read-only."""
     found = bwrap()
@@ -82,13 +93,16 @@ def place(outside: Path) -> tuple[SandboxProfile, Path, Path]:
         roots=(root,),
         limits=CommandLimits(256, 512 * MIB),
         kill_grace=0.3,
+        proxy=(proxy := NetworkProxy(owner=None if user is None else user.ids)),
     )
-    return profile, workdir, tool
+    yield profile, workdir, tool
+    asyncio.run(proxy.stop())
 
 
 def policy_for(setting: str, tool: Path) -> SandboxPolicy:
     return {
         "network_off": SandboxPolicy(network=False),
+        "network_allow": SandboxPolicy(network=Network("allow", ("example.test",))),
         "network_host": SandboxPolicy(network=True),
         "read_only": SandboxPolicy(read_only=(tool,)),
         "secrets": SandboxPolicy(secrets={"CENSUS_TOKEN": SECRET}),
@@ -146,6 +160,10 @@ async def test_a_command_holds_exactly_the_census(
 ) -> None:
     profile, workdir, tool = place
     box = profile.sandbox(workdir, policy=policy_for(setting, tool))
+    if kind == "mcp" and setting == "network_allow":
+        with pytest.raises(SandboxUnavailable, match="allow list"):
+            box.launcher(census.command())
+        return
     with host_endpoints() as targets:
         seen, extra = await probe(kind, box, workdir, targets)
     assert census.differences(seen, census.expected(box, grouped=True, extra_env=extra)) == []
@@ -155,6 +173,9 @@ async def test_a_command_holds_exactly_the_census(
         assert census.host_identity(box)[0] != 0, "a root daemon's commands run as the sandbox user"
     if setting == "network_host":
         assert seen["interfaces"] != ["lo"]
+    if setting == "network_allow":  # its own namespace; the proxy's socket and variables are in the census
+        assert seen["interfaces"] == ["lo"] and "/run/goald/proxy.sock" in seen["mounts"]
+        assert {"HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"} <= set(seen["env"])
     if setting == "secrets":
         assert "CENSUS_TOKEN" in seen["env"]
 

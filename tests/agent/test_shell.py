@@ -32,6 +32,7 @@ from agent import (
     ToolRegistry,
     file_tools,
 )
+from agent.sandbox import Network
 
 needs_bwrap = pytest.mark.needs_bwrap
 SECRET = "ghp_9Qm2vX7tLr4Ks8Zw1Nb6"
@@ -302,7 +303,7 @@ def test_the_daemon_hides_its_own_paths_and_names_each_goals_secrets(
     assert {tmp_path / "state", tmp_path / "db", run_dir, creds} <= set(profile.hidden)
     assert profile.roots == (tmp_path / "roots" / "a", tmp_path / "roots" / "b")
     assert dict(profile.policies["reports"].secrets) == {"GIT_TOKEN": SECRET, "DB_URL": "postgres://r:pw@h/db"}
-    assert profile.policies["reports"].network is True
+    assert profile.policies["reports"].network == Network("host")  # true, as before: "host"
     assert dict(profile.policies["missing"].secrets) == {}
     errors = [r["message"] for r in records if r["level"].name == "ERROR"]
     assert errors == ["tool secret X of goal 'missing' has no value (environment variable NOPE); left unset"]

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent.limits import MIB
-from agent.sandbox import SandboxPolicy, SandboxProfile
+from agent.sandbox import Network, SandboxPolicy, SandboxProfile
 from daemon.goal_sandbox import check_spec, goal_policy
 from daemon.settings import Settings
 from goals import Budgets, Goal, GoalId, GoalStatus, SandboxSpec, StopRules
@@ -59,15 +59,21 @@ def test_the_spec_and_the_config_entry_merge_field_by_field(monkeypatch: pytest.
         }
     )
     merged = goal_policy(profile, goal("k", spec))
-    assert merged.network is False  # an explicit false wins
+    assert merged.network == Network("off")  # an explicit false ("off") wins
     assert merged.read_only == (Path("/opt/a"), Path("/opt/b"))
     assert (merged.max_processes, merged.max_memory_bytes) == (100, 256 * MIB)  # the smaller caps
     assert dict(merged.secrets) == {"OWN": "spec-token-value", "SHARED": "from-config"}
     # Only the spec: its own values; neither: the config entry (or nothing) as before.
     alone = goal_policy(profile, goal(None, SandboxSpec(network=True)))
-    assert alone.network is True and alone.max_processes is None
+    assert alone.network == Network("host") and alone.max_processes is None
     assert goal_policy(profile, goal("k", SandboxSpec())) is configured
-    assert goal_policy(profile, goal("k", SandboxSpec(network=True))).network is True
+    assert goal_policy(profile, goal("k", SandboxSpec(network=True))).network == Network("host")
+    # An allow list on either side is stricter than "host"; with "off" on the other, "off".
+    listed = SandboxSpec.model_validate({"network": {"allow": ["pypi.org"]}})
+    assert goal_policy(profile, goal("k", listed)).network == Network("allow", ("pypi.org",))
+    assert goal_policy(
+        SandboxProfile(policies={"k": SandboxPolicy(network=Network("off"))}), goal("k", listed)
+    ).network == Network("off")
 
 
 def test_a_spec_may_not_hand_a_provider_key_to_commands() -> None:
