@@ -33,6 +33,7 @@ MARKER = Path("/root/goald-swap-marker")
 @pytest.fixture
 def outside() -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="goald-swap-", dir="/var/tmp")).resolve()
+    base.chmod(0o711)  # a root daemon's sandbox user passes through to the work directories here
     try:
         yield base
     finally:

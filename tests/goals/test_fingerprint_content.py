@@ -134,6 +134,7 @@ ENDED = {"completed", "paused", "failed", "exhausted", "cancelled"}
 @pytest.fixture
 def var_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="goald-content-", dir="/var/tmp"))
+    path.chmod(0o711)  # a root daemon's sandbox user passes through to the work directories here
     try:
         yield path
     finally:

@@ -31,6 +31,7 @@ ENDED = {"completed", "paused", "failed", "exhausted", "cancelled"}
 @pytest.fixture
 def var_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="goald-progress-", dir="/var/tmp"))
+    path.chmod(0o711)  # a root daemon's sandbox user passes through to the paths shown from here
     try:
         yield path
     finally:

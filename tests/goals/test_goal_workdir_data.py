@@ -42,6 +42,7 @@ CONFIG: dict[str, Any] = {"providers": {"gs": {"kind": "scripted", "script": "go
 @pytest.fixture
 def var_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="goald-data-", dir="/var/tmp"))
+    path.chmod(0o711)  # a root daemon's sandbox user passes through to the work directories here
     try:
         yield path
     finally:
