@@ -65,3 +65,35 @@ def our_groups(pid: int | None = None) -> list[str]:
     """The cgroups (goals' and commands') of the daemon ``pid`` (default: this process) still on the machine."""
     prefix = f"goald-{os.getpid() if pid is None else pid}-"
     return [e for base in cgroup_bases() for e in os.listdir(base) if e.startswith(prefix)]
+
+
+def sandbox_python(*scripts: Path) -> tuple[str, dict[str, str], list[str]]:
+    """How a test runs a Python program (``scripts``) in a sandbox a daemon makes: the interpreter,
+    its environment and the paths to show read-only.
+
+    A root daemon's sandboxed commands run as the sandbox user, who cannot reach an interpreter
+    installed under ``/root`` (a pyenv, say): the system's ``/usr/bin/python3``, which every
+    sandbox shows, runs the program instead, with this virtualenv's packages (the MCP SDK) on its
+    path. Without a system Python of the same version, this interpreter and its prefixes are shown.
+    """
+    import site
+    import sys
+
+    system = "/usr/bin/python3"
+    parents = sorted({str(p.parent) for p in scripts})
+    if os.path.exists(system) and _version(system) == f"{sys.version_info[0]}.{sys.version_info[1]}":
+        packages = site.getsitepackages()[0]
+        return system, {"PYTHONPATH": packages}, sorted({packages, *parents})
+    return sys.executable, {}, sorted({sys.base_prefix, sys.prefix, *parents})
+
+
+def _version(python: str) -> str:
+    import subprocess
+
+    done = subprocess.run(
+        [python, "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip()

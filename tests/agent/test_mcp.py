@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from harness import Daemon, all_events
+from sandboxkit import sandbox_python
 
 from agent import EventType, Reply, ScriptedModel, ToolContext, ToolRegistry
 from agent.sandbox import Sandbox, SandboxUnavailable, detect_bwrap
@@ -321,15 +322,16 @@ async def test_the_daemon_puts_each_server_in_a_sandbox_of_its_own(tmp_path: Pat
     home.mkdir(parents=True)
     (home / "server.py").write_text(PLAIN_SERVER)
     (state / "goald.db").write_text("not for the server")
+    python, env, shown = sandbox_python(home / "server.py")
     settings = load_settings(
         None,
         state_dir=state,
         sandbox="bwrap",
         mcp_servers={
             "plain": {
-                "command": [BASE_PYTHON, str(home / "server.py")],
-                "env": {"FIXTURE_GREETING": "configured"},
-                "read_only_paths": [sys.base_prefix],
+                "command": [python, str(home / "server.py")],
+                "env": {"FIXTURE_GREETING": "configured", **env},
+                "read_only_paths": [p for p in shown if not Path(p).is_relative_to(state)],
             }
         },
     )
@@ -397,15 +399,16 @@ async def test_a_servers_secret_is_on_no_command_line_and_never_stored(tmp_path:
     except SandboxUnavailable as exc:
         pytest.skip(f"no usable bubblewrap here: {exc}")
     token = "mcp-token-7e51c0-do-not-store"
+    python, env, shown = sandbox_python(FIXTURE)
     config = {
         "sandbox": "bwrap",
         "providers": {"sbx": {"kind": "scripted", "script": "sandbox_testmodels:models"}},
         "mcp_servers": {
             "fixture": {
-                "command": [sys.executable, str(FIXTURE)],
-                "env": {"FIXTURE_TOKEN": token},
+                "command": [python, str(FIXTURE)],
+                "env": {"FIXTURE_TOKEN": token, **env},
                 # The interpreter, the virtualenv with the SDK, and the server's script.
-                "read_only_paths": sorted({sys.base_prefix, sys.prefix, str(FIXTURE.parent)}),
+                "read_only_paths": shown,
             }
         },
     }
