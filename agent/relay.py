@@ -21,6 +21,18 @@ subscription) must see those events, in each session's order, with no gap and no
   ``poll_seconds`` (and after each reconnect) the store thread compares each known session's mark
   with the stored maximum and publishes what it is missing.
 
+A notification reaches only a node that was listening when it was sent, and the slow poll only
+covers sessions that have a mark, so two rules close the ways a node could miss a session's first
+events for good (``c`` never saw ``a``'s commit: issue 25, point 10):
+
+- the store is not open before its listener listens (:meth:`Listener.start` waits for the first
+  ``LISTEN``): a commit made after :meth:`agent.store.Store.open` returned is always notified here;
+- a session this node starts to use gets its mark when it is read (:func:`follow`): the reader —
+  the runtime loading an agent, a subscription reading its backlog — registers its use *before* it
+  reads, so its read has every event up to the mark, and every later one reaches it by its
+  notification or, if that is lost, by the poll, which now knows the session. (Without the mark a
+  session whose first notification here was lost was published only from its *next* commit on.)
+
 All publishing happens on the store thread's order, so a session's events reach the hub in sequence
 order whichever node committed them.
 """
@@ -120,6 +132,25 @@ def relay(
     return out
 
 
+def follow(
+    published: dict[str, int], session_id: str, top: Callable[[], int], interest: Callable[[str], bool] | None = None
+) -> None:
+    """Mark ``session_id`` as published up to ``top()`` if this node uses it (``interest``) and has
+    no mark for it yet: ``top()`` is the highest event a read of its events or state just saw (on
+    the store thread, so no relay runs between that read and this mark). From here on the session's
+    later events are published here — by their notifications, or by the slow poll if those are lost —
+    which, without a mark, would start only at the next notification that arrives."""
+    if session_id in published or (interest is not None and not interest(session_id)):
+        return
+    published[session_id] = top()
+
+
+def stored_top(conn: Conn, session_id: str) -> int:
+    """The highest sequence number stored for ``session_id`` (0: none)."""
+    row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
 def catch_up(conn: Conn, published: dict[str, int], interest: Callable[[str], bool] | None = None) -> list[Event]:
     """What the notifications may have missed: for every session this node has published (and
     still has an interest in), the stored events above its mark (the slow poll)."""
@@ -145,6 +176,9 @@ class Listener:
     """The ``LISTEN`` thread: batches other nodes' notifications and hands them to ``deliver``
     (which runs them on the store thread); reconnects by itself, asking for a catch-up after."""
 
+    #: How long :meth:`start` waits for the first ``LISTEN`` (the database was just reached).
+    START_WAIT = 10.0
+
     def __init__(
         self,
         connect: Callable[[], Any],
@@ -158,12 +192,20 @@ class Listener:
         self._deliver = deliver
         self.poll_seconds = poll_seconds
         self._stop = threading.Event()
+        #: Set once ``LISTEN`` has run on the thread's connection (see :meth:`start`).
+        self.listening = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._thread = threading.Thread(target=self._run, name="goald-pg-listen", daemon=True)
 
-    def start(self) -> None:
-        """Start listening (the first connection is made on the thread)."""
+    def start(self, wait: float | None = None) -> bool:
+        """Start the thread and wait (blocking, up to ``wait`` seconds, :attr:`START_WAIT` by
+        default) until it listens; whether it does. A commit made before the first ``LISTEN`` is
+        notified to no one here, and a session whose events this node never published is not
+        covered by the slow poll: a store that returned before listening could miss the first
+        commit of a session for good. (If the wait runs out the thread goes on trying, and catches
+        up on the sessions it knows once it listens.)"""
         self._thread.start()
+        return self.listening.wait(self.START_WAIT if wait is None else wait)
 
     def stop(self) -> None:
         """Stop the thread and close its connection."""
@@ -184,6 +226,7 @@ class Listener:
             try:
                 with self._connect() as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
                     if failing_since is not None:
                         logger.info("listening for other nodes' commits again")
                         failing_since = None
@@ -223,4 +266,4 @@ class Listener:
             spans[sid] = (min(first, have[0]), max(last, have[1])) if have else (first, last)
 
 
-__all__ = ["CHANNEL", "Listener", "catch_up", "fill_gaps", "payloads", "relay"]
+__all__ = ["CHANNEL", "Listener", "catch_up", "fill_gaps", "follow", "payloads", "relay", "stored_top"]

@@ -51,7 +51,7 @@ from agent.eventlog import read_events as read_events  # re-exported: its home m
 from agent.events import Event, EventHub, EventType
 from agent.migrate import apply_migrations, backup_into
 from agent.payloads import AgentStatus
-from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, payloads, relay
+from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, follow, payloads, relay, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StoreReserve, is_disk_full, owner_only
 from agent.storage import storage_failure as storage_failure  # re-exported: its home moved
@@ -258,7 +258,10 @@ class Store:
                 collation[0],
             )
         store._listener = Listener(lambda: PgBackend.connect(dsn).raw, store.node_id, store._relay_soon)
-        store._listener.start()
+        # Open only once other nodes' commits are heard here (agent.relay: a commit made before the
+        # first LISTEN would be missed for good).
+        if not await asyncio.to_thread(store._listener.start):
+            logger.warning("not yet listening for other nodes' commits on {}; going on", store.location)
         return store
 
     def _relay_soon(self, spans: dict[str, tuple[int, int]] | None) -> None:
@@ -589,6 +592,9 @@ class Store:
                 st = self._load_state(self._raw(), session_id)
                 if self._cache_states:
                     self._states[session_id] = st
+            if self.kind == "postgresql":
+                last = st.last_seq
+                follow(self._published, session_id, lambda: last, self.interest)  # a use begins (agent.relay)
             return dataclasses.replace(st)
 
         return await self._call(run)
@@ -605,9 +611,15 @@ class Store:
         upto: int | None = None,
     ) -> list[Event]:
         """Stored events of a session with ``after_seq < seq <= upto``, in order, at most ``limit``."""
-        return await self.read(
-            lambda conn: read_events(conn, session_id, after_seq, limit=limit, types=types, upto=upto)
-        )
+
+        def run(conn: Any) -> list[Event]:
+            got = read_events(conn, session_id, after_seq, limit=limit, types=types, upto=upto)
+            if self.kind == "postgresql" and types is None and upto is None:
+                # A use may begin (a subscription's backlog): marked at what this snapshot holds (agent.relay).
+                follow(self._published, session_id, lambda: stored_top(conn, session_id), self.interest)
+            return got
+
+        return await self.read(run)
 
     async def first_kept_seq(self, session_id: str) -> int | None:
         """The lowest sequence number still stored for the session (``None``: it has no events)."""

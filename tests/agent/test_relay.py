@@ -6,6 +6,11 @@ once (well under the slow poll) and in order; A's own next commit, made after B'
 after B's events even when the notification is still on its way (the gap is read inside A's
 transaction); a subscriber on a third node sees the session's whole sequence in order, with no gap
 and no repeat, across interleaved commits of both.
+
+And the race of issue 25, point 10 (a node missing a session's first events for good), forced
+deterministically: a store opened while its listener is slow to ``LISTEN`` still hears the first
+commit made after it opened; and a session a node starts to use (a subscription, an agent loaded),
+whose next commit's notification is lost, is caught up by the slow poll.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+import agent.relay
 from agent.events import Event
 from agent.ids import MessageId
 from agent.inbox import enqueue
@@ -95,3 +101,102 @@ async def test_the_slow_poll_catches_what_no_notification_announced(nodes: list[
     top = (await a.events_after(sid, 0))[-1].seq
     a._relay_soon(None)  # what the poll does every few seconds, and after every reconnect
     await wait_for(lambda: max(e.seq for e in seen_a if e.session_id == sid) == top, "the poll")
+
+
+async def test_a_store_opens_only_once_it_hears_other_nodes(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every listener waits a second before it connects and LISTENs (a loaded machine). A store that
+    # returned from open() before its LISTEN missed the commit made meanwhile, and no poll caught it
+    # up (it had no mark for a session it had never seen): "c sees a's commit" never came.
+    run = agent.relay.Listener._run
+
+    def slow(listener: agent.relay.Listener) -> None:
+        time.sleep(1.0)
+        run(listener)
+
+    monkeypatch.setattr(agent.relay.Listener, "_run", slow)
+    a = await Store.open(pg_dsn)
+    c = await Store.open(pg_dsn)
+    try:
+        assert c._listener is not None
+        c._listener.poll_seconds = 0.1  # the poll is not what finds it
+        seen_c = recorder(c)
+        sid = await a.transact(lambda tx: create_session(tx))
+        await a.transact(lambda tx: add(tx, sid, "from a"))
+        top = (await a.events_after(sid, 0))[-1].seq
+        await wait_for(lambda: [e.seq for e in seen_c if e.session_id == sid] == list(range(1, top + 1)), "c", 3.0)
+    finally:
+        await a.close()
+        await c.close()
+
+
+def lose_notifications(writer: Store, reader: Store) -> None:
+    """``writer``'s next commits notify no one: ``reader`` ignores notifications carrying its own id
+    (as if they were lost while its listener reconnected)."""
+    writer.node_id = reader.node_id
+
+
+class Barrier:
+    """Waits until ``reader`` has handled every notification of ``writer``'s commits so far: a commit
+    to a probe session ``reader`` publishes reaches its hub after them (handled in commit order)."""
+
+    def __init__(self, reader: Store, writer: Store, used: set[str]) -> None:
+        self.reader, self.writer, self.used = reader, writer, used
+        self.seen = recorder(reader)
+
+    async def __call__(self) -> None:
+        if not hasattr(self, "probe"):
+            self.probe = await self.writer.transact(lambda tx: create_session(tx))
+            self.used.add(self.probe)
+        await self.writer.transact(lambda tx: add(tx, self.probe, "probe"))
+        top = (await self.writer.events_after(self.probe, 0))[-1].seq
+        await wait_for(lambda: any(e.session_id == self.probe and e.seq == top for e in self.seen), "the probe")
+
+
+async def test_a_session_subscribed_before_its_notification_was_lost_is_caught_up(nodes: list[Store]) -> None:
+    a, b, _ = nodes
+    used: set[str] = set()
+    a.interest = lambda sid: sid in used or a.hub.watches(sid)  # what a has a use for
+    heard = Barrier(a, b, used)
+    sid = await b.transact(lambda tx: create_session(tx))
+    await b.transact(lambda tx: add(tx, sid, "before the subscription"))
+    await heard()  # a has had (and forgotten) those commits' notifications: no use for them then
+    got: list[int] = []
+    subscribed = asyncio.Event()
+
+    async def follow() -> None:
+        async for e in a.hub.subscribe(a, sid, 0):
+            got.append(e.seq)
+            subscribed.set()
+
+    task = asyncio.create_task(follow())
+    try:
+        await asyncio.wait_for(subscribed.wait(), 10)
+        lose_notifications(b, a)
+        await b.transact(lambda tx: add(tx, sid, "its notification is lost"))
+        top = (await a.events_after(sid, 0))[-1].seq
+        a._relay_soon(None)  # the slow poll (and the catch-up after a reconnect)
+        await wait_for(lambda: got[-1:] == [top], "the poll publishes the subscribed session", 3.0)
+        assert got == list(range(1, top + 1))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_session_loaded_before_its_notification_was_lost_is_caught_up(nodes: list[Store]) -> None:
+    a, b, _ = nodes
+    used: set[str] = set()
+    a.interest = used.__contains__
+    heard = Barrier(a, b, used)
+    seen_a = recorder(a)
+    sid = await b.transact(lambda tx: create_session(tx))
+    await b.transact(lambda tx: add(tx, sid, "before the load"))
+    await heard()
+    # What the runtime does to load an agent: register the use, then read the session's state.
+    used.add(sid)
+    state = await a.session_state(sid)
+    lose_notifications(b, a)
+    await b.transact(lambda tx: add(tx, sid, "its notification is lost"))
+    top = (await a.events_after(sid, 0))[-1].seq
+    a._relay_soon(None)
+    await wait_for(lambda: any(e.session_id == sid and e.seq == top for e in seen_a), "the poll", 3.0)
+    assert [e.seq for e in seen_a if e.session_id == sid] == list(range(state.last_seq + 1, top + 1))
