@@ -53,6 +53,7 @@ from agent.config import AgentConfig as AgentConfig  # re-exported: its home mov
 from agent.config import RetryPolicy as RetryPolicy  # re-exported: its home moved
 from agent.config import SlotFactory as SlotFactory  # re-exported: its home moved
 from agent.context import history_message as history_message  # re-exported: its home moved
+from agent.errors import LeaseLost, StorageUnavailable
 from agent.events import Event, EventType
 from agent.history import History
 from agent.ids import MessageId
@@ -345,6 +346,18 @@ class Agent:
             await cm.__aexit__(None, None, None)
 
     async def _run(self) -> None:
+        # Expected and handled, so one line without a traceback (an error with one is for bugs): a
+        # lost lease (another node drives the session now and repairs the turn) and a store outage
+        # met while stopping (the driver's writes wait for the store until then; crash repair closes
+        # the turn at the next start).
+        try:
+            await self._take_turns()
+        except LeaseLost as exc:
+            logger.info("{}; the session is let go", exc)
+        except StorageUnavailable as exc:
+            logger.info("session {} stopped while the store could not write: {}", self.session_id, exc.message)
+
+    async def _take_turns(self) -> None:
         has_work = True
         while not self.is_stopping():
             if not has_work:
@@ -436,8 +449,13 @@ class Agent:
             task.uncancel()
             await self._attempts.cleanup(turn, CANCELLED_TOOL_TEXT)
             return self._cancelled_end(reason, steps)
+        except LeaseLost:
+            raise  # nothing more is written here, not even a cleanup: the new holder repairs the turn
         except Exception as exc:
-            logger.exception("turn {} of session {} failed", turn.turn_id, self.session_id)
+            if isinstance(exc, StorageUnavailable):  # the store logs the outage itself (once)
+                logger.info("turn {} of session {} ends: {}", turn.turn_id, self.session_id, exc.message)
+            else:
+                logger.exception("turn {} of session {} failed", turn.turn_id, self.session_id)
             await self._attempts.cleanup(turn, f"not run: the turn failed ({type(exc).__name__})")
             return TurnEnd(
                 reason=EndReason.ERROR,

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from agent.driver import Agent
-from agent.errors import HeldElsewhere, NotFound, StoreClosed
+from agent.errors import HeldElsewhere, LeaseLost, NotFound, StorageUnavailable, StoreClosed
 from agent.events import Event, EventType
 from agent.guards import create_guard, load_guard, update_guard
 from agent.ids import GuardId, MessageId, SessionId
@@ -332,6 +332,10 @@ class Runtime:
             await coro
         except asyncio.CancelledError:
             raise
+        except LeaseLost as exc:  # expected: the session's new holder drives it (one line, no traceback)
+            logger.info("{} ended: {}", getattr(coro, "__qualname__", "a task"), exc)
+        except StorageUnavailable as exc:  # expected (the store warns of the outage itself), yet it ended
+            logger.warning("{} ended: {}", getattr(coro, "__qualname__", "a task"), exc.message)
         except Exception:
             # A driver bug must not take every other session down with it.
             logger.exception("an agent driver failed")

@@ -483,8 +483,12 @@ class Store:
     # -- storage health (on the store thread; the event lives on the loop) ---------------------
 
     def _storage_failed(self, failure: StorageUnavailable) -> None:
-        if self._failure is None or self._failure.message != failure.message:
-            logger.error("the store cannot write: {} ({}); {}", failure.message, self.location, failure.hint)
+        # An outage is expected and handled (writes wait, new input is refused, it clears by itself):
+        # one warning when it begins, one info line when it ends (_storage_recovered), no traceback.
+        if self._failure is None:
+            logger.warning("the store cannot write: {} ({}); {}", failure.message, self.location, failure.hint)
+        elif self._failure.message != failure.message:
+            logger.debug("the store still cannot write: {}", failure.message)
         if self._failure is None:
             self._failing_since = utcnow()
             self._loop.call_soon_threadsafe(self._writable.clear)

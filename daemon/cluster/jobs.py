@@ -9,7 +9,7 @@ from typing import Any
 
 from loguru import logger
 
-from daemon.cluster.leases import LeaseManager
+from daemon.cluster.leases import LeaseManager, expected_failure
 
 
 async def one_at_a_time(leases: LeaseManager | None, job: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -29,14 +29,22 @@ async def one_at_a_time(leases: LeaseManager | None, job: str, start: Callable[[
             while leases.runs(job) and not task.done():
                 leases.jobs_changed.clear()
                 waiter = asyncio.create_task(leases.jobs_changed.wait())
-                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                try:
+                    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
         finally:
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task})
-        if not task.cancelled() and task.exception() is not None:
-            logger.opt(exception=task.exception()).error("the cluster's {} failed; it starts again", job)
+            # Retrieved on every way out, a cancel of this loop included (else "Task exception was
+            # never retrieved" when the job failed as it was stopped).
+            failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            if (why := expected_failure(failure)) is not None:
+                logger.warning("the cluster's {} stopped: {}; it starts again", job, why)
+            else:
+                logger.opt(exception=failure).error("the cluster's {} failed; it starts again", job)
             await asyncio.sleep(leases.settings.heartbeat_seconds)
 
 

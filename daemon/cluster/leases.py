@@ -43,7 +43,7 @@ from loguru import logger
 
 from agent.backends import PgBackend
 from agent.db import Conn, PgConn
-from agent.errors import InvalidInput, LeaseLost, NotFound
+from agent.errors import InvalidInput, LeaseLost, NotFound, StorageUnavailable
 from agent.ids import SessionId
 from agent.inbox import sessions_with_work
 from agent.sessions import load_session
@@ -61,6 +61,18 @@ JOB_CLASS = 0x676F616C
 
 #: A lease no live node holds (the same test the claim uses).
 _FREE = "(l.node_id IS NULL OR l.expires_at IS NULL OR l.expires_at < now())"
+
+
+def expected_failure(exc: BaseException) -> str | None:
+    """What an expected, handled failure says, in one line — a lost lease (the session's new holder
+    takes it from here), a store that cannot be reached (the store warns of the outage once, and
+    everything goes on when it is back) — or ``None`` for anything else, a bug: logged as an error
+    with its traceback. Expected events are logged as one line at warning or info, no traceback."""
+    if isinstance(exc, LeaseLost):
+        return str(exc)
+    if isinstance(exc, StorageUnavailable):
+        return exc.message
+    return None
 
 
 def _candidates(conn: Conn, labels: set[str]) -> tuple[set[str], set[str]]:
@@ -310,7 +322,7 @@ class LeaseManager:
         if need is not None and need not in self.settings.labels:
             return f"no node yet here (its goal needs a node labelled {need!r}; this node is not)"
         taken = await self._claim([root])
-        if root in taken:
+        if root in taken or root in self.held:  # or claimed meanwhile by this node (a wake's load)
             return None
         return await self._db(lambda conn: _holder(conn, root))
 
@@ -358,8 +370,11 @@ class LeaseManager:
                 if self.on_claimed is not None:
                     try:
                         await self.on_claimed(sid, previous)
-                    except Exception:
-                        logger.exception("could not take up session {}", sid)
+                    except Exception as exc:
+                        if (why := expected_failure(exc)) is None:
+                            logger.exception("could not take up session {}", sid)
+                        else:
+                            logger.warning("could not take up session {} now: {}", sid, why)
             return list(taken)
 
     def _take(self, conn: Conn, sessions: list[str]) -> dict[str, tuple[int, str | None]]:
@@ -420,8 +435,11 @@ class LeaseManager:
         if self.on_lost is not None:
             try:
                 await self.on_lost(session_id)
-            except Exception:
-                logger.exception("could not let go of session {}", session_id)
+            except Exception as exc:
+                if (why := expected_failure(exc)) is None:
+                    logger.exception("could not let go of session {}", session_id)
+                else:
+                    logger.info("letting go of session {}: {}", session_id, why)
 
     async def _root(self, session_id: str) -> str:
         root = self._roots.get(session_id)
@@ -446,11 +464,18 @@ class LeaseManager:
         holder = f"node {row[0]} (epoch {row[1]})" if row is not None and row[0] is not None else "no node"
         if epoch is not None:
             self._loop.call_soon_threadsafe(self._lost_soon, root)
-        raise LeaseLost(f"node {self.name} no longer holds session {root} (now {holder}); nothing was written")
+        raise LeaseLost(
+            f"lease lost for session {root}: node {self.name} no longer holds it (now {holder}); nothing was written"
+        )
 
     def _lost_soon(self, session_id: str) -> None:
         if session_id in self.held:
-            self._loop.create_task(self._lose(session_id, "a write found its lease taken"))
+            # Owned by the runtime's task group (its failures logged there), not an orphan task.
+            lose = self._lose(session_id, "a write found its lease taken")
+            try:
+                self._spawn(lose)
+            except RuntimeError:  # the runtime has stopped: nothing is left to let go of
+                lose.close()
 
     # -- views --------------------------------------------------------------------------------
 
@@ -565,4 +590,4 @@ def _holder(conn: Conn, session_id: str) -> str:
     return f"node {row[0]} ({row[1]})"
 
 
-__all__ = ["LeaseManager"]
+__all__ = ["LeaseManager", "expected_failure"]

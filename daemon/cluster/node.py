@@ -22,7 +22,7 @@ from agent.inbox import queued_waking
 from agent.retention import session_descendants
 from agent.subagents import settle_orphans
 from agent.turns import repair
-from daemon.cluster.leases import LeaseManager
+from daemon.cluster.leases import LeaseManager, expected_failure
 from daemon.cluster.schema import MIGRATIONS
 from daemon.cluster.settings import ClusterSettings
 from goals import GoalEngine
@@ -63,8 +63,11 @@ async def join(dsn: str, rt: Runtime, engine: GoalEngine, settings: ClusterSetti
             if not engine.follows(sid):
                 try:
                     await engine.adopt(sid)
-                except Exception:  # the next idle or a restart takes it up; the heartbeat goes on
-                    logger.exception("could not take up session {} again after the drain", sid)
+                except Exception as exc:  # the next idle or a restart takes it up; the heartbeat goes on
+                    if (why := expected_failure(exc)) is None:
+                        logger.exception("could not take up session {} again after the drain", sid)
+                    else:
+                        logger.warning("could not take up session {} again after the drain: {}", sid, why)
 
     leases.on_claimed, leases.on_lost, leases.releasable = claimed, lost, releasable
     leases.on_undrained = undrained

@@ -172,6 +172,10 @@ async def test_postgresql_going_away_holds_the_goal_and_it_continues_by_itself(
         assert (await rpc(sock, "daemon/health"))["storage"] == {"ok": True}
         log = d.stderr()
         assert "the store writes again" in log
+        # An outage is expected and handled: warned of when it begins, no error, no traceback (issue 25).
+        outage = [line for line in log.splitlines() if "the store cannot write" in line]
+        assert outage and all(" WARNING " in line for line in outage), outage
+        assert "Traceback" not in log and " ERROR " not in log, log
     finally:
         d.close()
 
