@@ -366,6 +366,8 @@ class Runtime:
             pass
         except HeldElsewhere as exc:  # its holder (woken by the same commit) drives it
             logger.debug("{}", exc)
+        except StorageUnavailable as exc:  # an outage, not a bug (the store warns of it): one line
+            logger.warning("could not load the agent of session {} now: {}", session_id, exc.message)
         except Exception:
             logger.exception("could not load the agent of session {}", session_id)
 
