@@ -70,6 +70,9 @@ class Finding:
 
     key: str
     message: str
+    #: Advice for ``goald config check`` only (the default layout's shared file system, say): a
+    #: daemon does not repeat it at every start.
+    advice: bool = False
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}"
@@ -193,6 +196,7 @@ def _shared_disk_findings(settings: Settings) -> list[Finding]:
                     f"{root} is on the file system of the state directory {state}: a goal's command that"
                     " fills it leaves the store no room (the [storage] watermark and reserve soften this);"
                     " put workdir_roots on another file system",
+                    advice=True,
                 )
             )
     return out

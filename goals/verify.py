@@ -86,6 +86,7 @@ from typing import Any
 
 from agent import Redactor, Sandbox, SandboxUnavailable
 from agent.sandbox.base import CommandRefused
+from goals.errors import GoalError
 from goals.model import VerifyCommand, VerifyResult
 
 OUTPUT_TAIL = 4000
@@ -265,7 +266,7 @@ class FingerprintLimits:
     max_file_bytes: int = MAX_HASHED_FILE_BYTES
 
 
-class WalkStopped(Exception):
+class WalkStopped(GoalError):
     """The walk was stopped (the daemon is stopping): it has no result, and nothing may be decided from it."""
 
 

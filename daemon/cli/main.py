@@ -200,7 +200,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             raise StateDirUnusable(problem)
         host = Host(settings)
         for finding in config_findings(settings, host.models):
-            logger.warning("configuration: {}", finding)
+            if not finding.advice:
+                logger.warning("configuration: {}", finding)
         return asyncio.run(host.run(stdio=args.stdio))
     except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
         print(f"goald: {exc}", file=sys.stderr)
