@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from agent import AgentStatus, Runtime, Tx
+from agent import AgentStatus, NotFound, Runtime, Tx
 from agent.inbox import queued_waking
 from agent.retention import session_descendants
 from agent.subagents import settle_orphans
@@ -85,6 +85,10 @@ async def _take_up(
         return settle_orphans(tx, repair(tx, subtree), subtree[1:])
 
     with_work = await rt.store.transact(fix)
+    # Held, so of use here: read now, it is published from this read on even when a notification of
+    # another node's commit to it is lost (the slow poll covers it: agent.relay.follow).
+    with contextlib.suppress(NotFound):
+        await rt.store.session_state(session_id)
     if previous is not None:
         what = "queued work resumes" if with_work else "nothing queued"
         logger.info("session {} taken over from node {}: repaired; {}", session_id, previous, what)
