@@ -189,7 +189,7 @@ async def test_the_daemon_answers_a_conflict_naming_the_holder(tmp_path: Path) -
         daemon.start()
         root = tmp_path / "state" / "work"
         (root / "shared" / "sub").mkdir(parents=True)
-        params = {"objective": "hold [delay=0]", "model": "test:worker", "workdir": str(root / "shared")}
+        params = {"objective": "hold [rounds=100 delay=0.1]", "model": "test:worker", "workdir": str(root / "shared")}
         first = await rpc(daemon.socket_path, "goal/create", params)
         await rpc(daemon.socket_path, "goal/pause", {"goalId": first["goalId"]})
         for workdir in (root / "shared", root / "shared" / "sub"):
