@@ -1,7 +1,9 @@
 """Faults of real servers, replayed from recordings in ``tests/wire/`` (its README says which).
 
 Each recording is served by the local server of ``providers_server`` to the real provider class,
-through a real runtime turn where the driver's reaction matters. Pins (issue 25):
+through a real runtime turn where the driver's reaction matters. Where a fault has both a recording
+written by hand and one captured from a real ``llama-server`` (``*.captured.*``, by
+``scripts/record_wire.py``), the test runs on each (ids ``by-hand`` and ``captured``). Pins (issue 25):
 
 * a tool call cut off by the output limit (llama-server: the arguments end mid-string, then
   ``finish_reason: "length"``) ends the turn ``max_tokens`` after one request: the call is recorded
@@ -18,18 +20,22 @@ through a real runtime turn where the driver's reaction matters. Pins (issue 25)
   without ``Connection: close``) fails nothing: the next request is sent again at once on a new
   connection, with no failed attempt recorded and no breaker count;
 * a server that sends no usage is charged estimates at the model's running ratio of the calls that
-  did report usage, and an answer's estimate never exceeds the call's ``max_tokens``.
+  did report usage, and an answer's estimate never exceeds the call's ``max_tokens``;
+* llama-server's error event inside a 200 stream (the model's output left the tool-call format,
+  captured) is a failed attempt that is retried, and the retry's answer ends the turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from providers_server import (
+    WIRE,
     ProviderServer,
     Recorded,
     Respond,
@@ -55,6 +61,7 @@ from agent import (
     Usage,
 )
 from agent.context import SUMMARY_INSTRUCTION
+from agent.models.base import CUT_CALL_HEAD
 from agent.models.health import GuardedModel, ProviderHealth
 from agent.models.openai import OpenAIModel
 
@@ -71,21 +78,51 @@ async def server() -> AsyncIterator[ProviderServer]:
         srv.assert_done()
 
 
+#: The tool call cut by the output limit: written by hand, and captured from a real llama-server.
+CUT_CALLS = pytest.mark.parametrize(
+    "recording",
+    ["llama_server_cut_tool_call.sse", "llama_server_cut_tool_call.captured.sse"],
+    ids=["by-hand", "captured"],
+)
+
+
+def cut_call_facts(name: str) -> tuple[int, str]:
+    """A recorded cut tool call's total tokens (its usage chunk) and its arguments, joined."""
+    total, args = 0, ""
+    for frame in recorded_frames(name):
+        for line in frame.decode().splitlines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            total = chunk.get("usage", {}).get("total_tokens", total)
+            for choice in chunk["choices"]:
+                for call in choice["delta"].get("tool_calls") or []:
+                    args += call["function"].get("arguments") or ""
+    return total, args
+
+
+def captured_body(name: str) -> dict[str, Any]:
+    """The JSON body of a recorded whole answer."""
+    return dict(json.loads(json.loads((WIRE / name).read_text())["body"]))
+
+
 def llama_server(server: ProviderServer, name: str = "SmolLM2-135M-Instruct", **kw: Any) -> OpenAIModel:
     """The OpenAI-compatible provider pointed at the local server, as at a llama-server."""
     return OpenAIModel(name, base_url=server.url + "/v1", api_key="", **{"timeout": 5.0, "max_tokens": 32, **kw})
 
 
+@CUT_CALLS
 async def test_a_tool_call_cut_by_the_output_limit_ends_max_tokens_with_one_request(
-    server: ProviderServer, db_path: Path
+    server: ProviderServer, db_path: Path, recording: str
 ) -> None:
+    total, arguments = cut_call_facts(recording)
     ran: list[WriteArgs] = []
 
     async def write(args: WriteArgs, ctx: ToolContext) -> str:
         ran.append(args)
         return "written"
 
-    server.add(Respond.stream(recorded_frames("llama_server_cut_tool_call.sse")))
+    server.add(Respond.stream(recorded_frames(recording)))
     model = llama_server(server, "cut-call")
     try:
         record = await run_turn(
@@ -100,13 +137,15 @@ async def test_a_tool_call_cut_by_the_output_limit_ends_max_tokens_with_one_requ
     assert not record.of(EventType.MODEL_ERROR)
     assert [c["error_class"] for c in record.calls] == [None]
     # The usage the server reported is what is charged.
-    assert record.charged_tokens == 1250
+    assert record.charged_tokens == total
+    if recording == "llama_server_cut_tool_call.sse":
+        assert (total, arguments) == (1250, '{"path":"a.txt","content":"txt')
     [answer] = record.of(EventType.ASSISTANT_MESSAGE)
     assert answer.data["finishReason"] == "max_tokens"
     [note] = answer.data["content"]
     assert note["type"] == "text"
     assert "write_file" in note["text"] and "cut off by the output limit" in note["text"]
-    assert '{"path":"a.txt","content":"txt' in note["text"]
+    assert arguments[:CUT_CALL_HEAD] in note["text"]
     assert not record.of(EventType.TOOL_RESULT)
 
 
@@ -124,12 +163,17 @@ async def _session(db_path: Path, model: Model, *texts: str) -> list[Any]:
         return await rt.store.events_after(sid, 0)
 
 
+@pytest.mark.parametrize(
+    "recording",
+    ["llama_server_context_refusal.response.json", "llama_server_context_refusal.captured.response.json"],
+    ids=["by-hand", "captured"],
+)
 async def test_llama_server_s_refusal_teaches_the_window_and_the_retry_fits(
-    server: ProviderServer, db_path: Path
+    server: ProviderServer, db_path: Path, recording: str
 ) -> None:
     server.add(
         Respond.stream(openai_text(["noted"], usage=oa_usage(1100, 2))),
-        recorded_response("llama_server_context_refusal.response.json"),
+        recorded_response(recording),
         Respond.stream(openai_text(["Earlier: the user sent a long message A."], usage=oa_usage(1150, 12))),
         Respond.stream(openai_text(["done"], usage=oa_usage(1160, 1))),
     )
@@ -167,6 +211,7 @@ async def test_llama_server_s_refusal_teaches_the_window_and_the_retry_fits(
     ("path", "answer", "source", "window"),
     [
         ("/props", {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1}, "server /props", 2048),
+        ("/props", captured_body("llama_server_props.captured.response.json"), "server /props", 2048),
         (
             "/v1/models",
             {"object": "list", "data": [{"id": "asks", "object": "model", "max_model_len": 4096}]},
@@ -180,7 +225,7 @@ async def test_llama_server_s_refusal_teaches_the_window_and_the_retry_fits(
             8192,
         ),
     ],
-    ids=["llama-server", "vllm", "ollama"],
+    ids=["llama-server", "llama-server-captured", "vllm", "ollama"],
 )
 async def test_an_unset_window_is_asked_of_the_server_at_first_use(
     server: ProviderServer, db_path: Path, path: str, answer: dict[str, Any], source: str, window: int
@@ -237,11 +282,12 @@ async def test_an_empty_200_after_a_prompt_near_the_window_is_a_probable_overflo
     assert (health.breaker.state.value, health.breaker.consecutive_failures) == ("closed", 0)
 
 
+@CUT_CALLS
 async def test_a_keep_alive_connection_closed_after_a_streamed_answer_is_retried_without_a_breaker_count(
-    server: ProviderServer, db_path: Path
+    server: ProviderServer, db_path: Path, recording: str
 ) -> None:
     server.add(
-        Respond.stream(recorded_frames("llama_server_cut_tool_call.sse"), keep_alive=True),
+        Respond.stream(recorded_frames(recording), keep_alive=True),
         Respond.stream(openai_text(["fine"], usage=oa_usage(40, 1))),
     )
     health = ProviderHealth("local", failure_threshold=1)
@@ -283,3 +329,28 @@ async def test_without_usage_the_estimate_follows_the_reported_calls_and_never_e
     assert estimated.input_tokens < second / 3 / 2
     # The answer's 4,000 characters are no more than the 32 tokens the call allowed.
     assert estimated.output_tokens == 32
+
+
+async def test_llama_server_s_error_event_inside_a_200_stream_is_a_failed_attempt_that_is_retried(
+    server: ProviderServer, db_path: Path
+) -> None:
+    # Captured: a write_file call streamed, then the model's output left the tool-call format and
+    # llama-server ended the 200 stream with {"error": {"code": 500, ...}}: no finish reason, no usage.
+    server.add(
+        Respond.stream(recorded_frames("llama_server_format_error_in_stream.captured.sse")),
+        Respond.stream(openai_text(["fine"], usage=oa_usage(40, 1))),
+    )
+    model = llama_server(server, "format-error", context_window=8192)
+    try:
+        events = await _session(db_path, model, "write a.txt")
+    finally:
+        await model.aclose()
+    assert len(server.requests) == 2
+    [error] = [e.data for e in events if e.type == EventType.MODEL_ERROR]
+    assert (error["kind"], error["retrying"]) == ("server", True)
+    assert "does not match the expected peg-native format" in error["message"]
+    # The answer had begun without usage: the prompt's likely size is charged, the cut answer nothing.
+    usage = Usage.model_validate(error["usage"])
+    assert error["estimated"] and usage.input_tokens > 0 and usage.output_tokens == 0
+    assert not [e for e in events if e.type == EventType.TOOL_RESULT]  # the half-streamed call never ran
+    assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["end_turn"]

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Record real answers of llama.cpp's ``llama-server`` into ``tests/wire/`` (issue 25).
+
+Starts the ``llama-server`` that ``scripts/build_llama_server.sh`` built (cache:
+``$GOALD_REAL_MODEL_CACHE``, default ``~/.cache/goald-real-model``) with SmolLM2-135M-Instruct, a
+2,048-token window (``-c 2048 -np 1 --jinja``) and a chat template that offers tools
+(``NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja`` from the same llama.cpp sources: SmolLM2's
+own template ignores ``tools``) on a free port of 127.0.0.1, sends it requests shaped as goald's
+OpenAI-compatible provider sends them (streamed, ``stream_options.include_usage``, ``max_tokens``,
+``tools``) and writes the answers as the server sent them:
+
+* ``llama_server_cut_tool_call.captured.sse``: a ``write_file`` tool call cut by the output limit
+  (``max_tokens`` 24): the stream body, ``:`` comment lines first (the server's build, the date, the
+  request), then every event as sent. A 135M model does not begin a tool call by itself, so the
+  answer's start is prefilled (a final assistant message, which llama-server continues); the server
+  parses the prefill as part of the answer and streams the call;
+* ``llama_server_context_refusal.captured.response.json``: the 400 answer to a streamed request
+  over the window (``exceed_context_size_error``), as ``status``, ``headers`` and ``body``;
+* ``llama_server_props.captured.response.json``: ``GET /props`` (where goald reads the window);
+* ``llama_server_format_error_in_stream.captured.sse`` (when the model obliges within a few tries):
+  a longer call whose output leaves the tool-call format: tool-call deltas, then an error event
+  (code 500) inside the HTTP 200 stream, no finish reason, no usage.
+
+The hand-written recordings of the same faults stay beside them (``tests/wire/README.md``);
+``tests/agent/test_recorded_faults.py`` replays both. Usage::
+
+    scripts/build_llama_server.sh && .venv/bin/python scripts/record_wire.py [--out tests/wire]
+
+Only the Python standard library is used (and ``tests/real_model/realkit.py`` to find and start the
+server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "real_model"))
+
+from realkit import (  # noqa: E402
+    MODEL_NAME,
+    TOOL_TEMPLATE,
+    LlamaServer,
+    artifacts,
+    cache_dir,
+    sse_objects,
+    tool_template,
+)
+
+WRITE_FILE = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "description": "Write a text file in the work directory (creates or replaces it).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "the file's path"},
+                "content": {"type": "string", "description": "the whole text of the file"},
+            },
+            "required": ["path", "content"],
+        },
+    },
+}
+
+SYSTEM = "You are a helpful assistant. You write files with the write_file tool."
+ASK = "Use the write_file tool to write a file named a.txt that contains a 500-word essay about the sea."
+#: The start of the answer, prefilled (llama-server continues a final assistant message): a 135M
+#: model does not start a tool call by itself, but goes on with one once begun; the server's parser
+#: reads the prefill as part of the answer and streams the call from its first argument.
+PREFILL = '<tool_call>\n{"name": "write_file", "arguments": {"path": "a.txt", "content": "'
+CALL_MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": ASK},
+    {"role": "assistant", "content": PREFILL},
+]
+
+
+def chat_body(messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None) -> bytes:
+    """A request body with the keys in the order goald's provider sends them."""
+    body: dict[str, Any] = {"model": MODEL_NAME, "stream": True, "messages": messages, "max_tokens": max_tokens}
+    body["stream_options"] = {"include_usage": True}
+    if tools:
+        body["tools"] = tools
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def post(port: int, path: str, body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
+    """One request on a fresh connection: status, headers, and the body as sent (chunked framing removed)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        if body is None:
+            conn.request("GET", path)
+        else:
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.getheaders(), resp.read()
+    finally:
+        conn.close()
+
+
+KEPT_HEADERS = ("content-type", "server", "transfer-encoding", "connection", "cache-control")
+
+
+def kept(headers: list[tuple[str, str]]) -> dict[str, str]:
+    return {k: v for k, v in headers if k.lower() in KEPT_HEADERS}
+
+
+def build_of(props: Any) -> str:
+    if isinstance(props, dict):
+        return str(props.get("build_info") or props.get("build") or "unknown build")
+    return "unknown build"
+
+
+def source_of() -> str:
+    marker = cache_dir() / "llama-server.source"
+    return marker.read_text().strip() if marker.exists() else "unknown sdist"
+
+
+def tool_args(body: bytes) -> tuple[str, str | None, bool]:
+    """The arguments of the first tool call of a stream, joined; its finish reason; whether an error event came."""
+    args, finish, error = "", None, False
+    for obj in sse_objects(body):
+        error = error or "error" in obj
+        for choice in obj.get("choices") or []:
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                args += (call.get("function") or {}).get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    return args, finish, error
+
+
+def sse_header(lines: list[str], body: bytes, status: int, headers: list[tuple[str, str]]) -> bytes:
+    head = [
+        *lines,
+        f": HTTP {status}, headers {json.dumps(kept(headers))}. The request's body, as sent:",
+        ": " + body.decode(),
+    ]
+    return ("\n".join(head) + "\n\n").encode()
+
+
+def record_cut_tool_call(port: int, out: Path, origin: str) -> Path:
+    """A tool call cut by the output limit: ``max_tokens`` 24, the arguments end mid-string, ``length``."""
+    body = chat_body(CALL_MESSAGES, 24, [WRITE_FILE])
+    for attempt in range(8):
+        status, headers, raw = post(port, "/v1/chat/completions", body)
+        args, finish, error = tool_args(raw)
+        print(f"cut tool call, attempt {attempt + 1}: HTTP {status}, finish {finish}, arguments {args!r}")
+        if status == 200 and finish == "length" and args and not error:
+            path = out / "llama_server_cut_tool_call.captured.sse"
+            lines = [
+                f": goald tests/wire recording, CAPTURED by scripts/record_wire.py from {origin}",
+                f": on {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}: a write_file tool call cut by the output limit",
+                f": (max_tokens 24, finish_reason {finish}); the answer's start prefilled (a final assistant",
+                ": message the server continues) so that the 135M model begins a call.",
+            ]
+            path.write_bytes(sse_header(lines, body, status, headers) + raw)
+            return path
+    raise SystemExit("the model never made a write_file call that the output limit cut; nothing recorded")
+
+
+def record_format_error(port: int, out: Path, origin: str) -> Path | None:
+    """llama-server's answer when the model's output stops matching the tool-call format mid-stream:
+    HTTP 200, tool-call deltas, then an ``{"error": {"code": 500, ...}}`` event and no finish reason."""
+    body = chat_body(CALL_MESSAGES, 300, [WRITE_FILE])
+    for attempt in range(6):
+        status, headers, raw = post(port, "/v1/chat/completions", body)
+        args, finish, error = tool_args(raw)
+        print(f"format error, attempt {attempt + 1}: HTTP {status}, finish {finish}, error event {error}")
+        if status == 200 and error and args and finish is None:
+            path = out / "llama_server_format_error_in_stream.captured.sse"
+            lines = [
+                f": goald tests/wire recording, CAPTURED by scripts/record_wire.py from {origin}",
+                f": on {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}: a write_file call streamed, then the model's output",
+                ": left the tool-call format: an error event (code 500) in the 200 stream, no finish_reason,",
+                ": no usage (max_tokens 300; the answer's start prefilled as in the cut tool call).",
+            ]
+            path.write_bytes(sse_header(lines, body, status, headers) + raw)
+            return path
+    print("the model's output never left the format within 6 tries: no format-error recording")
+    return None
+
+
+def record_refusal(port: int, out: Path, origin: str, window: int) -> Path:
+    # About 1.3 windows of English text (~21 tokens a line with SmolLM2's tokenizer).
+    filler = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog near the river bank." for i in range(120))
+    messages = [{"role": "user", "content": "Summarize these lines in one sentence.\n" + filler}]
+    body = chat_body(messages, 256, [WRITE_FILE])
+    status, headers, raw = post(port, "/v1/chat/completions", body)
+    print(f"refusal: HTTP {status}: {raw[:300]!r}")
+    if status != 400:
+        raise SystemExit(f"expected a 400 refusal from a {window}-token window, got HTTP {status}")
+    path = out / "llama_server_context_refusal.captured.response.json"
+    record = {
+        "_comment": (
+            f"goald tests/wire recording, CAPTURED by scripts/record_wire.py from {origin} on"
+            f" {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}: the answer to a streamed chat completion of"
+            f" {len(body)} bytes (tools offered, max_tokens 256) over its {window}-token context"
+        ),
+        "status": status,
+        "headers": kept(headers),
+        "body": raw.decode(),
+    }
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def record_props(port: int, out: Path, origin: str) -> tuple[Path, Any]:
+    status, headers, raw = post(port, "/props", None)
+    path = out / "llama_server_props.captured.response.json"
+    record = {
+        "_comment": (
+            f"goald tests/wire recording, CAPTURED by scripts/record_wire.py from {origin} on"
+            f" {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}: GET /props (goald reads default_generation_settings.n_ctx)"
+        ),
+        "status": status,
+        "headers": kept(headers),
+        "body": raw.decode(),
+    }
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path, json.loads(raw)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "tests" / "wire", help="where to write (default tests/wire)")
+    ap.add_argument("--ctx", type=int, default=2048, help="the server's context size (default 2048)")
+    args = ap.parse_args()
+    found = artifacts()
+    if isinstance(found, str):
+        print(found, file=sys.stderr)
+        return 2
+    binary, gguf = found
+    log = cache_dir() / "record_wire.llama-server.log"
+    started = time.monotonic()
+    template = tool_template()
+    if template is None:
+        print(
+            f"no {TOOL_TEMPLATE} in the llama.cpp sources of the cache: run scripts/build_llama_server.sh",
+            file=sys.stderr,
+        )
+        return 2
+    extra = ["--chat-template-file", str(template)]
+    with LlamaServer(binary, gguf, ctx=args.ctx, log=log, extra=extra) as server:
+        print(f"llama-server ready on {server.url} in {time.monotonic() - started:.1f}s (log {log})")
+        props_path, props = record_props(server.port, args.out, "llama-server")
+        origin = (
+            f"llama.cpp llama-server {build_of(props)} (from {source_of()}), model {gguf.name}, -c {args.ctx},"
+            f" --chat-template-file {TOOL_TEMPLATE}"
+        )
+        # The props file's comment names the build too.
+        rec = json.loads(props_path.read_text())
+        rec["_comment"] = rec["_comment"].replace("from llama-server", f"from {origin}")
+        props_path.write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
+        written = [
+            props_path,
+            record_cut_tool_call(server.port, args.out, origin),
+            record_refusal(server.port, args.out, origin, args.ctx),
+        ]
+        if (extra_path := record_format_error(server.port, args.out, origin)) is not None:
+            written.append(extra_path)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
