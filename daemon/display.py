@@ -4,7 +4,10 @@ terminal.
 Conventions, the same in every command: times in the local zone with its offset
 (``2026-05-01 14:03:07+02:00``; :func:`use_utc` for UTC), ages relative to now ("3m ago",
 "in 1m20s"), and one wording of each status reason (:func:`reason_text`: ``paused (by request)``,
-``completed (unverified: no verification)``), whatever the stored value's spelling.
+``completed (unverified: no verification)``), whatever the stored value's spelling. Why a goal
+stands where it stands is the daemon's ``why`` (:func:`goals.why.why`, derived from the goal's
+current status and the event that caused it), shown as it comes, never an error seen earlier; a
+provider's state is ``ok``, ``failing (N in a row, last: ...)`` or ``open`` (:func:`provider_words`).
 
 ``goal show --watch`` and ``goal logs --follow`` read the goal again (``goal/get``) after each event
 of its session rather than trusting ``goal/changed`` alone: a goal's rounds, tokens and cost move
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -44,6 +48,7 @@ from goals import (
     GoalProgressNoted,
     GoalVerified,
 )
+from goals.why import reason_text as _reason_text
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -147,37 +152,9 @@ def _goal_changed(changed: GoalChanged) -> str:
     )
 
 
-#: How each stored reason reads (one wording everywhere; older spellings map to the same words).
-_REASON_TEXT = {
-    "by_request": "by request",
-    "cancelled by request": "by request",
-    "verified": "verified",
-    "no_verification": "unverified: no verification",
-    "unverified": "unverified: completion claims refused",
-    "auth_error": "authentication failed",
-    "model_error": "model errors",
-    "stalled": "stalled: no progress",
-    "round_limit": "round limit reached",
-    "token_budget": "token budget spent",
-    "cost_budget": "cost budget spent",
-    "deadline": "deadline passed",
-    "wall_time": "wall time used up",
-    "workdir_missing": "work directory missing",
-    "disk_limit": "disk limit reached",
-    "context_too_small": "context window too small",
-}
-
-
 def reason_text(reason: str | None) -> str:
-    """A goal's status reason in plain words (``model_error: X`` reads ``model error: X``)."""
-    if not reason:
-        return ""
-    if reason in _REASON_TEXT:
-        return _REASON_TEXT[reason]
-    head, sep, rest = reason.partition(": ")
-    if sep and head in _REASON_TEXT:
-        return f"{head.replace('_', ' ')}: {rest}"
-    return reason
+    """A goal's status reason in plain words: :func:`goals.why.reason_text`, the one wording."""
+    return _reason_text(reason)
 
 
 def status_text(g: dict[str, Any]) -> str:
@@ -285,7 +262,29 @@ def exit_text(r: dict[str, Any]) -> str:
 
 
 #: The columns of ``goald goal list``.
-TABLE_HEADER = ("ID", "KEY", "STATUS", "REASON", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL")
+TABLE_HEADER = ("ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL")
+
+#: An active goal's activity (``goal/list``'s ``activity.state``) in a table cell.
+_ACTIVITY_WORDS = {
+    "turn_running": "turn running",
+    "waiting_provider": "waiting for provider",
+    "waiting_slot": "waiting for a slot",
+    "starting": "turn starting",
+    "backoff": "backoff",
+    "waiting_disk": "waiting for disk space",
+    "deciding": "deciding",
+}
+
+
+def activity_cell(act: dict[str, Any] | None) -> str:
+    """What a goal is doing, in a few words (``backoff until 12:03``); ``-`` when nothing runs."""
+    if not act or act.get("state") not in _ACTIVITY_WORDS:
+        return "-"
+    words = _ACTIVITY_WORDS[str(act["state"])]
+    until = parse_time(act.get("until"))
+    if until is None:
+        return words
+    return f"{words} until {until.astimezone(UTC if _UTC[0] else None).strftime('%H:%M')}"
 
 
 def goal_table(goals: list[dict[str, Any]]) -> list[str]:
@@ -296,6 +295,7 @@ def goal_table(goals: list[dict[str, Any]]) -> list[str]:
             str(g.get("key") or "-"),
             str(g["status"]),
             reason_text(g.get("statusReason")) or "-",
+            activity_cell(g.get("activity")),
             age(g.get("createdAt")),
             str(g["rounds"]) + (f"/{g['budgets']['maxRounds']}" if g.get("budgets", {}).get("maxRounds") else ""),
             f"{g['tokens']:,}",
@@ -305,7 +305,7 @@ def goal_table(goals: list[dict[str, Any]]) -> list[str]:
         for g in goals
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
-    right = {5, 6, 7}
+    right = {6, 7, 8}
     return [
         "  ".join(
             c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
@@ -320,20 +320,20 @@ def _used(used: float, limit: float | None, fmt: str) -> str:
     return f"{fmt.format(used)} of {fmt.format(limit)} used, {fmt.format(max(limit - used, 0))} left"
 
 
-def _why(g: dict[str, Any], last_error: str | None) -> str | None:
-    """The plain-words cause of a goal's stop, with what to do, when the reason alone is terse."""
-    reason = str(g.get("statusReason") or "")
-    if g["status"] in ("active", "completed") and not last_error:
-        return None
-    if reason == "cost_budget" and last_error and "no price" in last_error:
-        model = g.get("model") or "its model"
-        return (
-            f"{last_error}: the cost budget cannot be counted for {model}; set its prices in the provider's"
-            " [providers.NAME.prices] table, or resume without a cost budget"
+def infra_lines(g: dict[str, Any]) -> list[str]:
+    """The infrastructure's share of a goal, apart from its rounds and tokens (when there is any)."""
+    out = []
+    rerun, streak = int(g.get("infraRounds") or 0), int(g.get("infraStreak") or 0)
+    if rerun or streak:
+        limit = (g.get("rules") or {}).get("infraRetries")
+        out.append(
+            f"retries:    {rerun} round(s) cut short by infrastructure trouble, run again, not counted"
+            f" ({streak} in a row" + (f", limit {limit})" if limit else ")")
         )
-    if reason == "auth_error":
-        return f"{last_error or 'the provider refused the credentials'}: fix the provider's key, then resume the goal"
-    return last_error
+    interrupted = int(g.get("interruptedTokens") or 0)
+    if interrupted:
+        out.append(f"interrupted: {interrupted:,} tokens charged for interrupted calls (in the tokens above)")
+    return out
 
 
 def describe_lines(d: dict[str, Any]) -> list[str]:
@@ -344,7 +344,7 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
     out.append(f"title:      {g['title']}")
     out.append(f"objective:  {g['objective']}")
     out.append(f"status:     {status_text(g)}")
-    why = _why(g, d.get("lastError"))
+    why = d.get("why", g.get("why"))
     if why:
         out.append(f"why:        {why}")
     act = d.get("activity") or {}
@@ -353,11 +353,11 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
     model = f"model:      {g.get('model') or '-'}"
     prov = d.get("provider")
     if prov:
-        model += f"  (provider {prov['name']}: {breaker_words(prov.get('state'))}"
-        model += f"; last error: {str(prov['lastError'])[:120]})" if prov.get("lastError") else ")"
+        model += f"  (provider {prov['name']}: {provider_words(prov)})"
     out.append(model)
     out.append(f"rounds:     {_used(g['rounds'], b.get('maxRounds'), '{:,.0f}')}")
     out.append(f"tokens:     {_used(g['tokens'], b.get('maxTokensTotal'), '{:,.0f}')}")
+    out.extend(infra_lines(g))
     out.append(f"cost:       {_used(g['cost'], b.get('maxCost'), '{:.4f}')}")
     if b.get("maxWallSeconds") is not None:
         out.append(f"wall time:  {span(g.get('wallUsed') or 0)} of {span(b['maxWallSeconds'])}")
@@ -393,15 +393,22 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def breaker_words(state: str | None) -> str:
-    """A provider breaker's state in words that do not read as "down" when all is well."""
+def provider_words(p: Mapping[str, Any]) -> str:
+    """A provider's state: ``ok``, ``failing (N in a row, last: ...)`` (calls fail, its circuit still
+    closed) or ``open`` (calls wait for its circuit breaker). ``p`` is its health snapshot, or the
+    provider of a ``goal/describe`` answer."""
+    state = p.get("state")
+    failures = p.get("consecutiveFailures", (p.get("breaker") or {}).get("consecutiveFailures"))
+    last = " ".join(str(p.get("lastError") or "").split())[:120]
     match state:
+        case "closed" if failures:
+            return f"failing ({failures} in a row, last: {last or 'no error text'})"
         case "closed":
-            return "ok (circuit closed)"
+            return "ok"
         case "open":
-            return "failing (circuit open: calls wait)"
+            return "open"
         case "half_open":
-            return "recovering (circuit half-open: one probe call)"
+            return "open (one probe call in flight)"
         case _:
             return str(state or "unknown")
 

@@ -17,8 +17,8 @@ budget arithmetic in ``budgets``; ``evaluations``: one evaluation per goal at a 
 ``timers``; ``creation``; ``operations``: a person's pause, resume, cancel, edit and delete), the
 continuation text (``continuation``), the goal tools and tool policy (``tools``), verification and
 fingerprints (``verify``), work-directory claims (``locks``), the ``goals`` table (``schema``,
-``rows``, ``queries``, ``store``), event payloads (``payloads``), pruning (``retention``) and errors
-(``errors``).
+``rows``, ``queries``, ``store``), event payloads (``payloads``), pruning (``retention``), why a goal
+stands where it stands in plain words (``why``) and errors (``errors``).
 """
 
 from goals.continuation import quote, render, stable_part

@@ -80,11 +80,21 @@ def backoff(goal: Goal, errors: int) -> float:
     return float(min(r.error_backoff_max_seconds, r.error_backoff_seconds * (2 ** max(errors - 1, 0))))
 
 
-def with_status(goal: Goal, status: GoalStatus, reason: str | None, now: datetime, *, reopen: bool = False) -> Goal:
+def with_status(
+    goal: Goal,
+    status: GoalStatus,
+    reason: str | None,
+    now: datetime,
+    *,
+    reopen: bool = False,
+    cause: str | None = None,
+) -> Goal:
     """``goal`` moved to ``status`` with ``reason`` (a legal transition, or only the reason when the
-    status stays), its wall time counted up to ``now`` when it leaves ``active``."""
+    status stays), its wall time counted up to ``now`` when it leaves ``active``. ``cause`` is the
+    words of the event behind it (``memory.cause``): whatever explained the state before goes."""
+    memory = goal.memory.model_copy(update={"cause": cause})
     if status is goal.status:
-        return goal.model_copy(update={"status_reason": reason})
+        return goal.model_copy(update={"status_reason": reason, "memory": memory})
     transition(goal.status, status, reopen=reopen)
     wall = goal.wall_used
     if goal.status is GoalStatus.ACTIVE and goal.active_since is not None:
@@ -95,6 +105,7 @@ def with_status(goal: Goal, status: GoalStatus, reason: str | None, now: datetim
             "status_reason": reason,
             "wall_used": wall,
             "active_since": now if status is GoalStatus.ACTIVE else None,
+            "memory": memory,
         }
     )
 

@@ -54,8 +54,26 @@ ANSWER_CUT = (
 )
 
 
-def render(goal: Goal, round_no: int, now: datetime, *, stall_warning: bool = False, answer_cut: bool = False) -> str:
-    """The whole continuation text for round ``round_no`` (``answer_cut``: the last turn ended ``max_tokens``)."""
+#: Added when the round is run again after the infrastructure's trouble (the turn was interrupted,
+#: or the provider could not be reached): the round was not counted.
+RERUN = (
+    "This round is run again: its last attempt was cut short by trouble outside your work (goald stopped "
+    "or the model's provider could not be reached), and it is not counted. Check what your earlier tool "
+    "calls did before repeating them."
+)
+
+
+def render(
+    goal: Goal,
+    round_no: int,
+    now: datetime,
+    *,
+    stall_warning: bool = False,
+    answer_cut: bool = False,
+    rerun: bool = False,
+) -> str:
+    """The whole continuation text for round ``round_no`` (``answer_cut``: the last turn ended
+    ``max_tokens``; ``rerun``: the round is run again after the infrastructure's trouble)."""
     of = f" of {goal.budgets.max_rounds}" if goal.budgets.max_rounds else ""
     lines = [stable_part(goal), "", "---", f"Round {round_no}{of}. Budget left: {_budget_left(goal, now)}."]
     if goal.memory.notes:
@@ -72,5 +90,7 @@ def render(goal: Goal, round_no: int, now: datetime, *, stall_warning: bool = Fa
         )
     if answer_cut:
         lines.append(ANSWER_CUT)
+    if rerun:
+        lines.append(RERUN)
     lines.append("Verify where things stand, then continue.")
     return "\n".join(lines)

@@ -57,6 +57,12 @@ class Interval(BaseModel):
     last_error: str | None = None
     #: A model error of the interval came while the provider's circuit breaker was open (an outage).
     breaker_open: bool = False
+    #: Model answers committed in the interval (a partial answer cut by an interruption is not one):
+    #: a turn that failed before any tells the infrastructure's trouble from the model's.
+    answers: int = 0
+    #: Tokens charged in full for calls a crash or a stop left without an outcome (``model/charged``
+    #: of the session itself, not a subagent's spend): counted in ``tokens`` too.
+    interrupted_tokens: int = 0
 
 
 class DecisionKind(enum.StrEnum):

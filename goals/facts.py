@@ -14,6 +14,8 @@ What it reads, and why:
 * Tool calls, as a digest of name, arguments and result, leaving out the goal tools: the policy's
   stall rule compares them round to round (the same call with the same result is no progress).
 * The last turn's end (reason, error kind, error) and whether the provider's breaker was open.
+* Model answers committed (an interrupted partial answer is not one), and the tokens charged in
+  full for calls a crash or a stop left without an outcome: the infrastructure's share, shown apart.
 * The goal tools' reports: claims, progress notes and blocked reports of this goal.
 """
 
@@ -54,6 +56,7 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
     uses: dict[str, tuple[str, str]] = {}
     last_reason = last_kind = last_error = None
     breaker_open = False
+    answers = interrupted_tokens = 0
     cid = goal.continuation_id
     for ev in events:
         spent_tokens, spent_cost = charged(ev.payload)
@@ -66,6 +69,7 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
             case MessageCancelled() as gone if gone.message_id == cid:
                 fate, cancel_reason = ContinuationFate.CANCELLED, gone.reason
             case AssistantMessage() as answer:
+                answers += 0 if answer.interrupted else 1
                 for block in answer.content:
                     if isinstance(block, ToolUseBlock) and block.name not in GOAL_TOOL_NAMES:
                         uses[block.id] = (block.name, json.dumps(block.input, sort_keys=True))
@@ -73,6 +77,8 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
                 calls.append(_call_digest(*uses.pop(result.tool_use_id), result.content))
             case ModelFailed() as failed:
                 breaker_open = breaker_open or failed.breaker_open
+            case ModelCharged() as charge if charge.subagent_session_id is None:
+                interrupted_tokens += charge.tokens
             case TurnEnded() as ended:
                 turns += 1
                 last_reason, last_kind, last_error = ended.reason.value, ended.error_kind, ended.error
@@ -99,6 +105,8 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
         last_error_kind=last_kind,
         last_error=last_error,
         breaker_open=breaker_open,
+        answers=answers,
+        interrupted_tokens=interrupted_tokens,
     )
 
 

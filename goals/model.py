@@ -241,6 +241,10 @@ class StopRules(BaseModel):
     max_model_errors: int = Field(default=5, ge=1)
     error_backoff_seconds: float = Field(default=30.0, ge=0)
     error_backoff_max_seconds: float = Field(default=3600.0, ge=0)
+    #: Rounds re-run in a row for the infrastructure's trouble (a turn interrupted by the daemon's
+    #: death, a lease move or a store outage; a provider that could not be reached): never counted
+    #: as rounds; past this many in a row the goal tries once every ``error_backoff_max_seconds``.
+    infra_retries: int = Field(default=20, ge=1)
 
 
 class GoalSpec(BaseModel):
@@ -340,6 +344,10 @@ class GoalMemory(BaseModel):
     progress: str | None = None
     #: A claim of an interval the goal spent paused, to be verified at the first idle after resume.
     pending_claim: PendingClaim | None = None
+    #: The words of the event behind the goal's current status or wait (an authentication error's
+    #: text, the spend guard's refusal, the error a backoff waits out), written with that status or
+    #: wait and cleared when the goal moves on: what :func:`goals.why.why` explains it with.
+    cause: str | None = None
 
 
 class Goal(BaseModel):
@@ -375,6 +383,14 @@ class Goal(BaseModel):
     stall_streak: int = 0
     error_streak: int = 0
     blocked_streak: int = 0
+    #: Intervals in a row that ended on the infrastructure's trouble (:attr:`StopRules.infra_retries`
+    #: bounds them); a counted round ends the streak.
+    infra_streak: int = 0
+    #: Rounds re-run for the infrastructure's trouble, never counted in :attr:`rounds`.
+    infra_rounds: int = 0
+    #: Tokens charged in full for calls a crash or a stop left without an outcome (they may have
+    #: been billed): part of :attr:`tokens`, shown apart.
+    interrupted_tokens: int = 0
     wall_used: float = 0.0
     active_since: datetime | None = None
     continuation_id: str | None = None

@@ -10,6 +10,9 @@ Causes shared by many goals are grouped: a pause for ``auth_error`` or ``model_e
 key, a provider outage) and a failure for an unknown model (a provider removed from the config) are
 keyed by the reason and the provider, so a 401 that pauses a thousand goals is one message naming
 the cause and the count. Everything else is the goal's own and goes out alone.
+
+The payload's ``why`` is :func:`goals.why.why` of the goal as it commits: the same words ``goald goal
+show`` and the status page show for that status, never an earlier error.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from agent.outbox import NotificationId, put
 from agent.store import Tx
 from goals.model import Goal, GoalStatus, StopReason
+from goals.why import why
 
 #: The statuses a goal notifies on reaching.
 NOTIFIED = (GoalStatus.COMPLETED, GoalStatus.EXHAUSTED, GoalStatus.FAILED, GoalStatus.CANCELLED, GoalStatus.PAUSED)
@@ -53,6 +57,7 @@ def goal_payload(goal: Goal) -> dict[str, Any]:
         "status": goal.status.value,
         "reason": reason,
         "reasonCode": reason_code(goal.status_reason),
+        "why": why(goal, goal.updated_at),
         "provider": provider_of(goal),
         "counters": {"rounds": goal.rounds, "tokens": goal.tokens, "cost": goal.cost},
         "summary": summary,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from loguru import logger
 
 from agent import AgentStatus, Tx, delete_session, read_events, update_guard
-from goals.budgets import budget_spent, guard_limits
+from goals.budgets import budget_spent, guard_limits, with_status
 from goals.continuation import render
 from goals.decision import PolicyInput
 from goals.errors import InvalidGoal
@@ -98,18 +98,23 @@ def resume_goal(
             raise InvalidGoal(f"the goal is still out of budget ({spent.value}): raise that budget to resume")
         # An ended goal let go of its work directory; another may have taken it since.
         claim_workdir(tx, goal)
-    goal = _fresh_start(set_status(tx, goal, GoalStatus.ACTIVE, None, now, reopen=reopen))
+    goal = resumed(goal, now, reopen=reopen)
     pending = goal.memory.pending_claim is not None
     if st.status is AgentStatus.IDLE and not continuation_queued(tx, goal) and not pending:
-        goal = issue_continuation(tx, goal, goal.rounds + 1, render(goal, goal.rounds + 1, now))
+        text = render(goal, goal.rounds + 1, now, rerun=goal.infra_streak > 0)
+        goal = issue_continuation(tx, goal, goal.rounds + 1, text)
     update_guard(tx, goal.guard_id, guard_limits(goal, now))
     saved = save_goal(tx, goal, goal.revision)
     emit_changed(tx, before, saved, caller)
     return saved, before
 
 
-def _fresh_start(goal: Goal) -> Goal:
-    """A resumed goal's streaks, refused claims, backoff and stall warning start again."""
+def resumed(goal: Goal, now: datetime, *, reopen: bool = False) -> Goal:
+    """``goal`` made active again by a person (pure; :func:`resume_goal` checks and writes it): its
+    reason and cause go (:func:`goals.budgets.with_status`), its streaks, refused claims, backoff,
+    stall warning and last error start again, not its infrastructure streak (a pause is no round,
+    and the round it cut is run again as a retry)."""
+    goal = with_status(goal, GoalStatus.ACTIVE, None, now, reopen=reopen)
     return goal.model_copy(
         update={
             "stall_streak": 0,
@@ -117,7 +122,7 @@ def _fresh_start(goal: Goal) -> Goal:
             "blocked_streak": 0,
             "refused_claims": 0,
             "not_before": None,
-            "memory": goal.memory.model_copy(update={"warned_stall": False}),
+            "memory": goal.memory.model_copy(update={"warned_stall": False, "last_error": None}),
         }
     )
 

@@ -33,21 +33,36 @@ even when a person's follow-up superseded the continuation in the same interval.
    call in an interval that is not a round (a person's follow-up) counts too; a round without one
    ends the streak.
 7. A budget spent (rounds, tokens, cost, wall time, deadline, or the guard refused a call): exhausted.
-8. The interval ended on a model error: an authentication error pauses at once, and so does a
+8. **Infrastructure trouble is not the goal's.** The interval's last turn was interrupted (the
+   daemon died or stopped, a lease moved, the store went away), or failed before any model answer
+   with an error the provider's breaker counts (unreachable, refused, timed out, overloaded,
+   rate-limited) or while the breaker was open: the round is not counted (``rounds`` stays, nor is
+   the stall or error streak touched) and is run again with the same round number, at once after
+   an interruption, after the base backoff after a provider's failure. ``infra_streak`` counts
+   such intervals in a row (a counted round ends it), ``infra_rounds`` the rounds re-run; past
+   ``rules.infra_retries`` in a row the goal tries once every ``error_backoff_max_seconds``. It
+   waits, active, with the cause (``memory.cause``): never paused, never exhausted by it. The
+   tokens charged in full for calls a crash left without an outcome stay charged (the call may
+   have been billed) and are counted apart too (``interrupted_tokens``).
+9. The interval ended on a model error: an authentication error pauses at once, and so does a
    request that cannot be made to fit the model's window (``context_too_small``); an error of a
    provider outage (its circuit breaker was open or opened in the interval) is not counted: the
    goal waits the base backoff and goes on (its next call waits for the breaker), so one long
    outage leaves no goal paused; otherwise the goal waits (``not_before``, exponential backoff)
    and after M errors in a row pauses ``model_error``.
-9. Stalls, judged on rounds (a round that ended on a model error is the error rule's). **Progress
+10. Stalls, judged on rounds (a round that ended on a model error is the error rule's). **Progress
    is what the daemon can observe**: a changed work-directory fingerprint, or a changed output of
    the goal's ``progress`` command. A round without either extends the stall streak; at N the next
    continuation warns; at N+1 the goal is paused ``stalled``, unless the round brought a new
    ``goal_progress`` note: a note is the model's own word, like a completion claim, so it may
    delay the pause by at most N more rounds (at 2N+1 the goal is paused whatever it notes). Tool
    calls never count (a model that runs the same ``list_dir`` every round makes none).
-10. A backoff still pending: wait. Otherwise one continuation: for the next round, or, when a
+11. A backoff still pending: wait. Otherwise one continuation: for the next round, or, when a
     person's follow-up superseded the continuation, re-issued with the same round number.
+
+What explains the outcome is written with it: ``status_reason``, and ``memory.cause`` for the
+event's own words (an authentication error's text, the guard's refusal, the error a wait waits
+out), cleared by every other outcome, so that :func:`goals.why.why` never shows an old one.
 
 The decision's input and output types are in :mod:`goals.decision`, the budget arithmetic (which
 budget is spent, the guard's limits, the backoff, a status change that counts wall time) in
@@ -66,6 +81,7 @@ from goals.continuation import render
 from goals.decision import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput
 from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult
 from goals.verify import size_text
+from goals.why import WAIT_INTERRUPTED, WAIT_PROVIDER
 
 #: The error kind of a turn whose request cannot be made to fit the model's window (agent.step): the
 #: goal pauses with the error as its reason, ``context_too_small: ...`` with the figures.
@@ -136,6 +152,28 @@ def _claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
     return refused, False
 
 
+def infrastructure(iv: Interval) -> bool:
+    """Whether the interval ended on the infrastructure's trouble, not the model's (rule 8): its last
+    turn was interrupted, or failed before any model answer with an error the provider's breaker
+    counts (or while it was open). An authentication error or a window too small is never one."""
+    if iv.last_end_reason == "interrupted":
+        return True
+    if iv.last_end_reason != "error" or iv.answers:
+        return False
+    kind = iv.last_error_kind
+    if kind in (ModelErrorKind.AUTH, CONTEXT_TOO_SMALL):
+        return False
+    return iv.breaker_open or _retryable(kind)
+
+
+def _retryable(kind: str | None) -> bool:
+    """Whether ``kind`` is a failure the provider's breaker counts (the provider's, not the request's)."""
+    try:
+        return kind is not None and ModelErrorKind(kind).retryable
+    except ValueError:  # "internal", "empty", a kind of the turn itself
+        return False
+
+
 def decide(inp: PolicyInput) -> Decision:
     """Decide what the goal does at this idle. Pure: see the module docstring.
 
@@ -162,9 +200,11 @@ def decide(inp: PolicyInput) -> Decision:
 
 
 def _bookkeep(g: Goal, inp: PolicyInput) -> tuple[Goal, list[str]]:
-    """What holds whatever is decided: spend, the cursor, wall time, rounds and notes; returns the
-    goal and the interval's new notes."""
+    """What holds whatever is decided: spend, the cursor, wall time, rounds (an interval of the
+    infrastructure's trouble is not one: rule 8) and notes; returns the goal and the interval's new notes."""
     iv, now = inp.interval, inp.now
+    admitted = iv.continuation_fate is ContinuationFate.ADMITTED
+    infra = infrastructure(iv)
     wall = g.wall_used
     active_since = g.active_since
     if g.status is GoalStatus.ACTIVE and active_since is not None:
@@ -184,7 +224,10 @@ def _bookkeep(g: Goal, inp: PolicyInput) -> tuple[Goal, list[str]]:
             "evaluated_seq": max(g.evaluated_seq, iv.end_seq),
             "wall_used": wall,
             "active_since": active_since,
-            "rounds": g.rounds + (1 if iv.continuation_fate is ContinuationFate.ADMITTED else 0),
+            "rounds": g.rounds + (1 if admitted and not infra else 0),
+            "infra_streak": g.infra_streak + 1 if infra else (0 if admitted else g.infra_streak),
+            "infra_rounds": g.infra_rounds + (1 if infra and admitted else 0),
+            "interrupted_tokens": g.interrupted_tokens + iv.interrupted_tokens,
             "memory": g.memory.model_copy(update={"notes": notes}),
         }
     )
@@ -205,13 +248,16 @@ class Facts:
     counted_error: bool
     error_text: str
     stalled: bool
+    #: The interval ended on the infrastructure's trouble (rule 8): not a round, nothing counted.
+    infra: bool = False
 
 
 def _fold(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, Facts]:
     """Fold every fact of an active goal's interval into it: the claim, the blocked, error and
     stall streaks."""
     iv = inp.interval
-    is_round = iv.continuation_fate is ContinuationFate.ADMITTED
+    infra = infrastructure(iv)
+    is_round = iv.continuation_fate is ContinuationFate.ADMITTED and not infra
     g, verified = _claim(g, inp)
     superseded = iv.continuation_fate is ContinuationFate.CANCELLED and iv.cancel_reason == "superseded"
     if iv.blocked:
@@ -219,8 +265,9 @@ def _fold(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, Facts]:
     elif is_round:
         g = g.model_copy(update={"blocked_streak": 0})
     error = iv.last_end_reason == "error"
-    error_text = iv.last_error or "model error"
-    counted_error = error and iv.last_error_kind != ModelErrorKind.AUTH and not iv.breaker_open
+    interrupted = iv.last_end_reason == "interrupted"
+    error_text = iv.last_error or ("the turn was interrupted" if interrupted else "model error")
+    counted_error = error and not infra and iv.last_error_kind != ModelErrorKind.AUTH and not iv.breaker_open
     if error:
         g = g.model_copy(
             update={
@@ -228,22 +275,28 @@ def _fold(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, Facts]:
                 "memory": g.memory.model_copy(update={"last_error": error_text}),
             }
         )
-    elif iv.turns:
-        g = g.model_copy(update={"error_streak": 0})
+    elif iv.turns and not infra:  # the model worked: the last error is behind it
+        g = g.model_copy(update={"error_streak": 0, "memory": g.memory.model_copy(update={"last_error": None})})
     stalled = False
     if is_round and not error:
         g, stalled = _stall(g, inp, new_note)
     cancelled = iv.continuation_fate is ContinuationFate.CANCELLED and not superseded
-    return g, Facts(verified, superseded, cancelled, error, counted_error, error_text, stalled)
+    return g, Facts(verified, superseded, cancelled, error, counted_error, error_text, stalled, infra)
 
 
-# -- The outcome rules, by precedence (the module docstring's rules 2 to 10). ---------------------
+# -- The outcome rules, by precedence (the module docstring's rules 2 to 11). ---------------------
 
 Rule = Callable[[Goal, PolicyInput, Facts], "Decision | None"]
 
 
-def _pause(g: Goal, reason: str, now: datetime) -> Decision:
-    return Decision(DecisionKind.PAUSE, with_status(g, GoalStatus.PAUSED, reason, now))
+def _pause(g: Goal, reason: str, now: datetime, cause: str | None = None) -> Decision:
+    return Decision(DecisionKind.PAUSE, with_status(g, GoalStatus.PAUSED, reason, now, cause=cause))
+
+
+def _wait(g: Goal, until: datetime, cause: str) -> Decision:
+    """Wait until ``until``, active, with the words of what it waits out (``memory.cause``)."""
+    memory = g.memory.model_copy(update={"cause": cause})
+    return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": until, "memory": memory}))
 
 
 def _completed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
@@ -311,48 +364,72 @@ def _exhausted(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
             spent = StopReason.WALL_TIME
     if spent is None:
         return None
-    return Decision(DecisionKind.EXHAUST, with_status(g, GoalStatus.EXHAUSTED, spent, now))
+    # The guard's refusal says what the call would have cost and what was left: the goal's cause.
+    cause = iv.last_error if iv.last_end_reason == "budget" else None
+    return Decision(DecisionKind.EXHAUST, with_status(g, GoalStatus.EXHAUSTED, spent, now, cause=cause))
+
+
+def _infrastructure(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 8: the infrastructure's trouble: the round is run again (not counted), at once after an
+    interruption, after the base backoff after a provider's failure, and once every
+    ``error_backoff_max_seconds`` past ``infra_retries`` in a row; never a pause."""
+    if not facts.infra:
+        return None
+    r = g.rules
+    interrupted = inp.interval.last_end_reason == "interrupted"
+    if g.infra_streak > r.infra_retries:
+        wait = r.error_backoff_max_seconds
+    elif interrupted:
+        wait = 0.0
+    else:
+        wait = backoff(g, 1)
+    if wait <= 0:
+        return _next_round(g, inp, facts)
+    code = WAIT_INTERRUPTED if interrupted else WAIT_PROVIDER
+    return _wait(g, inp.now + timedelta(seconds=wait), f"{code}: {facts.error_text}")
 
 
 def _model_error(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
-    """Rule 8: a model error pauses (authentication, a window too small, or M in a row) or waits a backoff."""
+    """Rule 9: a model error pauses (authentication, a window too small, or M in a row) or waits a backoff."""
     if not facts.error:
         return None
     if inp.interval.last_error_kind == ModelErrorKind.AUTH:
-        return _pause(g, StopReason.AUTH_ERROR, inp.now)
+        return _pause(g, StopReason.AUTH_ERROR, inp.now, cause=facts.error_text)
     if inp.interval.last_error_kind == CONTEXT_TOO_SMALL:
         # Even compacted, the request does not fit the model's window (the error names the figures):
         # waiting changes nothing; a person must pick a model with a larger window (or raise it).
         return _pause(g, facts.error_text, inp.now)
+    cause = f"{StopReason.MODEL_ERROR}: {facts.error_text}"
     if not facts.counted_error:
         # The provider is down for every goal alike; counting would pause them all overnight.
-        wait_until = inp.now + timedelta(seconds=backoff(g, 1))
-        return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
+        return _wait(g, inp.now + timedelta(seconds=backoff(g, 1)), f"{WAIT_PROVIDER}: {facts.error_text}")
     if g.error_streak >= g.rules.max_model_errors:
-        return _pause(g, f"{StopReason.MODEL_ERROR}: {facts.error_text}", inp.now)
-    wait_until = inp.now + timedelta(seconds=backoff(g, g.error_streak))
-    return Decision(DecisionKind.WAIT, g.model_copy(update={"not_before": wait_until}))
+        return _pause(g, cause, inp.now)
+    return _wait(g, inp.now + timedelta(seconds=backoff(g, g.error_streak)), cause)
 
 
 def _stalled(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
-    """Rule 9: a stall pauses it ``stalled``."""
+    """Rule 10: a stall pauses it ``stalled``."""
     return _pause(g, StopReason.STALLED, inp.now) if facts.stalled else None
 
 
 def _next_round(g: Goal, inp: PolicyInput, facts: Facts) -> Decision:
-    """Rule 10: a pending backoff waits; otherwise one continuation (re-issued when superseded)."""
+    """Rule 11: a pending backoff waits; otherwise one continuation (re-issued when superseded; the
+    same round again after the infrastructure's trouble, since that round was not counted)."""
     now = inp.now
     if g.not_before is not None and now < g.not_before:
         return Decision(DecisionKind.WAIT, g)
-    g = g.model_copy(update={"not_before": None})
+    g = g.model_copy(update={"not_before": None, "memory": g.memory.model_copy(update={"cause": None})})
     warn = g.memory.warned_stall
     cut = inp.interval.last_end_reason == "max_tokens"
+    rerun = g.infra_streak > 0
     if facts.superseded:
         round_no = g.continuation_round or (g.rounds + 1)
-        text = render(g, round_no, now, stall_warning=warn, answer_cut=cut)
+        text = render(g, round_no, now, stall_warning=warn, answer_cut=cut, rerun=rerun)
         return Decision(DecisionKind.REISSUE, g, text, round_no)
     round_no = g.rounds + 1
-    return Decision(DecisionKind.CONTINUE, g, render(g, round_no, now, stall_warning=warn, answer_cut=cut), round_no)
+    text = render(g, round_no, now, stall_warning=warn, answer_cut=cut, rerun=rerun)
+    return Decision(DecisionKind.CONTINUE, g, text, round_no)
 
 
 #: The outcome rules in order of precedence; the first that returns a decision decides.
@@ -364,6 +441,7 @@ RULES: tuple[Rule, ...] = (
     _unverified,
     _blocked,
     _exhausted,
+    _infrastructure,
     _model_error,
     _stalled,
     _next_round,
@@ -400,6 +478,7 @@ def _stall(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, bool]:
 # The decision's types and the budget arithmetic live in their own modules; their names stay
 # importable from here.
 __all__ = [
+    "CONTEXT_TOO_SMALL",
     "MAX_NOTES",
     "MAX_SEEN_CALLS",
     "MAX_VERIFY_OUTPUT",
@@ -416,5 +495,6 @@ __all__ = [
     "decide",
     "disk_over",
     "guard_limits",
+    "infrastructure",
     "refusal_reason",
 ]

@@ -20,7 +20,8 @@ COLUMNS = (
     "workdir", "model", "tools", "budgets", "verify", "rules", "rounds", "tokens", "cost", "refused_claims",
     "stall_streak", "error_streak", "blocked_streak", "wall_used", "active_since", "continuation_id",
     "continuation_round", "evaluated_seq", "not_before", "memory", "result_summary", "evidence", "created_at",
-    "updated_at", "revision", "progress", "sandbox", "keep_workdir", "node_label",
+    "updated_at", "revision", "progress", "sandbox", "keep_workdir", "node_label", "infra_streak", "infra_rounds",
+    "interrupted_tokens",
 )  # fmt: skip
 
 
@@ -79,6 +80,9 @@ def row_values(goal: Goal) -> dict[str, Any]:
         "sandbox": goal.sandbox.model_dump_json(exclude_defaults=True),
         "keep_workdir": int(goal.keep_workdir),
         "node_label": goal.node_label,
+        "infra_streak": goal.infra_streak,
+        "infra_rounds": goal.infra_rounds,
+        "interrupted_tokens": goal.interrupted_tokens,
     }
 
 

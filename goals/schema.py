@@ -138,6 +138,15 @@ CREATE INDEX goals_ended ON goals(updated_at) WHERE status IN ('completed', 'fai
         summary="placement: the node label a goal needs in a cluster",
         sql="ALTER TABLE goals ADD COLUMN node_label TEXT;",
     ),
+    Migration(
+        version=7,
+        summary="infrastructure trouble apart: rounds re-run, their streak, tokens charged for interrupted calls",
+        sql="""
+ALTER TABLE goals ADD COLUMN infra_streak INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE goals ADD COLUMN infra_rounds INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE goals ADD COLUMN interrupted_tokens INTEGER NOT NULL DEFAULT 0;
+""",
+    ),
 ]
 
 __all__ = ["MIGRATIONS"]

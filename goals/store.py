@@ -203,13 +203,22 @@ def pending_key(goal_id: str) -> str:
     return f"goal:{goal_id}"
 
 
+def continuation_ref(goal: Goal, round_no: int) -> str:
+    """The source ref of ``goal``'s continuation for ``round_no``: ``<goal id>#<round>``, and for a
+    round run again after the infrastructure's trouble ``#<round>/retry<n>`` (``n``: the goal's
+    ``infra_streak``), so that each continuation admitted has a ref of its own."""
+    if goal.infra_streak > 0 and round_no == goal.continuation_round:
+        return f"{goal.id}#{round_no}/retry{goal.infra_streak}"
+    return f"{goal.id}#{round_no}"
+
+
 def issue_continuation(tx: Tx, goal: Goal, round_no: int, text: str) -> Goal:
     """Enqueue the goal's continuation for ``round_no`` and record it on the goal (same transaction)."""
     receipt = enqueue(
         tx,
         goal.session_id,
         parse_content(text),
-        source=Source(kind=SourceKind.GOAL, ref=f"{goal.id}#{round_no}"),
+        source=Source(kind=SourceKind.GOAL, ref=continuation_ref(goal, round_no)),
         pending_key=pending_key(goal.id),
         yields_to_followup=True,
     )
@@ -266,6 +275,7 @@ __all__ = [
     "cancel_continuation",
     "conn_of",
     "continuation_queued",
+    "continuation_ref",
     "delete_goal_row",
     "emit_changed",
     "emit_counted",

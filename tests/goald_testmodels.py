@@ -18,7 +18,8 @@ being slow, never a test waiting for things to settle).
 directory, then notes progress with ``goal_progress`` (or, in the last round, claims completion
 with ``goal_complete``), then ends the turn with a line of text: three model calls per round.
 With ``hold_round=n hold=s`` the first call of round ``n`` takes ``s`` seconds instead (a call
-that is surely in flight when a test stops the daemon during that round).
+that is surely in flight when a test stops the daemon during that round); not when the round is
+run again after such a stop (its continuation says so), which answers at once.
 
 ``chat`` answers each message with one line after ``delay`` seconds.
 
@@ -38,6 +39,8 @@ from agent import ModelRequest, Reply, ScriptedModel, TextBlock, ToolCall
 _DIRECTIVE = re.compile(r"\[((?:\s*[a-z_]+=[0-9.]+)+)\s*\]")
 _ROUND = re.compile(r"Round (\d+)")
 CALLS_ENV = "TESTMODELS_CALLS_SOCKET"
+#: What a goal's continuation says when its round runs again after infrastructure trouble.
+RERUN = "This round is run again"
 
 
 def announce(text: str) -> None:
@@ -81,7 +84,7 @@ def _worker(request: ModelRequest) -> Reply:
     round_no = int(found.group(1)) if found else 1
     announce(f"worker round={round_no} step={step}")
     if step == 0:
-        if round_no == int(conf.get("hold_round", 0)):
+        if round_no == int(conf.get("hold_round", 0)) and RERUN not in text:
             delay = conf.get("hold", delay)
         write = ToolCall("write_file", {"path": f"round{round_no}.txt", "content": f"round {round_no}\n"})
         return Reply(text=f"Round {round_no}: writing round{round_no}.txt.", tool_calls=[write], delay=delay)

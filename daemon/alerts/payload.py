@@ -14,6 +14,7 @@ first notification's fields plus what the group adds::
       "schedule": {"id": "sch_…", "key": "nightly"},        # schedule kinds
       "provider": "openai",   # goal and breaker kinds
       "status": "paused", "reason": "auth_error: …", "reasonCode": "auth_error",
+      "why": "HTTP 401 …: fix the provider's key, then resume the goal",  # goal kinds: as goal show says it
       "counters": {"rounds": 3, "tokens": 5120, "cost": 0.012},  # goal kinds
       "summary": "goal 'nightly report' paused: stalled (round 6, …)",
       "time": "2025-06-01T03:00:00.000000+00:00",   # when the change committed
@@ -35,7 +36,7 @@ from typing import Any
 from agent.outbox import Message
 
 #: The fields of the first notification copied into the payload (when present).
-_FIELDS = ("goal", "schedule", "provider", "status", "reason", "reasonCode", "counters", "scheduledFor", "time")
+_FIELDS = ("goal", "schedule", "provider", "status", "reason", "reasonCode", "why", "counters", "scheduledFor", "time")
 
 
 def _group_summary(message: Message, first: dict[str, Any]) -> str:

@@ -153,6 +153,7 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
         "sessionId": args.session,
         "idempotencyKey": args.idempotency_key,
         "stallRounds": args.stall_rounds,
+        "infraRetries": args.infra_retries,
         "tools": args.tool,
         "progress": progress_params(args),
         "sandbox": sandbox_params(args),

@@ -62,6 +62,13 @@ def _add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> 
             "--stall-rounds", type=int, metavar="N", help="rounds without progress before it pauses stalled (default 3)"
         )
         p.add_argument(
+            "--infra-retries",
+            type=int,
+            metavar="N",
+            help="rounds re-run in a row for infrastructure trouble (a daemon stop, an unreachable provider), never"
+            " counted as rounds, before it tries only hourly (default 20)",
+        )
+        p.add_argument(
             "--tool",
             action="append",
             metavar="PATTERN",

@@ -2,7 +2,8 @@
 
 What runs (version, PID, state, uptime), where (config file, state directory, database and its
 size — on PostgreSQL the URL without its password — socket), goals by status, each provider's state
-in words that do not read as "down" when all is well (``ok (circuit closed)``) with its last error,
+(``ok``; ``failing (N in a row, last: ...)`` while its calls fail; ``open`` while its circuit
+breaker makes calls wait, with when it probes and who waits), its models' windows,
 the cluster's nodes when daemons share a PostgreSQL database (:mod:`daemon.cli.node`), and the next
 schedule fire.
 """
@@ -16,7 +17,7 @@ from daemon.cli.goal import print_json
 from daemon.cli.node import cluster_lines
 from daemon.cli.parser import EXIT_OK
 from daemon.client import Connection
-from daemon.display import age, breaker_words, span, use_utc, when
+from daemon.display import age, provider_words, span, use_utc, when
 
 
 def size_text(n: int) -> str:
@@ -85,18 +86,15 @@ def window_line(model: str, window: dict[str, Any]) -> str:
 
 
 def provider_line(name: str, snapshot: dict[str, Any]) -> str:
-    """One provider's health in a few words: its state, who waits on it while it is open, its last error."""
+    """One provider's health in a few words: ``ok``, ``failing (N in a row, last: ...)``, or ``open``
+    with when it probes, who waits on it and its last error."""
     breaker = snapshot.get("breaker") or {}
     state = str(snapshot.get("state", "unknown"))
     parts = []
-    if state == "closed":
-        failures = breaker.get("consecutiveFailures") or 0
-        if failures:
-            parts.append(f"{failures} failure(s) in a row")
-    else:
+    if state != "closed":
         if breaker.get("retryIn") is not None:
             parts.append(f"probe in {breaker['retryIn']:.0f}s")
         parts.append(f"{breaker.get('waiting', 0)} call(s) waiting")
-    if snapshot.get("lastError"):
-        parts.append(f"last error: {str(snapshot['lastError'])[:120]}")
-    return f"{name} {breaker_words(state)}" + (f"; {'; '.join(parts)}" if parts else "")
+        if snapshot.get("lastError"):
+            parts.append(f"last error: {str(snapshot['lastError'])[:120]}")
+    return f"{name} {provider_words(snapshot)}" + (f"; {'; '.join(parts)}" if parts else "")

@@ -1,16 +1,19 @@
-"""What a goal is doing now, and why it stopped: the ``goal/describe`` answer.
+"""What a goal is doing now, and why it stands where it stands: the ``goal/describe`` answer and the
+activity ``goal/list`` shows with each goal.
 
 Everything here is read, nothing is written. The activity of an active goal is derived from
-state the daemon already keeps, in this order: its session's open turn (a turn is running; if
-its provider's circuit is open, the turn is waiting for the provider), a session that is running
-with no turn open (its turn waits for a slot when every slot is taken, else it is starting), the
-goal's ``not_before`` (a backoff after a model error, or a retry of a failed evaluation), a goal
-the engine holds back (the disk holding the store is under its watermark: ``waiting_disk``, with
-the figures), and otherwise an idle session whose next round is being decided.
+state the daemon already keeps (:func:`activity_of`, a pure function of it), in this order: its
+session's open turn (a turn is running; if its provider's circuit is open, or its calls are
+failing, the turn is waiting for the provider), a session that is running with no turn open (its
+turn waits for a slot when every slot is taken, else it is starting), the goal's ``not_before``
+(waiting for the provider before a round is run again, or a backoff after a model error or a
+failed evaluation: the goal's ``memory.cause`` says which), a goal the engine holds back (the disk
+holding the store is under its watermark: ``waiting_disk``, with the figures), and otherwise an
+idle session whose next round is being decided.
 
-The last error is the goal's remembered model error, else the last turn that ended with an error
-among the session's recent events (a spend guard's refusal such as "cost budget set but the model
-has no price" is only there): the reason of an ``exhausted`` or ``paused`` goal in plain words.
+Why a goal stands where it stands is :func:`goals.why.why` (``why`` of the goal view and of this
+answer): derived from its current status and the event that caused it, never from the last error
+seen, so the reason of a goal that moved on is gone here as it is everywhere.
 """
 
 from __future__ import annotations
@@ -18,45 +21,87 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agent import AgentStatus, Event, EventType
+from agent import AgentStatus, Event, SessionState
 from daemon.ports import HostPort
 from daemon.rpc.context import runtime, scheduler
 from daemon.rpc.views import JsonObject, event_view, goal_view, verify_view
 from goals import Goal, GoalStatus, schedule_of
-
-#: How far back the last error of a turn is looked for.
-ERROR_LOOKBACK = 500
+from goals.why import WAIT_INTERRUPTED, WAIT_PROVIDER
 
 
 async def describe(host: HostPort, goal: Goal, n_events: int = 10) -> JsonObject:
-    """The goal, its activity, last error, refused verification, schedule and latest events."""
+    """The goal, its activity and why, refused verification, schedule and latest events."""
     rt = runtime(host)
     st = await rt.store.session_state(goal.session_id)
-    back = max(n_events, ERROR_LOOKBACK)
-    recent = await rt.store.events_after(goal.session_id, max(0, st.last_seq - back), limit=back)
-    raw = (await host.health()).get("providers")
-    providers: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    provider_name = (goal.model or "").partition(":")[0]
-    provider = providers.get(provider_name)
+    recent = (
+        await rt.store.events_after(goal.session_id, max(0, st.last_seq - n_events), limit=n_events) if n_events else []
+    )
+    health = await host.health()
+    provider = provider_of(goal, health)
+    now = datetime.now(UTC)
+    activity = activity_of(goal, st, provider, slots=_slots(health), held=_held(host, goal), now=now)
+    return describe_answer(goal, activity, provider, await _schedule(host, goal), recent, now)
+
+
+def describe_answer(
+    goal: Goal,
+    activity: JsonObject,
+    provider: dict[str, Any] | None,
+    schedule: JsonObject | None,
+    events: list[Event],
+    now: datetime,
+) -> JsonObject:
+    """The ``goal/describe`` answer from what :func:`describe` read (pure)."""
+    view = goal_view(goal, now)
     failed = [r for r in goal.memory.verify_results if not r.passed]
     return {
-        "goal": goal_view(goal),
-        "activity": await _activity(host, goal, provider),
-        "lastError": goal.memory.last_error or _last_turn_error(recent),
+        "goal": view,
+        "why": view["why"],
+        "activity": activity,
         "refusedVerification": [verify_view(r) for r in failed] or None,
-        "provider": {"name": provider_name, "state": provider.get("state"), "lastError": provider.get("lastError")}
+        "provider": {"name": provider.get("provider"), "state": provider.get("state"), **_failing(provider)}
         if provider is not None
         else None,
-        "schedule": await _schedule(host, goal),
-        "events": [{"seq": e.seq, **event_view(e)} for e in recent[-n_events:]] if n_events else [],
+        "schedule": schedule,
+        "events": [{"seq": e.seq, **event_view(e)} for e in events],
     }
 
 
-def _last_turn_error(events: list[Event]) -> str | None:
-    for e in reversed(events):
-        if e.type == EventType.TURN_END and e.data.get("error"):
-            return str(e.data["error"])
-    return None
+async def activities(host: HostPort, goals: list[Goal]) -> dict[str, JsonObject]:
+    """Each goal's activity, by goal id (``goal/list``): one health read, one state read per active goal."""
+    rt = runtime(host)
+    health = await host.health()
+    now = datetime.now(UTC)
+    out: dict[str, JsonObject] = {}
+    for goal in goals:
+        st = await rt.store.session_state(goal.session_id) if goal.status is GoalStatus.ACTIVE else None
+        held = _held(host, goal)
+        out[goal.id] = activity_of(goal, st, provider_of(goal, health), slots=_slots(health), held=held, now=now)
+    return out
+
+
+def provider_of(goal: Goal, health: dict[str, Any]) -> dict[str, Any] | None:
+    """The health snapshot of ``goal``'s provider (``None``: a scripted or unknown one)."""
+    providers = health.get("providers")
+    if not isinstance(providers, dict):
+        return None
+    found = providers.get((goal.model or "").partition(":")[0])
+    return found if isinstance(found, dict) else None
+
+
+def _slots(health: dict[str, Any]) -> dict[str, Any] | None:
+    slots = health.get("slots")
+    return slots if isinstance(slots, dict) else None
+
+
+def _failing(provider: dict[str, Any]) -> dict[str, Any]:
+    """A provider's failures in a row and its last error, as the describe answer carries them."""
+    breaker = provider.get("breaker") or {}
+    return {"consecutiveFailures": int(breaker.get("consecutiveFailures") or 0), "lastError": provider.get("lastError")}
+
+
+def _held(host: HostPort, goal: Goal) -> str | None:
+    return host.engine.held.get(goal.id) if host.engine is not None else None
 
 
 async def _schedule(host: HostPort, goal: Goal) -> JsonObject | None:
@@ -74,47 +119,62 @@ def _at(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-async def _activity(host: HostPort, goal: Goal, provider: dict[str, Any] | None) -> JsonObject:
-    """``state`` (a word), ``text`` (plain words) and ``until`` (when the wait ends, if known)."""
+def _act(state: str, text: str, until: str | None = None, round_no: int | None = None) -> JsonObject:
+    return {"state": state, "text": text, "until": until, "round": round_no}
+
+
+def activity_of(
+    goal: Goal,
+    st: SessionState | None,
+    provider: dict[str, Any] | None,
+    *,
+    slots: dict[str, Any] | None,
+    held: str | None,
+    now: datetime,
+) -> JsonObject:
+    """``state`` (a word), ``text`` (plain words), ``until`` (when the wait ends, if known) and
+    ``round`` of what ``goal`` is doing now (see the module docstring); pure."""
     round_no = goal.continuation_round or goal.rounds + 1
     match goal.status:
         case GoalStatus.PAUSED:
-            return {"state": "paused", "text": "nothing runs until it is resumed", "until": None, "round": None}
-        case GoalStatus.ACTIVE:
+            return _act("paused", "nothing runs until it is resumed")
+        case GoalStatus.ACTIVE if st is not None:
             pass
+        case GoalStatus.ACTIVE:
+            return _act("deciding", f"deciding round {round_no}", None, round_no)
         case _:
-            return {"state": "ended", "text": "nothing runs", "until": None, "round": None}
-    rt = runtime(host)
-    st = await rt.store.session_state(goal.session_id)
-    now = datetime.now(UTC)
+            return _act("ended", "nothing runs")
+    name = provider.get("provider") if provider is not None else None
+    breaker = (provider.get("breaker") or {}) if provider is not None else {}
+    failures = int(breaker.get("consecutiveFailures") or 0)
     if st.open_turn is not None:
         if provider is not None and provider.get("state") in ("open", "half_open"):
-            breaker = provider.get("breaker") or {}
             retry = breaker.get("retryIn")
-            until = _at(now + _seconds(retry)) if retry is not None else None
-            text = f"round {round_no}: a turn waits for provider {provider.get('provider')} (its circuit is open)"
-            return {"state": "waiting_provider", "text": text, "until": until, "round": round_no}
-        text = f"round {round_no}: a turn is running"
-        return {"state": "turn_running", "text": text, "until": None, "round": round_no}
+            until = _at(now + timedelta(seconds=float(retry))) if retry is not None else None
+            text = f"round {round_no}: a turn is waiting for provider {name} (its circuit is open)"
+            return _act("waiting_provider", text, until, round_no)
+        if failures:
+            text = f"round {round_no}: a turn is waiting for provider {name} (failing: {failures} in a row)"
+            return _act("waiting_provider", text, None, round_no)
+        return _act("turn_running", f"round {round_no}: a turn is running", None, round_no)
     if st.status is AgentStatus.RUNNING:
-        busy = 0
-        for sid in rt.live_agents:
-            if (await rt.store.session_state(sid)).open_turn is not None:
-                busy += 1
-        slots = host.settings.max_concurrent_turns
-        if busy >= slots:
-            text = f"round {round_no}: waiting for a turn slot (all {slots} in use)"
-            return {"state": "waiting_slot", "text": text, "until": None, "round": round_no}
-        return {"state": "starting", "text": f"round {round_no}: a turn is starting", "until": None, "round": round_no}
+        size = int((slots or {}).get("max") or 0)
+        if size and int((slots or {}).get("inUse") or 0) >= size:
+            text = f"round {round_no}: waiting for a turn slot (all {size} in use)"
+            return _act("waiting_slot", text, None, round_no)
+        return _act("starting", f"round {round_no}: a turn is starting", None, round_no)
     if goal.not_before is not None and goal.not_before > now:
+        code = (goal.memory.cause or "").partition(": ")[0]
+        until = _at(goal.not_before)
+        if code == WAIT_PROVIDER:
+            who = f"provider {name}" if name else "its provider"
+            text = f"round {round_no}: waiting for {who}, then the round runs again (not counted)"
+            return _act("waiting_provider", text, until, round_no)
+        if code == WAIT_INTERRUPTED:
+            text = f"round {round_no}: waiting after {goal.infra_streak} interrupted turns in a row, then it runs again"
+            return _act("backoff", text, until, round_no)
         text = f"backing off before round {round_no} (after a model error or a failed evaluation)"
-        return {"state": "backoff", "text": text, "until": _at(goal.not_before), "round": round_no}
-    held = host.engine.held.get(goal.id) if host.engine is not None else None
+        return _act("backoff", text, until, round_no)
     if held is not None:
-        text = f"waiting before round {round_no} until space is back: {held}"
-        return {"state": "waiting_disk", "text": text, "until": None, "round": round_no}
-    return {"state": "deciding", "text": f"deciding round {round_no}", "until": None, "round": round_no}
-
-
-def _seconds(value: Any) -> timedelta:
-    return timedelta(seconds=float(value))
+        return _act("waiting_disk", f"waiting before round {round_no} until space is back: {held}", None, round_no)
+    return _act("deciding", f"deciding round {round_no}", None, round_no)

@@ -3,8 +3,9 @@ and delete goals.
 
 A goal is addressed by its key, its id or a unique prefix of its id (``goals.store.resolve_goal_id``).
 ``goal/describe`` is the operator's view: the goal with what it is doing now (:mod:`daemon.rpc.activity`),
-the last error or refused verification, the schedule that started it and its latest events, so
-that ``goald goal show`` needs one call and every reason arrives as the daemon knows it.
+why it stands where it stands (:func:`goals.why.why`, as every goal view carries it), the refused
+verification, the schedule that started it and its latest events, so that ``goald goal show`` needs
+one call and every reason arrives as the daemon knows it. ``goal/list`` gives each goal its activity.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from typing import TypedDict
 
 from daemon.checks import check_goal_input
-from daemon.rpc.activity import describe
+from daemon.rpc.activity import activities, describe
 from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
 from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalResume, GoalResumeAll, GoalUpdate
 from daemon.rpc.protocol import Dispatcher, Peer
@@ -70,7 +71,9 @@ def _spec_of(host: HostPort, p: GoalCreate) -> GoalSpec:
         tools=p.tools,
         session_id=p.session_id,
         idempotency_key=p.idempotency_key,
-        rules=StopRules(stall_rounds=p.stall_rounds) if p.stall_rounds else StopRules(),
+        rules=StopRules(
+            **{k: v for k, v in (("stall_rounds", p.stall_rounds), ("infra_retries", p.infra_retries)) if v is not None}
+        ),
         progress=VerifyCommand.model_validate(p.progress.model_dump()) if p.progress is not None else None,
         sandbox=p.sandbox.to_spec() if p.sandbox is not None else SandboxSpec(),
         keep_workdir=p.keep_workdir,
@@ -137,7 +140,8 @@ def register(d: Dispatcher, host: HostPort) -> None:
     async def goal_list(p: GoalList, peer: Peer) -> GoalListing:
         schedule_id = (await scheduler(host).get(p.schedule)).id if p.schedule is not None else None
         goals = await engine(host).list_goals(p.status, schedule_id=schedule_id, since=p.since)
-        return {"goals": [goal_view(g) for g in goals]}
+        doing = await activities(host, goals)
+        return {"goals": [{**goal_view(g), "activity": doing[g.id]} for g in goals]}
 
     @d.method("goal/get", GoalRef)
     async def goal_get(p: GoalRef, peer: Peer) -> JsonObject:

@@ -175,6 +175,9 @@ class GoalCreate(Params):
     session_id: SessionId | None = None
     idempotency_key: str | None = None
     stall_rounds: int | None = Field(default=None, ge=1)
+    #: Rounds re-run in a row for the infrastructure's trouble before the goal tries only once every
+    #: ``error_backoff_max_seconds`` (default 20).
+    infra_retries: int | None = Field(default=None, ge=1)
     #: A command whose changed output counts as the goal's progress (run in its sandbox).
     progress: VerifyIn | None = None
     sandbox: SandboxIn | None = None

@@ -7,6 +7,7 @@ client reads the same JSON from ``session/events`` as a subscriber got live and 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TypedDict
 
@@ -14,6 +15,7 @@ from pydantic.alias_generators import to_camel as _to_camel
 
 from agent import Event
 from goals import Goal, VerifyResult
+from goals.why import why
 
 #: A JSON object as the protocol sends it.
 JsonObject = dict[str, object]
@@ -27,8 +29,9 @@ class Empty(TypedDict):
 to_camel = lru_cache(maxsize=1024)(_to_camel)
 
 
-def goal_view(goal: Goal) -> JsonObject:
-    """A goal as the protocol shows it."""
+def goal_view(goal: Goal, now: datetime | None = None) -> JsonObject:
+    """A goal as the protocol shows it, with ``why``: the reason its status has, in plain words
+    (:func:`goals.why.why`, the one source every view shows), as of ``now``."""
     data = goal.model_dump(mode="json", exclude={"memory"})
     out = {to_camel(k): v for k, v in data.items()}
     out["budgets"] = {to_camel(k): v for k, v in data["budgets"].items()}
@@ -38,6 +41,7 @@ def goal_view(goal: Goal) -> JsonObject:
     out["notes"] = mem.notes
     out["lastVerification"] = [verify_view(r) for r in mem.verify_results]
     out["lastError"] = mem.last_error
+    out["why"] = why(goal, now or datetime.now(UTC))
     return out
 
 

@@ -289,6 +289,7 @@ class WebService:
             "id": g["id"],
             "status": g.get("status"),
             "statusText": status_text(g),
+            "why": d.get("why") or "-",
             "activity": (d.get("activity") or {}).get("text"),
             "rounds": used_text(float(g.get("rounds") or 0), b.get("maxRounds"), "{:,.0f}"),
             "tokens": used_text(float(g.get("tokens") or 0), b.get("maxTokensTotal"), "{:,.0f}"),

@@ -1,12 +1,17 @@
 """One goal's page: what ``goal/describe`` says, the action forms, the burn-down chart and the
-timeline (rendered by :mod:`daemon.web.timeline_view`)."""
+timeline (rendered by :mod:`daemon.web.timeline_view`).
+
+Its "why" is the describe answer's (:func:`goals.why.why`, the one source every view shows), kept
+current by the live page with the status; rounds re-run for the infrastructure's trouble and the
+tokens charged for interrupted calls are shown apart from the rounds and tokens.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.display import age, breaker_words, exit_text, span, status_text, when
+from daemon.display import age, exit_text, provider_words, span, status_text, when
 from daemon.web.html import TOKENS, h, kv, used_text
 
 
@@ -66,12 +71,12 @@ def describe_rows(d: Mapping[str, Any]) -> list[tuple[str, str]]:
     act = d.get("activity") or {}
     verify = g.get("verify") or []
     results = _verification_results(g.get("lastVerification") or [])
-    why = d.get("lastError")
+    why = d.get("why") or (d.get("goal") or {}).get("why")
     until = f" until {h(when(act['until']))} ({h(age(act['until']))})" if act.get("until") else ""
     return [
         ("objective", f'<div class="objective">{h(g.get("objective"))}</div>'),
         ("status", f'<span id="goal-status" class="status st-{h(g.get("status"))}">{h(status_text(dict(g)))}</span>'),
-        *([("why", f'<span class="err">{h(why)}</span>')] if why and g.get("status") != "active" else []),
+        ("why", f'<span id="goal-why" class="err">{h(why or "-")}</span>'),
         ("activity", f'<span id="goal-activity">{h(act.get("text"))}{until}</span>'),
         ("model", _model_cell(g, d.get("provider"))),
         *_budget_rows(g),
@@ -113,16 +118,32 @@ def _budget_rows(g: Mapping[str, Any]) -> list[tuple[str, str]]:
             else []
         ),
         *([("deadline", h(f"{when(b['deadline'])} ({age(b['deadline'])})"))] if b.get("deadline") else []),
+        *_infra_rows(g),
     ]
 
 
+def _infra_rows(g: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The infrastructure's share, apart: rounds re-run (not counted) and tokens charged for
+    interrupted calls (in the tokens above), when there are any."""
+    rows = []
+    rerun, streak = int(g.get("infraRounds") or 0), int(g.get("infraStreak") or 0)
+    if rerun or streak:
+        limit = (g.get("rules") or {}).get("infraRetries")
+        text = f"{rerun} round(s) cut short, run again, not counted ({streak} in a row" + (
+            f", limit {limit})" if limit else ")"
+        )
+        rows.append(("infra retries", f'<span id="goal-infra">{h(text)}</span>'))
+    interrupted = int(g.get("interruptedTokens") or 0)
+    if interrupted:
+        rows.append(("interrupted calls", h(f"{interrupted:,} tokens charged for interrupted calls (in the tokens)")))
+    return rows
+
+
 def _model_cell(g: Mapping[str, Any], prov: Mapping[str, Any] | None) -> str:
-    """The model, with its provider's breaker state and last error when the daemon knows them."""
+    """The model, with its provider's state (``ok``, ``failing (N in a row, last: ...)``, ``open``)."""
     model = h(g.get("model"))
     if prov:
-        model += h(f"  (provider {prov.get('name')}: {breaker_words(prov.get('state'))})")
-        if prov.get("lastError"):
-            model += f'<br><span class="err">{h(str(prov["lastError"])[:300])}</span>'
+        model += h(f"  (provider {prov.get('name')}: {provider_words(prov)})")
     return model
 
 
@@ -135,7 +156,7 @@ def _schedule_cell(sched: Mapping[str, Any] | None) -> str:
 def _verification_results(last: list[dict[str, Any]]) -> str:
     """The last verification's commands, each with its exit and the tail of its output."""
     return "".join(
-        f'<div class="verify {"good" if r.get("passed") else "bad"}">$ {h(r.get("cmd"))} → {h(exit_text(r))}'
+        f'<div class="verify {"good" if _passed(r) else "bad"}">$ {h(r.get("cmd"))} → {h(exit_text(r))}'
         + (
             f"<pre>{h(_tail(r.get('outputTail') or r.get('output') or ''))}</pre>"
             if r.get("outputTail") or r.get("output")
@@ -144,6 +165,14 @@ def _verification_results(last: list[dict[str, Any]]) -> str:
         + "</div>"
         for r in last
     )
+
+
+def _passed(r: Mapping[str, Any]) -> bool:
+    """Whether a verification result passed (exit 0 in time): the view carries the fields, not ``passed``."""
+    if "passed" in r:
+        return bool(r["passed"])
+    code = r.get("exitCode", r.get("exit_code"))
+    return code == 0 and not (r.get("timedOut") or r.get("timed_out"))
 
 
 def _tail(text: str, lines: int = 12) -> str:

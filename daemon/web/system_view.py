@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from daemon.display import age, breaker_words, span, when
+from daemon.display import age, provider_words, span, when
 from daemon.web.html import h, kv
 
 
@@ -55,7 +55,7 @@ def daemon_page(health: Mapping[str, Any], *, loop_lag: float, live_pages: int) 
     and every other field of its health."""
     providers = health.get("providers") or {}
     prov_rows = "".join(
-        f"<tr><td>{h(name)}</td><td>{h(breaker_words(p.get('state')) if isinstance(p, dict) else p)}</td>"
+        f"<tr><td>{h(name)}</td><td>{h(provider_words(p) if isinstance(p, dict) else p)}</td>"
         f"<td>{h(str(p.get('lastError') or '')[:300] if isinstance(p, dict) else '')}</td></tr>"
         for name, p in providers.items()
     )

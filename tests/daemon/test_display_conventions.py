@@ -73,7 +73,29 @@ def test_goal_table_has_a_header_and_aligned_columns() -> None:
         "model": "test:worker",
     }
     header, row = goal_table([g])
-    assert header.split() == ["ID", "KEY", "STATUS", "REASON", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL"]
+    assert header.split() == ["ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL"]
     assert row.split("  ")[0] == "goal_01" and "by request" in row and "5m ago" in row
     assert row.index("test:worker") == header.index("MODEL")
     assert row.index("12,345") + len("12,345") == header.index("TOKENS") + len("TOKENS")
+
+
+def test_goal_list_shows_what_an_active_goal_is_doing() -> None:
+    base = {"id": "goal_01", "status": "active", "createdAt": datetime.now(UTC).isoformat(), "rounds": 1,
+            "budgets": {}, "tokens": 0, "cost": 0.0}  # fmt: skip
+    until = datetime(2026, 5, 1, 12, 3, tzinfo=UTC)
+    use_utc(True)
+    try:
+        for activity, shown in [
+            ({"state": "turn_running"}, "turn running"),
+            ({"state": "waiting_provider"}, "waiting for provider"),
+            ({"state": "waiting_provider", "until": until.isoformat()}, "waiting for provider until 12:03"),
+            ({"state": "backoff", "until": until.isoformat()}, "backoff until 12:03"),
+            ({"state": "waiting_slot"}, "waiting for a slot"),
+            ({"state": "paused"}, "-"),
+            (None, "-"),
+        ]:
+            header, row = goal_table([{**base, "activity": activity}])
+            start = header.index("ACTIVITY")
+            assert row[start:].startswith(shown + "  "), (activity, row)
+    finally:
+        use_utc(False)

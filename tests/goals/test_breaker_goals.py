@@ -95,11 +95,12 @@ def goal(**kw: Any) -> Goal:
     return Goal.model_validate({**base, **kw})
 
 
-def error_interval(*, breaker_open: bool, kind: str = "server") -> Interval:
+def error_interval(*, breaker_open: bool, kind: str = "server", answers: int = 0) -> Interval:
     return Interval(
         end_seq=10,
         continuation_fate="admitted",
         turns=1,
+        answers=answers,
         last_end_reason="error",
         last_error_kind=kind,
         last_error=f"{kind}: upstream down",
@@ -111,25 +112,40 @@ def error_interval(*, breaker_open: bool, kind: str = "server") -> Interval:
 
 
 @pytest.mark.parametrize(
-    ("streak", "breaker_open", "kind", "expected", "streak_after", "wait_seconds"),
+    ("streak", "breaker_open", "kind", "answers", "expected", "streak_after", "wait_seconds"),
     [
         # An outage: the goal waits the base backoff, its error streak untouched.
-        (0, True, "server", DecisionKind.WAIT, 0, 30),
-        (1, True, "server", DecisionKind.WAIT, 1, 30),
-        (1, True, "timeout", DecisionKind.WAIT, 1, 30),
-        # The same error without an open breaker is the goal's own: counted, and the M-th pauses.
-        (0, False, "server", DecisionKind.WAIT, 1, 30),
-        (1, False, "server", DecisionKind.PAUSE, 2, None),
+        (0, True, "server", 0, DecisionKind.WAIT, 0, 30),
+        (1, True, "server", 0, DecisionKind.WAIT, 1, 30),
+        (1, True, "timeout", 0, DecisionKind.WAIT, 1, 30),
+        (1, True, "server", 1, DecisionKind.WAIT, 1, 30),
+        # A provider's failure before any model answer is not the goal's either (the round runs again).
+        (0, False, "server", 0, DecisionKind.WAIT, 0, 30),
+        (1, False, "connection", 0, DecisionKind.WAIT, 1, 30),
+        # The same error after the model answered, without an open breaker, is the goal's own:
+        # counted, and the M-th pauses.
+        (0, False, "server", 1, DecisionKind.WAIT, 1, 30),
+        (1, False, "server", 1, DecisionKind.PAUSE, 2, None),
         # An authentication error pauses at once, outage or not.
-        (0, True, "auth", DecisionKind.PAUSE, 0, None),
+        (0, True, "auth", 0, DecisionKind.PAUSE, 0, None),
     ],
 )
 def test_an_outage_interval_is_not_counted(
-    streak: int, breaker_open: bool, kind: str, expected: DecisionKind, streak_after: int, wait_seconds: int | None
+    streak: int,
+    breaker_open: bool,
+    kind: str,
+    answers: int,
+    expected: DecisionKind,
+    streak_after: int,
+    wait_seconds: int | None,
 ) -> None:
-    decision = decide(PolicyInput(goal(error_streak=streak), error_interval(breaker_open=breaker_open, kind=kind), NOW))
+    interval = error_interval(breaker_open=breaker_open, kind=kind, answers=answers)
+    decision = decide(PolicyInput(goal(error_streak=streak), interval, NOW))
     assert decision.kind is expected
     assert decision.goal.error_streak == streak_after
+    # Before any model answer (and not an authentication error) the round is not counted.
+    infra = answers == 0 and kind != "auth"
+    assert (decision.goal.rounds, decision.goal.infra_streak) == ((0, 1) if infra else (1, 0))
     assert decision.goal.memory.last_error == f"{kind}: upstream down"
     if wait_seconds is not None:
         assert decision.goal.not_before == NOW + timedelta(seconds=wait_seconds)
@@ -153,18 +169,17 @@ def test_a_hundred_outage_intervals_pause_nothing() -> None:
 
 
 def test_the_health_line() -> None:
+    # ok, failing (N in a row, last: ...), or open: never "ok" while calls fail.
     health = ProviderHealth("openai", failure_threshold=2, cooldown=60)
-    assert provider_line("openai", health.snapshot()) == "openai ok (circuit closed)"
+    assert provider_line("openai", health.snapshot()) == "openai ok"
     health.record_failure(ModelError(ModelErrorKind.SERVER, "boom"))
-    assert provider_line("openai", health.snapshot()) == (
-        "openai ok (circuit closed); 1 failure(s) in a row; last error: server: boom"
-    )
+    assert provider_line("openai", health.snapshot()) == "openai failing (1 in a row, last: server: boom)"
     health.record_failure(ModelError(ModelErrorKind.SERVER, "boom again"))
     assert provider_line("openai", health.snapshot()) == (
-        "openai failing (circuit open: calls wait); probe in 60s; 0 call(s) waiting; last error: server: boom again"
+        "openai open; probe in 60s; 0 call(s) waiting; last error: server: boom again"
     )
     health.record_success()
-    assert provider_line("openai", health.snapshot()) == "openai ok (circuit closed); last error: server: boom again"
+    assert provider_line("openai", health.snapshot()) == "openai ok"
 
 
 # -- an outage through a real runtime, engine and provider ------------------------------------------
@@ -306,7 +321,7 @@ async def test_an_outage_makes_goals_wait_and_every_goal_continues_when_it_ends(
     # The breaker tripped, kept later calls waiting, and closed on the probe after the outage.
     snapshot = health.snapshot()
     assert snapshot["state"] == "closed" and snapshot["breaker"]["trips"] >= 1
-    assert provider_line("openai", snapshot).startswith("openai ok (circuit closed)")
+    assert provider_line("openai", snapshot) == "openai ok"
     all_errors = [e for evs in events.values() for e in evs if e.type == EventType.MODEL_ERROR]
     assert len(all_errors) == server.failed == health.failures
     assert server.answered == 2 * GOALS
@@ -370,7 +385,7 @@ async def test_daemon_health_shows_every_provider_from_start_and_the_breaker_ope
     assert opened["breaker"]["trips"] == 1 and opened["breaker"]["consecutiveFailures"] == 2
     assert 0 < opened["breaker"]["retryIn"] <= cooldown
     assert opened["failures"] == 2 and "server" in opened["lastError"]
-    assert provider_line("flaky", opened).startswith("flaky failing (circuit open: calls wait); probe in ")
+    assert provider_line("flaky", opened).startswith("flaky open; probe in ")
     # The outage ended: one probe closed the breaker and the goal went on to complete, never paused.
     assert (goal["status"], goal["errorStreak"]) == ("completed", 0)
     closed = after["flaky"]
@@ -378,7 +393,7 @@ async def test_daemon_health_shows_every_provider_from_start_and_the_breaker_ope
     assert closed["breaker"]["trips"] == 1
     assert closed["failures"] == server.failed == 2
     assert closed["calls"] == server.failed + server.answered
-    assert provider_line("flaky", closed).startswith("flaky ok (circuit closed); last error: ")
+    assert provider_line("flaky", closed) == "flaky ok"
     # The journal has the opening at warning (with the cause) and the closing at info.
     opening = [line for line in log.splitlines() if "circuit breaker opened" in line]
     assert len(opening) == 1 and "WARNING" in opening[0] and "provider flaky" in opening[0], opening

@@ -318,7 +318,8 @@ async def test_pause_edit_and_resume_are_durable_across_restarts(db_path: Path, 
     ends = stored(db_path, "SELECT end_reason FROM turns WHERE session_id=? ORDER BY start_seq", goal.session_id)
     assert [e["end_reason"] for e in ends] == ["end_turn", "end_turn", "interrupted"]
 
-    # 3. Reopened: the engine resumes the goal by itself, and the edited round limit ends it.
+    # 3. Reopened: the engine resumes the goal by itself, round 3 (cut short by the stop, not
+    #    counted) runs again, and the edited round limit ends it after round 4.
     rounds_seen: list[int | None] = []
 
     def third_rule(request: ModelRequest) -> Reply:
@@ -335,10 +336,11 @@ async def test_pause_edit_and_resume_are_durable_across_restarts(db_path: Path, 
         final = await engine.get(goal.id)
     model.assert_done()
 
-    assert rounds_seen == [4]
+    assert rounds_seen == [3, 4]
     assert final.status is GoalStatus.EXHAUSTED and final.status_reason == "round_limit" == changed["reason"]
-    assert final.rounds == 4
-    assert goal_messages(db_path, goal) == [(f"{goal.id}#{i}", "admitted", None) for i in (1, 2, 3, 4)]
+    assert (final.rounds, final.infra_rounds, final.infra_streak) == (4, 1, 0)
+    refs = [f"{goal.id}#{i}" for i in (1, 2, 3)] + [f"{goal.id}#3/retry1", f"{goal.id}#4"]
+    assert goal_messages(db_path, goal) == [(ref, "admitted", None) for ref in refs]
 
 
 async def test_edited_verification_is_durable_and_checks_the_next_claim(db_path: Path, tmp_path: Path) -> None:
@@ -582,10 +584,11 @@ async def test_an_active_goal_resumes_by_itself_exactly_once(db_path: Path, tmp_
         assert [(r["id"], r["fate"]) for r in rows] == [(first_id, "admitted")]
     assert model.call_count == 1
 
-    # 3. Started again at idle: the engine decides by itself, once: round 1 counted, round 2 issued.
+    # 3. Started again at idle: the engine decides by itself, once: round 1, cut short by the stop,
+    #    is not counted and runs again (the same number, a retry's ref).
     def finish(request: ModelRequest) -> Reply:
         text, step = latest_user(request)
-        assert round_of(text) == 2
+        assert round_of(text) == 1
         if step == 0:
             return call("write_file", path="done.md", content="done\n")
         if step == 1:
@@ -601,10 +604,13 @@ async def test_an_active_goal_resumes_by_itself_exactly_once(db_path: Path, tmp_
     assert [d.kind for _, d in decisions] == [DecisionKind.CONTINUE, DecisionKind.COMPLETE]
     start_input, start_decision = decisions[0]
     assert start_input.interval.continuation_fate is ContinuationFate.ADMITTED
-    assert start_input.goal.continuation_id == first_id and start_decision.round == 2
+    assert start_input.goal.continuation_id == first_id and start_decision.round == 1
     rows = [r for r in inbox(db_path, sid) if r["source_kind"] == "goal"]
-    assert [(r["source_ref"], r["fate"]) for r in rows] == [(f"{goal.id}#1", "admitted"), (f"{goal.id}#2", "admitted")]
+    assert [(r["source_ref"], r["fate"]) for r in rows] == [
+        (f"{goal.id}#1", "admitted"),
+        (f"{goal.id}#1/retry1", "admitted"),
+    ]
     assert rows[0]["id"] == first_id and rows[1]["id"] == final.continuation_id
-    assert final.status is GoalStatus.COMPLETED and final.rounds == 2
+    assert final.status is GoalStatus.COMPLETED and (final.rounds, final.infra_rounds) == (1, 1)
     ends = stored(db_path, "SELECT end_reason FROM turns WHERE session_id=? ORDER BY start_seq", sid)
     assert [e["end_reason"] for e in ends] == ["interrupted", "interrupted", "end_turn"]

@@ -68,6 +68,10 @@ KEY_FIELDS = (
     "blocked_streak",
     "refused_claims",
     "not_before",
+    "infra_streak",
+    "infra_rounds",
+    "interrupted_tokens",
+    "memory.cause",
 )
 
 CLAIM = Claim(summary="report written", evidence="report.md has 120 lines")
@@ -104,13 +108,15 @@ def make_goal(**kw: Any) -> Goal:
 
 
 def make_interval(**kw: Any) -> Interval:
-    """The interval of one round: the continuation admitted, one turn that ended normally."""
+    """The interval of one round: the continuation admitted, one turn that ended normally after a
+    model answer (an error in such a turn came after the model's work: it is the model's)."""
     base: dict[str, Any] = {
         "end_seq": 50,
         "continuation_fate": ContinuationFate.ADMITTED,
         "tokens": 120,
         "cost": 0.02,
         "turns": 1,
+        "answers": 1,
         "last_end_reason": "end_turn",
     }
     base.update(kw)
@@ -676,7 +682,8 @@ TABLE = [
             f"6 the guard refused a call ({text!r}): exhausted, {reason.value}",
             K.EXHAUST,
             interval={"last_end_reason": "budget", "last_error": text},
-            expect={"status": S.EXHAUSTED, "status_reason": reason, "rounds": 3},
+            # The refusal's words are the goal's cause (what goal show says, until it moves on).
+            expect={"status": S.EXHAUSTED, "status_reason": reason, "rounds": 3, "memory.cause": text},
         )
         for text, reason in [
             ("token budget: this call may take 900 tokens, 20 left", StopReason.TOKEN_BUDGET),
@@ -704,6 +711,7 @@ TABLE = [
             "error_streak": 1,
             "not_before": NOW + timedelta(seconds=10),
             "memory.last_error": "overloaded",
+            "memory.cause": "model_error: overloaded",
         },
     ),
     row(
@@ -711,7 +719,12 @@ TABLE = [
         K.WAIT,
         goal={"error_streak": 2},
         interval={"last_end_reason": "error", "last_error_kind": "rate_limit", "last_error": "429"},
-        expect={"rounds": 3, "error_streak": 3, "not_before": NOW + timedelta(seconds=40)},
+        expect={
+            "rounds": 3,
+            "error_streak": 3,
+            "not_before": NOW + timedelta(seconds=40),
+            "memory.cause": "model_error: 429",
+        },
     ),
     row(
         "7 the M-th error in a row: paused model_error",
@@ -736,6 +749,7 @@ TABLE = [
             "status_reason": StopReason.AUTH_ERROR,
             "rounds": 3,
             "memory.last_error": "401 invalid key",
+            "memory.cause": "401 invalid key",
         },
     ),
     row(
@@ -751,6 +765,207 @@ TABLE = [
         goal={"error_streak": 2, "not_before": NOW - timedelta(seconds=1)},
         interval={**NONE_FATE, "turns": 0, "tokens": 0, "cost": 0.0, "last_end_reason": None},
         expect={"not_before": None},
+        round=3,
+    ),
+    # -- 7i. infrastructure trouble: not the goal's (policy rule 8) --------------------------------------
+    row(
+        "7i an interrupted round: not counted, run again at once with the same number",
+        K.CONTINUE,
+        interval={
+            "last_end_reason": "interrupted",
+            "last_error": "the process ended during the turn",
+            "interrupted_tokens": 80,
+        },
+        expect={"rounds": 2, "infra_streak": 1, "infra_rounds": 1, "interrupted_tokens": 80},
+        round=3,
+        text_has=("This round is run again",),
+    ),
+    *[
+        row(
+            f"7i a round that failed before any model answer ({kind}): not counted, waits the base backoff",
+            K.WAIT,
+            goal={"error_streak": 1},
+            interval={"last_end_reason": "error", "last_error_kind": kind, "last_error": text, "answers": 0},
+            expect={
+                "rounds": 2,
+                "infra_streak": 1,
+                "infra_rounds": 1,
+                "not_before": NOW + timedelta(seconds=10),
+                "memory.last_error": text,
+                "memory.cause": f"provider: {text}",
+            },
+        )
+        for kind, text in [
+            ("connection", "connection: [Errno 111] Connection refused"),
+            ("timeout", "timeout: no answer in 60s"),
+            ("server", "server: 503 overloaded"),
+            ("rate_limit", "rate_limit: 429"),
+        ]
+    ],
+    row(
+        "7i an error while the breaker was open, before any answer: infrastructure",
+        K.WAIT,
+        interval={
+            "last_end_reason": "error",
+            "last_error_kind": "malformed",
+            "last_error": "x",
+            "answers": 0,
+            "breaker_open": True,
+        },
+        expect={
+            "rounds": 2,
+            "infra_streak": 1,
+            "infra_rounds": 1,
+            "not_before": NOW + timedelta(seconds=10),
+            "memory.last_error": "x",
+            "memory.cause": "provider: x",
+        },
+    ),
+    row(
+        "7i the same failure after a model answer is the model's: counted as a round and an error",
+        K.WAIT,
+        interval={"last_end_reason": "error", "last_error_kind": "connection", "last_error": "refused"},
+        expect={
+            "rounds": 3,
+            "error_streak": 1,
+            "not_before": NOW + timedelta(seconds=10),
+            "memory.last_error": "refused",
+            "memory.cause": "model_error: refused",
+        },
+    ),
+    *[
+        row(
+            f"7i a {kind} error before any answer is the model's, not the infrastructure's",
+            K.WAIT,
+            interval={"last_end_reason": "error", "last_error_kind": kind, "last_error": "bad", "answers": 0},
+            expect={
+                "rounds": 3,
+                "error_streak": 1,
+                "not_before": NOW + timedelta(seconds=10),
+                "memory.last_error": "bad",
+                "memory.cause": "model_error: bad",
+            },
+        )
+        for kind in ("malformed", "bad_request", "internal")
+    ],
+    row(
+        "7i an authentication error before any answer pauses at once, with its words as the cause",
+        K.PAUSE,
+        interval={"last_end_reason": "error", "last_error_kind": "auth", "last_error": "HTTP 401", "answers": 0},
+        expect={
+            "status": S.PAUSED,
+            "status_reason": StopReason.AUTH_ERROR,
+            "rounds": 3,
+            "memory.last_error": "HTTP 401",
+            "memory.cause": "HTTP 401",
+        },
+    ),
+    row(
+        "7i at infra_retries in a row the round still runs again",
+        K.CONTINUE,
+        goal={"infra_streak": 19},
+        interval={"last_end_reason": "interrupted", "last_error": "the daemon is shutting down"},
+        expect={"rounds": 2, "infra_streak": 20, "infra_rounds": 1},
+        round=3,
+    ),
+    row(
+        "7i past infra_retries in a row: one try every error_backoff_max_seconds, never paused",
+        K.WAIT,
+        goal={"infra_streak": 20},
+        interval={"last_end_reason": "interrupted", "last_error": "the process ended during the turn"},
+        expect={
+            "rounds": 2,
+            "infra_streak": 21,
+            "infra_rounds": 1,
+            "not_before": NOW + timedelta(seconds=1000),
+            "memory.cause": "interrupted: the process ended during the turn",
+        },
+    ),
+    row(
+        "7i past infra_retries a provider's failure waits the longest backoff too",
+        K.WAIT,
+        goal={"infra_streak": 25},
+        interval={"last_end_reason": "error", "last_error_kind": "connection", "last_error": "refused", "answers": 0},
+        expect={
+            "rounds": 2,
+            "infra_streak": 26,
+            "infra_rounds": 1,
+            "not_before": NOW + timedelta(seconds=1000),
+            "memory.last_error": "refused",
+            "memory.cause": "provider: refused",
+        },
+    ),
+    row(
+        "7i a counted round ends the infra streak and clears the cause",
+        K.CONTINUE,
+        goal={"infra_streak": 4, "infra_rounds": 4, "memory": {"cause": "provider: refused"}},
+        expect={"rounds": 3, "infra_streak": 0, "memory.cause": None},
+        round=4,
+        text_lacks=("This round is run again",),
+    ),
+    row(
+        "7i the timer after a wait for the provider runs the same round again",
+        K.CONTINUE,
+        goal={
+            "infra_streak": 2,
+            "infra_rounds": 2,
+            "not_before": NOW - timedelta(seconds=1),
+            "memory": {"cause": "provider: refused"},
+        },
+        interval={**NONE_FATE, "turns": 0, "tokens": 0, "cost": 0.0, "last_end_reason": None, "answers": 0},
+        expect={"not_before": None, "memory.cause": None},
+        round=3,
+        text_has=("This round is run again",),
+    ),
+    row(
+        "7i infrastructure never spends the round budget: the last round runs again",
+        K.CONTINUE,
+        goal={"budgets": Budgets(max_rounds=3)},
+        interval={"last_end_reason": "interrupted", "last_error": "the process ended during the turn"},
+        expect={"rounds": 2, "infra_streak": 1, "infra_rounds": 1},
+        round=3,
+    ),
+    row(
+        "7i a spent token budget beats infrastructure (the charge of an interrupted call counts)",
+        K.EXHAUST,
+        goal={"budgets": Budgets(max_tokens_total=600)},
+        interval={"last_end_reason": "interrupted", "last_error": "x", "interrupted_tokens": 100},
+        expect={
+            "status": S.EXHAUSTED,
+            "status_reason": StopReason.TOKEN_BUDGET,
+            "rounds": 2,
+            "infra_streak": 1,
+            "infra_rounds": 1,
+            "interrupted_tokens": 100,
+        },
+    ),
+    row(
+        "7i an interrupted round leaves the stall and error streaks alone",
+        K.CONTINUE,
+        goal={"stall_streak": 2, "error_streak": 2},
+        fingerprint="fp-old",
+        interval={"last_end_reason": "interrupted", "last_error": "x"},
+        expect={"rounds": 2, "infra_streak": 1, "infra_rounds": 1},
+        round=3,
+        warning=False,
+    ),
+    row(
+        "7i a paused goal's interrupted round is not counted either",
+        K.BOOKKEEP,
+        goal={"status": S.PAUSED, "status_reason": "by_request", "active_since": None},
+        interval={"last_end_reason": "interrupted", "last_error": "x"},
+        expect={"rounds": 2, "infra_streak": 1, "infra_rounds": 1},
+    ),
+    row(
+        "7i a superseded continuation's interrupted turn: re-issued, no round re-run counted",
+        K.REISSUE,
+        interval={
+            "continuation_fate": ContinuationFate.CANCELLED,
+            "cancel_reason": "superseded",
+            "last_end_reason": "interrupted",
+            "last_error": "x",
+        },
+        expect={"infra_streak": 1},
         round=3,
     ),
     # -- 8. stalls ------------------------------------------------------------------------------------
@@ -960,7 +1175,7 @@ def test_decision_table(case: Row) -> None:
     decision = decide(inp)
 
     assert decision.kind is case.kind
-    expected = {f: getattr(goal, f) for f in KEY_FIELDS} | case.expect
+    expected = {f: _dotted(goal, f) for f in KEY_FIELDS} | case.expect
     assert {f: _dotted(decision.goal, f) for f in expected} == expected
     assert decision.round == case.round
 

@@ -11,8 +11,9 @@ the test checks
   model error counted, a round without progress counted, a superseded continuation re-issued
   with its own round number when the goal goes on.
 
-The only documented exception: a round that ended on a model error is judged by the error rule,
-so it leaves the stall streak alone.
+The documented exceptions: a round that ended on a model error is judged by the error rule, so it
+leaves the stall streak alone; an interval that ended on the infrastructure's trouble (``infra``: an
+interrupted turn) is not a round at all, so it counts no round and no stall, only its infra streak.
 """
 
 from __future__ import annotations
@@ -51,10 +52,15 @@ FACTS = [
     Fact("claim_fails", goal={"verify": CHECKS}, interval={"claims": [CLAIM]}, inputs={"verification": FAILING}),
     Fact("blocked", goal={"blocked_streak": B - 1}, interval={"blocked": ["need the key"]}),
     Fact("model_error", interval={"last_end_reason": "error", "last_error_kind": "server", "last_error": "boom"},
-         excludes=frozenset({"auth_error", "guard_refused"})),
+         excludes=frozenset({"auth_error", "guard_refused", "infra"})),
     Fact("auth_error", interval={"last_end_reason": "error", "last_error_kind": "auth", "last_error": "401"},
          excludes=frozenset({"guard_refused"})),
-    Fact("guard_refused", interval={"last_end_reason": "budget", "last_error": "tokens: 10 left"}),
+    Fact("guard_refused", interval={"last_end_reason": "budget", "last_error": "tokens: 10 left"},
+         excludes=frozenset({"infra"})),
+    # The turn was interrupted (the daemon died mid-call: its reservation charged in full).
+    Fact("infra", interval={"last_end_reason": "interrupted", "last_error": "the process ended during the turn",
+                            "interrupted_tokens": 50},
+         excludes=frozenset({"model_error", "auth_error"})),
     # The goal has 500 tokens; the interval adds 120.
     Fact("budget_spent", goal={"budgets": Budgets(max_tokens_total=600)}),
     Fact("superseded", interval=SUPERSEDED, excludes=frozenset({"cancelled", "stall"})),
@@ -104,6 +110,8 @@ def oracle(names: set[str]) -> tuple[DecisionKind, str | None]:
         (lambda: "blocked" in names, K.PAUSE, "blocked: need the key"),
         (lambda: "budget_spent" in names, K.EXHAUST, StopReason.TOKEN_BUDGET),
         (lambda: "guard_refused" in names, K.EXHAUST, StopReason.TOKEN_BUDGET),
+        # The round runs again at once (re-issued when a person's follow-up superseded it).
+        (lambda: "infra" in names, K.REISSUE if "superseded" in names else K.CONTINUE, None),
         (lambda: "auth_error" in names, K.PAUSE, StopReason.AUTH_ERROR),
         (lambda: "model_error" in names, K.WAIT, None),
         (lambda: "stall" in names and not names & {"model_error", "auth_error", "notes"}, K.PAUSE, StopReason.STALLED),
@@ -132,6 +140,8 @@ def check_marks(names: set[str], inp: PolicyInput, decision: Decision) -> None:
             assert after.memory.pending_claim is None
         assert after.tokens == before.tokens + inp.interval.tokens
         assert after.evaluated_seq == inp.interval.end_seq
+        if "infra" in names:  # not a round while paused either
+            assert after.rounds == before.rounds and after.infra_streak == before.infra_streak + 1
         return
     if "claim_fails" in names or ("claim_passes" in names and "workdir_missing" in names):
         assert after.refused_claims == before.refused_claims + 1
@@ -147,8 +157,14 @@ def check_marks(names: set[str], inp: PolicyInput, decision: Decision) -> None:
         assert after.memory.last_error == "boom"
     if "auth_error" in names:
         assert after.memory.last_error == "401"
-    if "stall" in names and not names & {"model_error", "auth_error"}:
+    if "stall" in names and not names & {"model_error", "auth_error", "infra"}:
         assert after.stall_streak == before.stall_streak + 1
+    if "infra" in names:
+        assert after.rounds == before.rounds and after.stall_streak == before.stall_streak
+        assert after.infra_streak == before.infra_streak + 1
+        admitted = not names & {"superseded", "cancelled"}
+        assert after.infra_rounds == before.infra_rounds + (1 if admitted else 0)
+        assert after.interrupted_tokens == before.interrupted_tokens + 50
     if "superseded" in names:
         assert after.rounds == before.rounds  # not a round
         if decision.kind is K.REISSUE:
@@ -184,7 +200,7 @@ def test_each_fact_alone(fact: Fact) -> None:
 
 
 def test_every_pair_that_can_coincide_is_in_the_table() -> None:
-    # 14 facts, minus the pairs that one field cannot hold together.
+    # Every pair of the facts, minus the pairs that one field cannot hold together.
     excluded = {frozenset((a.name, b)) for a in FACTS for b in a.excludes}
     assert len(PAIRS) == len(FACTS) * (len(FACTS) - 1) // 2 - len(excluded)
     assert len(PAIRS) >= 80

@@ -397,8 +397,9 @@ async def test_model_errors_back_off_then_pause_and_resume_works(db_path: Path, 
     def rule(request: ModelRequest) -> Reply:
         _, step, _ = where_am_i(request)
         if provider["down"]:
-            # A server error the driver retries at once (retry_after=0) before the turn gives up.
-            return Reply.fail(ModelErrorKind.SERVER, "503 overloaded", retry_after=0.0)
+            # A malformed answer (the model's, not the infrastructure's: the provider answered),
+            # which the driver retries at once (retry_after=0) before the turn gives up.
+            return Reply.fail(ModelErrorKind.MALFORMED, "503 overloaded", retry_after=0.0)
         if step == 0:
             return call("goal_complete", summary="done after the outage", evidence="it answered")
         return Reply.say("done")
@@ -432,12 +433,12 @@ async def test_model_errors_back_off_then_pause_and_resume_works(db_path: Path, 
 
     # M failing rounds, each after the driver's own retries (4 attempts), then paused model_error.
     assert held.status is GoalStatus.PAUSED and held.status_reason == paused["reason"]
-    assert held.status_reason == "model_error: server: 503 overloaded"
+    assert held.status_reason == "model_error: malformed: 503 overloaded"
     assert held.error_streak == m and held.rounds == m and calls_while_down == 4 * m
     errors = [e.data for e in events if e.type == EventType.MODEL_ERROR]
     assert [(e["attempt"], e["retrying"]) for e in errors] == [(1, True), (2, True), (3, True), (4, False)] * m
     ends = [e.data for e in events if e.type == EventType.TURN_END]
-    assert [(e["reason"], e["errorKind"]) for e in ends] == [("error", "server")] * m
+    assert [(e["reason"], e["errorKind"]) for e in ends] == [("error", "malformed")] * m
 
     # The backoff grows: base, then twice that; each next round was queued only once it was due.
     kinds = [d.kind for _, d in decisions]
@@ -456,6 +457,66 @@ async def test_model_errors_back_off_then_pause_and_resume_works(db_path: Path, 
     assert done["reason"] == "no_verification"
     assert final.status is GoalStatus.COMPLETED and final.rounds == m + 1 and final.error_streak == 0
     assert [r["source_ref"] for r in rows] == [f"{goal.id}#{i}" for i in range(1, m + 2)]
+
+
+async def test_a_provider_failing_before_any_answer_spends_no_round_and_the_round_runs_again(
+    db_path: Path, tmp_path: Path
+) -> None:
+    # docs/architecture.md#infrastructure-trouble-is-not-the-goals: a round whose turn failed before
+    # any model answer (the provider unreachable, then overloaded) is not counted and runs again
+    # with the same number; one round of budget is enough for a goal that lived through K of them.
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    failures = [ModelErrorKind.CONNECTION, ModelErrorKind.SERVER, ModelErrorKind.CONNECTION]
+    provider = {"down": True}
+    texts: list[str] = []
+
+    def rule(request: ModelRequest) -> Reply:
+        _, step, _ = where_am_i(request)
+        if provider["down"]:
+            failed = sum(1 for i, _ in decisions if i.interval.last_end_reason == "error")
+            return Reply.fail(failures[min(failed, len(failures) - 1)], "no answer", retry_after=0.0)
+        if step == 0:
+            return call("goal_complete", summary="done after the outage", evidence="it answered")
+        return Reply.say("done")
+
+    model = ScriptedModel(rule, name="unreachable")
+    decisions: list[tuple[PolicyInput, Decision]] = []
+
+    def observe(inp: PolicyInput, decision: Decision) -> None:
+        decisions.append((inp, decision))
+        if decision.continuation is not None:
+            texts.append(decision.continuation)
+        if sum(1 for i, _ in decisions if i.interval.last_end_reason == "error") >= len(failures):
+            provider["down"] = False
+
+    async with goal_runtime(db_path, model) as (rt, engine, _):
+        engine.add_decision_listener(observe)
+        goal = await engine.create(
+            GoalSpec(
+                objective="Answer once the provider is back.",
+                workdir=str(workdir),
+                budgets=Budgets(max_rounds=1),
+                # One counted model error would pause it: none is counted.
+                rules=StopRules(max_model_errors=1, error_backoff_seconds=0.02, error_backoff_max_seconds=10),
+            )
+        )
+        await wait_status(rt, goal, GoalStatus.COMPLETED)
+        await engine.settled()
+        final = await engine.get(goal.id)
+        rows = await continuations(rt, goal)
+    model.assert_done()
+
+    assert (final.status, final.rounds, final.error_streak) == (GoalStatus.COMPLETED, 1, 0)
+    assert (final.infra_rounds, final.infra_streak) == (len(failures), 0)
+    # Each failing interval waited the base backoff (never counted), then the same round ran again.
+    waits = [d for i, d in decisions if i.interval.last_end_reason == "error"]
+    assert [d.kind for d in waits] == [DecisionKind.WAIT] * len(failures)
+    assert all(d.goal.memory.cause and d.goal.memory.cause.startswith("provider: ") for d in waits)
+    refs = [r["source_ref"] for r in rows]
+    assert refs == [f"{goal.id}#1"] + [f"{goal.id}#1/retry{k}" for k in range(1, len(failures) + 1)]
+    assert all("Round 1 of 1" in t and "This round is run again" in t for t in texts)
+    assert final.memory.cause is None
 
 
 async def test_an_authentication_error_pauses_at_once_and_resume_works(db_path: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@
     if (!s || s.error) return;
     var st = document.getElementById("goal-status");
     if (st) { st.textContent = s.statusText; st.className = "status st-" + s.status; }
-    [["goal-activity", s.activity], ["goal-rounds", s.rounds], ["goal-tokens", s.tokens], ["goal-cost", s.cost]].forEach(function (p) {
+    [["goal-why", s.why], ["goal-activity", s.activity], ["goal-rounds", s.rounds], ["goal-tokens", s.tokens], ["goal-cost", s.cost]].forEach(function (p) {
       var el = document.getElementById(p[0]);
       if (el && p[1] != null) el.textContent = p[1];
     });

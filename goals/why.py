@@ -1,0 +1,178 @@
+"""Why a goal stands where it stands, in plain words: the one source of every "why" goald shows.
+
+``goald goal show`` and ``goal list``, ``goal/describe``, the status page and a notification all
+show a goal's reason from here, and it is derived from the goal's **current** status and the event
+that caused it, never from the last error seen: the status and its reason (``status_reason``), the
+words of the causing event written with them (``memory.cause``: an authentication error's text,
+the spend guard's refusal, the error a wait waits out), and the goal's own counters. Every outcome
+of the engine and every person's change writes the cause afresh (:func:`goals.budgets.with_status`,
+:mod:`goals.policy`), so once a goal moves on (resumed, completed, exhausted) the old words are gone
+everywhere at once. An active goal has a why only while it waits (its ``not_before`` is ahead).
+
+:func:`reason_text` is the one wording of each stored reason (``paused (by request)``,
+``completed (unverified: no verification)``), whatever the stored value's spelling.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from goals.model import Goal, GoalStatus, StopReason
+
+#: The code of a wait for the model's provider (``memory.cause`` is ``provider: <its error>``): it
+#: could not be reached, failed, or its circuit breaker was open.
+WAIT_PROVIDER = "provider"
+#: The code of a wait after turns interrupted in a row (the daemon died or stopped, a lease moved).
+WAIT_INTERRUPTED = "interrupted"
+
+#: How each stored reason reads (one wording everywhere; older spellings map to the same words).
+REASON_TEXT = {
+    "by_request": "by request",
+    "cancelled by request": "by request",
+    "verified": "verified",
+    "no_verification": "unverified: no verification",
+    "unverified": "unverified: completion claims refused",
+    "auth_error": "authentication failed",
+    "model_error": "model errors",
+    "stalled": "stalled: no progress",
+    "round_limit": "round limit reached",
+    "token_budget": "token budget spent",
+    "cost_budget": "cost budget spent",
+    "deadline": "deadline passed",
+    "wall_time": "wall time used up",
+    "workdir_missing": "work directory missing",
+    "disk_limit": "disk limit reached",
+    "context_too_small": "context window too small",
+}
+
+
+def reason_text(reason: str | None) -> str:
+    """A goal's status reason in plain words (``model_error: X`` reads ``model error: X``)."""
+    if not reason:
+        return ""
+    if reason in REASON_TEXT:
+        return REASON_TEXT[reason]
+    head, sep, rest = reason.partition(": ")
+    if sep and head in REASON_TEXT:
+        return f"{head.replace('_', ' ')}: {rest}"
+    return reason
+
+
+def duration(seconds: float) -> str:
+    """Seconds in a few characters: ``45s``, ``30m``, ``1h``, ``1h30m``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    m, sec = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s" if sec else f"{m}m"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if m else f"{h}h"
+
+
+def why(goal: Goal, now: datetime) -> str | None:
+    """The reason shown with ``goal``'s status, with what to do; ``None`` when the status says it all
+    (an active goal that is not waiting, a completed or cancelled one, a pause by request)."""
+    match goal.status:
+        case GoalStatus.ACTIVE:
+            return _waiting(goal, now)
+        case GoalStatus.PAUSED:
+            return _paused(goal)
+        case GoalStatus.EXHAUSTED:
+            return _exhausted(goal)
+        case GoalStatus.FAILED:
+            reason = goal.status_reason or ""
+            return "its work directory is gone" if reason == StopReason.WORKDIR_MISSING else reason or None
+        case _:
+            return None
+
+
+def _waiting(goal: Goal, now: datetime) -> str | None:
+    """An active goal: why it waits, while it does."""
+    cause = goal.memory.cause
+    if goal.not_before is None or goal.not_before <= now or not cause:
+        return None
+    code, _, text = cause.partition(": ")
+    rules = goal.rules
+    if code in (WAIT_PROVIDER, WAIT_INTERRUPTED):
+        n = goal.infra_streak
+        what = "waiting for the provider" if code == WAIT_PROVIDER else "waiting after interrupted turns"
+        out = f"{what}: {text}; {n} attempt(s) in a row cut short before the model's work, not counted as rounds"
+        if n > rules.infra_retries:
+            every = duration(rules.error_backoff_max_seconds)
+            out += f" (past its {rules.infra_retries} retries: one try every {every})"
+        return out
+    if code == StopReason.MODEL_ERROR:
+        return (
+            f"backing off after a model error ({goal.error_streak} in a row; paused at "
+            f"{rules.max_model_errors}): {text}"
+        )
+    return cause
+
+
+def _paused(goal: Goal) -> str | None:
+    reason = goal.status_reason or ""
+    code, _, detail = reason.partition(": ")
+    match code:
+        case StopReason.BY_REQUEST | "cancelled by request" | "":
+            return None
+        case StopReason.AUTH_ERROR:
+            text = goal.memory.cause or "the provider refused the credentials"
+            return f"{text}: fix the provider's key, then resume the goal"
+        case StopReason.MODEL_ERROR:
+            streak = goal.error_streak
+            return f"{streak} model errors in a row, the last: {detail}; resume it once the model works again"
+        case StopReason.STALLED:
+            return (
+                f"no progress observed in {goal.stall_streak} round(s): nothing changed in the work directory"
+                " (or in the output of its progress command); change its approach (goald send), then resume it"
+            )
+        case StopReason.BLOCKED:
+            return (
+                f"its agent reported {goal.blocked_streak} round(s) in a row that it cannot go on: {detail};"
+                " answer it (goald send), then resume it"
+            )
+        case StopReason.UNVERIFIED:
+            return (
+                f"{goal.refused_claims} completion claim(s) refused by its verification commands;"
+                " fix the work or the checks, then resume it"
+            )
+        case StopReason.DISK_LIMIT:
+            return f"{detail}: free space in it (or raise the limit), then resume it"
+        case "context_too_small":
+            return f"{detail}: choose a model with a larger window (or set its context_window), then resume it"
+        case "continuation cancelled":
+            return f"its continuation was cancelled ({detail}): resume it to go on"
+        case _:
+            return reason
+
+
+def _exhausted(goal: Goal) -> str | None:
+    b, cause = goal.budgets, goal.memory.cause
+    match goal.status_reason:
+        case StopReason.ROUND_LIMIT:
+            used = f"{goal.rounds} of {b.max_rounds}" if b.max_rounds is not None else f"{goal.rounds}"
+            return f"{used} rounds used; raise --max-rounds to resume it"
+        case StopReason.TOKEN_BUDGET:
+            limit = f" of {b.max_tokens_total:,}" if b.max_tokens_total is not None else ""
+            return f"{cause or f'{goal.tokens:,}{limit} tokens used'}; raise --max-tokens to resume it"
+        case StopReason.COST_BUDGET:
+            if cause and "no price" in cause:
+                model = goal.model or "its model"
+                return (
+                    f"{cause}: the cost budget cannot be counted for {model}; set its prices in the provider's"
+                    " [providers.NAME.prices] table, or resume without a cost budget"
+                )
+            limit = f" of {b.max_cost:.4f}" if b.max_cost is not None else ""
+            return f"{cause or f'cost {goal.cost:.4f}{limit} used'}; raise --max-cost to resume it"
+        case StopReason.DEADLINE:
+            when = b.deadline.isoformat(timespec="seconds") if b.deadline is not None else "its deadline"
+            return f"{cause or f'the deadline {when} passed'}; set a later --deadline to resume it"
+        case StopReason.WALL_TIME:
+            limit = f" of {duration(b.max_wall_seconds)}" if b.max_wall_seconds is not None else ""
+            return f"{cause or f'{duration(goal.wall_used)}{limit} of wall time used'}; raise --max-wall to resume it"
+        case _:
+            return cause or goal.status_reason
+
+
+__all__ = ["REASON_TEXT", "WAIT_INTERRUPTED", "WAIT_PROVIDER", "duration", "reason_text", "why"]
