@@ -29,6 +29,8 @@ from daemon.settings import Settings, load_settings
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_UNIT = ROOT / "systemd" / "goald.service"
 USER_UNIT = ROOT / "systemd" / "goald-user.service"
+#: One drop-in per provider key: the unit alone loads no credential (a local-only setup has none).
+DROP_INS = sorted((ROOT / "systemd" / "goald.service.d").glob("*.conf"))
 MIN_SYSTEMD = 252
 MAX_EXPOSURE = 2.5
 
@@ -128,12 +130,18 @@ def short_dir(tmp_path: Path) -> Iterator[Path]:
         yield Path(short)
 
 
-def system_unit_copy(tmp_path: Path, goald: Path) -> Path:
-    """The system unit with ExecStart, credential sources and writable paths moved into tmp_path."""
+def with_drop_ins() -> list[Entry]:
+    """The system unit with every provider drop-in applied (their entries after the unit's)."""
+    return read_unit(SYSTEM_UNIT) + [e for d in DROP_INS for e in read_unit(d)]
+
+
+def system_unit_copy(tmp_path: Path, goald: Path, *, drop_ins: bool = True) -> Path:
+    """The system unit (with the drop-ins, or alone) with ExecStart, credential sources and
+    writable paths moved into tmp_path."""
     creds = tmp_path / "credentials"
     creds.mkdir()
     entries: list[Entry] = []
-    for section, key, value in read_unit(SYSTEM_UNIT):
+    for section, key, value in with_drop_ins() if drop_ins else read_unit(SYSTEM_UNIT):
         if key == "ExecStart":
             argv = shlex.split(value)
             value = shlex.join([str(goald), *argv[1:]])
@@ -155,13 +163,25 @@ def system_unit_copy(tmp_path: Path, goald: Path) -> Path:
     return copy
 
 
-def test_system_unit_verifies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("drop_ins", [True, False], ids=["with-credential-drop-ins", "local-only"])
+def test_system_unit_verifies(tmp_path: Path, drop_ins: bool) -> None:
     exe = systemd_analyze()
-    copy = system_unit_copy(tmp_path, installed_goald())
+    copy = system_unit_copy(tmp_path, installed_goald(), drop_ins=drop_ins)
     out = run_analyze([exe, "verify", "--man=no", "--no-pager", str(copy)])
     output = out.stdout + out.stderr
     assert out.returncode == 0, output
     assert unit_file_complaints(output, copy) == []
+
+
+def test_the_unit_alone_loads_no_credential_and_each_drop_in_one() -> None:
+    # A missing LoadCredential= source fails the unit with 243/CREDENTIALS: the unit names none, so a
+    # local-only setup starts; each provider's drop-in adds its one line.
+    assert values(read_unit(SYSTEM_UNIT), "LoadCredential") == []
+    assert [d.stem for d in DROP_INS] == ["anthropic-api-key", "openai-api-key"]
+    for d in DROP_INS:
+        entries = read_unit(d)
+        assert [(s, k) for s, k, _v in entries] == [("Service", "LoadCredential")]
+        assert entries[0][2] == f"{d.stem}:/etc/goald/credentials/{d.stem}"
 
 
 def test_system_unit_exposure_is_at_most_2_5(tmp_path: Path) -> None:
@@ -257,7 +277,7 @@ def test_system_unit_matches_the_example_config() -> None:
     # Every work-directory root the example config names is writable under ProtectSystem=strict.
     assert set(config["workdir_roots"]) <= writable
     assert config["state_dir"] == "/var/lib/" + one(entries, "StateDirectory")
-    credentials = {v.split(":", 1)[0] for v in values(entries, "LoadCredential")}
+    credentials = {v.split(":", 1)[0] for v in values(with_drop_ins(), "LoadCredential")}
     assert credentials == {"openai-api-key", "anthropic-api-key"}
     # The example's (commented) provider block names a credential the unit loads.
     named = set(re.findall(r'api_key_credential = "([^"]+)"', example))
@@ -298,7 +318,7 @@ def test_the_units_config_and_environment_files_are_not_shown_to_sandboxed_comma
     files = [Path(argv[argv.index("--config") + 1])] if "--config" in argv else []
     files += [Path(v.lstrip("-").replace("%h", "/home/someone")) for v in values(entries, "EnvironmentFile")]
     files += [Path("/etc") / d for d in values(entries, "ConfigurationDirectory")]
-    for v in values(entries, "LoadCredential"):
+    for v in values(with_drop_ins() if unit == SYSTEM_UNIT else entries, "LoadCredential"):
         files.append(Path(v.split(":", 1)[1].replace("%h", "/home/someone")))
     assert files
     for path in files:
