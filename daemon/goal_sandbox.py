@@ -30,8 +30,8 @@ from loguru import logger
 from agent import Redactor
 from agent.limits import MIB
 from agent.sandbox import Network, SandboxPolicy, SandboxProfile
-from daemon.settings import SecretRef, Settings, read_tool_secret
-from goals import Goal, SandboxSpec, SecretSource
+from daemon.settings import Settings
+from goals import Goal, SandboxSpec
 
 
 def _lower(a: int | None, b: int | None) -> int | None:
@@ -46,10 +46,9 @@ def spec_secrets(spec: SandboxSpec) -> dict[str, str]:
     """The values of the secrets ``spec`` names (those that have one here)."""
     values: dict[str, str] = {}
     for name, source in spec.secrets.items():
-        ref = SecretRef(credential=source.credential, env=source.env)
-        value = read_tool_secret(ref)
+        value = source.read()
         if value is None:
-            logger.error("tool secret {} of a goal's sandbox has no value ({}); left unset", name, ref.describe())
+            logger.error("tool secret {} of a goal's sandbox has no value ({}); left unset", name, source.describe())
             continue
         values[name] = value
     return values
@@ -97,19 +96,7 @@ def check_spec(settings: Settings, spec: SandboxSpec) -> None:
     Raises:
         ValueError: naming the secret.
     """
-    keys: set[tuple[str, str]] = set()
-    for provider in settings.providers.values():
-        if provider.api_key_env:
-            keys.add(("env", provider.api_key_env))
-        if provider.api_key_credential:
-            keys.add(("credential", provider.api_key_credential))
+    keys = {source for provider in settings.providers.values() for source in provider.key_sources()}
     for name, source in spec.secrets.items():
-        if _where(source) in keys:
+        if source in keys:
             raise ValueError(f"sandbox.secrets.{name}: names a model provider's API key, which no goal's commands get")
-
-
-def _where(source: SecretSource) -> tuple[str, str]:
-    if source.credential is not None:
-        return ("credential", source.credential)
-    assert source.env is not None
-    return ("env", source.env)

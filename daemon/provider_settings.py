@@ -7,14 +7,13 @@ file: a systemd credential or an environment variable, read when the registry is
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from agent import Price
 from agent.models.base import known_window
+from agent.secret import SecretSource
 
 
 class ModelLimits(BaseModel):
@@ -64,19 +63,17 @@ class ProviderSettings(BaseModel):
         window = own.context_window or self.context_window or known_window(name) or 128_000
         return window, own.max_tokens or self.max_tokens
 
+    def key_sources(self) -> list[SecretSource]:
+        """Where the API key is looked for, in order: ``api_key_credential``, then ``api_key_env``
+        (this file's keys, not checked as a goal's secrets are)."""
+        found = [SecretSource.model_construct(credential=self.api_key_credential)] if self.api_key_credential else []
+        return found + ([SecretSource.model_construct(env=self.api_key_env)] if self.api_key_env else [])
+
 
 def read_secret(provider: ProviderSettings) -> str | None:
     """The provider's API key from its credential, environment variable or value (in that order)."""
-    if provider.api_key_credential:
-        creds = os.environ.get("CREDENTIALS_DIRECTORY")
-        if creds:
-            path = Path(creds) / provider.api_key_credential
-            if path.is_file():
-                value = path.read_text().strip()
-                if value:  # an empty file stands for "not configured here"
-                    return value
-    if provider.api_key_env:
-        env_value = os.environ.get(provider.api_key_env)
-        if env_value:
-            return env_value
+    for source in provider.key_sources():
+        value = source.read()
+        if value is not None:  # an empty file or variable stands for "not configured here"
+            return value
     return provider.api_key.get_secret_value() if provider.api_key is not None else None

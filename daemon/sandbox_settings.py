@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 from loguru import logger
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from agent import Redactor, SandboxPolicy, SandboxProfile, SandboxUnavailable, detect_bwrap
 from agent.allowlist import etc_secrets
@@ -30,6 +30,7 @@ from agent.sandbox import BASE_VARIABLES, SandboxUser, sandbox_user
 from agent.sandbox.identity import prepare_root
 from agent.sandbox.network import Network, NetworkSetting, deprecated
 from agent.sandbox.proxy import NetworkProxy
+from agent.secret import SecretSource
 from daemon.provider_settings import read_secret
 
 if TYPE_CHECKING:
@@ -87,29 +88,6 @@ class McpServerSettings(BaseModel):
     max_memory_mb: MemoryMb | None = None
 
 
-class SecretRef(BaseModel):
-    """Where one tool secret comes from: a systemd credential or an environment variable of the daemon."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    #: A file in ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
-    credential: str | None = None
-    #: An environment variable of the daemon.
-    env: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> SecretRef:
-        if (self.credential is None) == (self.env is None):
-            raise ValueError("name exactly one of credential or env")
-        if self.credential is not None and ("/" in self.credential or self.credential in ("", ".", "..")):
-            raise ValueError("credential must be a file name in $CREDENTIALS_DIRECTORY")
-        return self
-
-    def describe(self) -> str:
-        """Where the value is looked for (never the value)."""
-        return f"credential {self.credential!r}" if self.credential is not None else f"environment variable {self.env}"
-
-
 class GoalSandbox(BaseModel):
     """The sandbox of one goal's commands (``[goal_sandbox.<goal key>]``)."""
 
@@ -119,7 +97,7 @@ class GoalSandbox(BaseModel):
     #: (default: ``sandbox_network``; the stricter of this and a goal's own ``sandbox`` wins).
     network: NetworkSetting | None = None
     #: Environment variables of this goal's commands only, by name; their values are redacted from tool output.
-    secrets: dict[str, SecretRef] = {}
+    secrets: dict[str, SecretSource] = {}
     #: Paths this goal's commands see read-only besides the system directories (a toolchain under /opt).
     read_only_paths: list[ReadOnlyPath] = []
     #: Cap on the processes of this goal's commands all together (default: ``sandbox_max_processes``; 0: none).
@@ -131,25 +109,13 @@ class GoalSandbox(BaseModel):
 
     @field_validator("secrets")
     @classmethod
-    def _names(cls, value: dict[str, SecretRef]) -> dict[str, SecretRef]:
+    def _names(cls, value: dict[str, SecretSource]) -> dict[str, SecretSource]:
         for name in value:
             if not name.isidentifier() or not name.isascii():
                 raise ValueError(f"{name!r} is not a valid environment variable name")
             if name in BASE_VARIABLES:
                 raise ValueError(f"{name} is set by the sandbox itself")
         return value
-
-
-def read_tool_secret(ref: SecretRef) -> str | None:
-    """A tool secret's value, or ``None`` when it has none here."""
-    if ref.credential is not None:
-        creds = os.environ.get("CREDENTIALS_DIRECTORY")
-        path = Path(creds) / ref.credential if creds else None
-        if path is None or not path.is_file():
-            return None
-        return path.read_text().strip() or None
-    assert ref.env is not None
-    return os.environ.get(ref.env) or None
 
 
 def sandbox_profile(settings: Settings) -> SandboxProfile:
@@ -251,7 +217,7 @@ def _goal_policies(settings: Settings) -> tuple[dict[str, SandboxPolicy], list[s
     for key, conf in settings.goal_sandbox.items():
         secrets: dict[str, str] = {}
         for name, ref in conf.secrets.items():
-            value = read_tool_secret(ref)
+            value = ref.read()
             if value is None:
                 logger.error("tool secret {} of goal {!r} has no value ({}); left unset", name, key, ref.describe())
                 continue

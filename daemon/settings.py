@@ -46,8 +46,6 @@ from daemon.sandbox_settings import (
     MemoryMb,
     Processes,
     ReadOnlyPath,
-    SecretRef,
-    read_tool_secret,
     sandbox_profile,
 )
 from daemon.storage_settings import StorageSettings
@@ -65,12 +63,10 @@ __all__ = [
     "ProviderSettings",
     "ReadOnlyPath",
     "RetentionSettings",
-    "SecretRef",
     "Settings",
     "StorageSettings",
     "load_settings",
     "read_secret",
-    "read_tool_secret",
     "sandbox_profile",
 ]
 

@@ -11,12 +11,13 @@ import enum
 import posixpath
 import re
 from datetime import datetime
-from typing import Any, assert_never
+from typing import Annotated, Any, assert_never
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent import ToolPolicy, TypedId
 from agent.sandbox.network import NetworkSetting
+from agent.secret import SecretSource
 from goals.errors import InvalidGoalTransition
 
 
@@ -151,26 +152,15 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SANDBOX_VARIABLES = frozenset({"PATH", "HOME", "LANG", "TMPDIR"})
 
 
-class SecretSource(BaseModel):
-    """Where the daemon reads a secret's value: never the value itself, which never crosses the
-    control socket or lands in the store."""
+def _env_named(source: SecretSource) -> SecretSource:
+    """A goal's secret read from the environment names a valid variable (the config's are not checked)."""
+    if source.env is not None and not _ENV_NAME.match(source.env):
+        raise ValueError(f"{source.env!r} is not a valid environment variable name")
+    return source
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: A file in ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
-    credential: str | None = None
-    #: An environment variable of the daemon.
-    env: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> SecretSource:
-        if (self.credential is None) == (self.env is None):
-            raise ValueError("name exactly one of credential or env")
-        if self.credential is not None and ("/" in self.credential or self.credential in ("", ".", "..")):
-            raise ValueError("credential must be a file name in $CREDENTIALS_DIRECTORY")
-        if self.env is not None and not _ENV_NAME.match(self.env):
-            raise ValueError(f"{self.env!r} is not a valid environment variable name")
-        return self
+#: Where the daemon reads one secret of a goal's sandbox: never the value itself.
+GoalSecret = Annotated[SecretSource, AfterValidator(_env_named)]
 
 
 class SandboxSpec(BaseModel):
@@ -196,7 +186,7 @@ class SandboxSpec(BaseModel):
     #: goal pauses ``disk_limit``).
     max_disk_mb: int | None = Field(default=None, ge=1, le=1024 * 1024 * 1024)
     #: Secret environment variables of this goal's commands, by name: where the daemon reads each.
-    secrets: dict[str, SecretSource] = Field(default={}, max_length=64)
+    secrets: dict[str, GoalSecret] = Field(default={}, max_length=64)
 
     @field_validator("read_only_paths")
     @classmethod

@@ -11,16 +11,15 @@ sink shows up in logs by its name only.
 from __future__ import annotations
 
 import json
-import os
 import re
 import string
-from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent.sandbox.network import NetworkSetting
+from agent.secret import SecretSource
 from daemon.alerts.kinds import NotificationKind
 
 #: The placeholders a payload template may use (``$name`` or ``${name}``), each filled JSON-escaped.
@@ -40,40 +39,6 @@ TEMPLATE_FIELDS = (
     "host",
 )
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class SecretSource(BaseModel):
-    """Where a sink's secret comes from: a systemd credential or an environment variable of the daemon."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    #: A file in ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
-    credential: str | None = None
-    #: An environment variable of the daemon.
-    env: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> SecretSource:
-        if (self.credential is None) == (self.env is None):
-            raise ValueError("name exactly one of credential or env")
-        if self.credential is not None and ("/" in self.credential or self.credential in ("", ".", "..")):
-            raise ValueError("credential must be a file name in $CREDENTIALS_DIRECTORY")
-        return self
-
-    def read(self) -> str | None:
-        """The value, or ``None`` when it has none here."""
-        if self.credential is not None:
-            creds = os.environ.get("CREDENTIALS_DIRECTORY")
-            path = Path(creds) / self.credential if creds else None
-            if path is None or not path.is_file():
-                return None
-            return path.read_text().strip() or None
-        assert self.env is not None
-        return os.environ.get(self.env) or None
-
-    def describe(self) -> str:
-        """Where the value is looked for (never the value)."""
-        return f"credential {self.credential!r}" if self.credential is not None else f"environment variable {self.env}"
 
 
 def _http_url(value: str) -> str:

@@ -9,11 +9,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
 
 from agent import MessageId, SessionId
 from agent.sandbox.network import NetworkSetting
+from agent.secret import SecretSource
 from goals import Budgets, GoalStatus, SandboxSpec
 
 
@@ -45,13 +47,6 @@ class VerifyIn(Params):
     timeout: float = Field(default=300.0, gt=0, le=86_400)
 
 
-class SecretIn(Params):
-    """Where the daemon reads one secret of a goal's sandbox (never its value)."""
-
-    credential: str | None = None
-    env: str | None = None
-
-
 class SandboxIn(Params):
     """A goal's own sandbox settings on the wire (merged with ``[goal_sandbox.<key>]``; see the README)."""
 
@@ -61,21 +56,36 @@ class SandboxIn(Params):
     max_processes: int | None = None
     max_memory_mb: int | None = None
     max_disk_mb: int | None = None
-    secrets: dict[str, SecretIn] = {}
+    #: Where the daemon reads each secret (never its value).
+    secrets: dict[str, SecretSource] = {}
 
     def to_spec(self) -> SandboxSpec:
         """As the goal model's sandbox spec."""
         return SandboxSpec.model_validate(self.model_dump(exclude_unset=True))
 
-    @model_validator(mode="after")
-    def _valid(self) -> SandboxIn:
+    @model_validator(mode="wrap")
+    @classmethod
+    def _valid(cls, data: Any, handler: ModelWrapValidatorHandler[SandboxIn]) -> SandboxIn:
+        """Every check of the goal model's sandbox spec, answered as its first failure; a secret's own
+        checks (:class:`SecretSource`'s) are answered the same way."""
         try:
-            self.to_spec()
+            model = handler(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(to_camel(str(p)) if isinstance(p, str) else str(p) for p in first["loc"])
-            raise ValueError(f"{where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
-        return self
+            if first["type"] != "value_error" or first["loc"][:1] != ("secrets",):
+                raise
+            raise ValueError(_said(first)) from None
+        try:
+            model.to_spec()
+        except ValidationError as exc:
+            raise ValueError(_said(exc.errors()[0])) from None
+        return model
+
+
+def _said(error: ErrorDetails) -> str:
+    """A spec's validation error as one line naming its camelCase field."""
+    where = ".".join(to_camel(str(p)) if isinstance(p, str) else str(p) for p in error["loc"])
+    return f"{where + ': ' if where else ''}{error['msg'].removeprefix('Value error, ')}"
 
 
 class NoParams(Params):

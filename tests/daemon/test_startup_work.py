@@ -21,6 +21,7 @@ from typing import Any
 
 from agent import ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry, file_tools
 from agent.schema import MIGRATIONS
+from agent.secret import SecretSource
 from goals import (
     GoalEngine,
     GoalSpec,
@@ -29,7 +30,6 @@ from goals import (
     live_goal_sandboxes_with_secrets,
     tools_for_goal_sessions,
 )
-from goals.model import SecretSource
 
 
 def _registry() -> tuple[ModelRegistry, Any]:

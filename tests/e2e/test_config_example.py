@@ -12,6 +12,7 @@ from pathlib import Path
 from harness import child_env, goald_argv
 from pydantic import BaseModel
 
+from agent.secret import SecretSource
 from agent.spend import Price
 from agent.tools.policy import ToolPolicy
 from daemon.cluster.settings import ClusterSettings
@@ -21,7 +22,6 @@ from daemon.settings import (
     ModelLimits,
     ProviderSettings,
     RetentionSettings,
-    SecretRef,
     Settings,
     StorageSettings,
     load_settings,
@@ -50,7 +50,7 @@ def test_every_settings_key_is_documented_in_the_example() -> None:
         ProviderSettings,
         McpServerSettings,
         ModelLimits,
-        SecretRef,
+        SecretSource,
         GoalSandbox,
         RetentionSettings,
         StorageSettings,
