@@ -113,8 +113,73 @@ def etc_secrets() -> list[Path]:
     return list(dict.fromkeys([*named, *_unreadable_in_etc()]))
 
 
+#: The directories :data:`ETC_SECRETS`' patterns match in (their entries are the matches).
+_PATTERN_DIRS = tuple(dict.fromkeys(os.path.dirname(p) for p in ETC_SECRETS))
+#: :func:`_etc_covered`'s last answer: the directories it depends on, their stamps, the paths.
+_etc_cache: tuple[tuple[str, ...], tuple[tuple[int, int] | None, ...], tuple[Path, ...]] | None = None
+
+
+def _stamps(dirs: Iterable[str]) -> tuple[tuple[int, int] | None, ...]:
+    out: list[tuple[int, int] | None] = []
+    for d in dirs:
+        try:
+            st = os.stat(d)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_ino, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _ancestors(path: str) -> list[str]:
+    parents: list[str] = []
+    while True:
+        up = os.path.dirname(path)
+        if up == path:
+            return parents
+        parents.append(up)
+        path = up
+
+
+def _etc_covered() -> tuple[Path, ...]:
+    """:func:`etc_secrets` that exist, resolved (``realpath``), in the order found: what every
+    command's mounts cover of ``/etc``. Resolving them is most of the cost of a command's mount plan,
+    so the answer is kept while every directory it depends on (those the patterns match in, and
+    every ancestor of each path, as named and as resolved) keeps its inode and modification time:
+    an entry added, removed, renamed or swapped for a link in any of them moves that time. The
+    stamps are taken before the paths are found, so a change made while they are found is seen at
+    the next call."""
+    global _etc_cache
+    cached = _etc_cache
+    if cached is not None and _stamps(cached[0]) == cached[1]:
+        return cached[2]
+    dirs = list(dict.fromkeys(["/etc", *_PATTERN_DIRS, *(cached[0] if cached is not None else ())]))
+    for _ in range(3):
+        stamps = _stamps(dirs)
+        found: list[Path] = []
+        needed: dict[str, None] = dict.fromkeys(dirs)
+        for raw in etc_secrets():
+            real = os.path.realpath(raw)
+            needed.update(dict.fromkeys([*_ancestors(str(raw)), *_ancestors(real)]))
+            if os.path.lexists(real):
+                found.append(Path(real))
+        if len(needed) == len(dirs):  # every directory it depends on was stamped before
+            result = tuple(dict.fromkeys(found))
+            _etc_cache = (tuple(dirs), stamps, result)
+            return result
+        dirs = list(needed)
+    return tuple(dict.fromkeys(found))  # still moving: not kept
+
+
+def _within(path: Path, top: Path) -> bool:
+    """``path.is_relative_to(top)`` for absolute, normalized paths, by their strings (pathlib's
+    is an order of magnitude slower, and a command's mount plan asks it hundreds of times)."""
+    inner, outer = str(path), str(top)
+    return inner == outer or inner.startswith(outer if outer.endswith("/") else outer + "/")
+
+
 def _under(path: Path, tops: Iterable[Path]) -> bool:
-    return any(path == top or path.is_relative_to(top) for top in tops)
+    return any(_within(path, top) for top in tops)
 
 
 def mounts(
@@ -143,9 +208,9 @@ def mounts(
     workdir = Path(os.path.normpath(workdir))
     ops, shown = _shown(read_only)
     ops.append((len(_TMP.parts), 0, _TMP, "tmp", ""))
-    covered = _covered(hidden, workdir, shown)
-    for path in covered:
-        ops.append((len(path.parts), 1, path, "dir" if path.is_dir() else "file", ""))
+    covered = [(path, path.is_dir()) for path in _covered(hidden, workdir, shown)]
+    for path, is_dir in covered:
+        ops.append((len(path.parts), 1, path, "dir" if is_dir else "file", ""))
     for source, target in sockets:
         inside = Path(target)
         ops.append((len(inside.parts), 0, inside, "ro", str(source)))
@@ -159,8 +224,8 @@ def mounts(
     keys = [a for p in _PROC_COVERED if os.path.exists(p) for a in ("--ro-bind", "/dev/null", p)]
     args = ["--proc", "/proc", *keys, "--dev", "/dev", *_arguments(ops)]
     # Made read-only last: mount points for what lies inside them were created first.
-    for path in covered:
-        if path.is_dir():
+    for path, is_dir in covered:
+        if is_dir:
             args += ["--remount-ro", str(path)]
     return [*args, "--remount-ro", "/"]
 
@@ -201,17 +266,16 @@ def _shown(read_only: Iterable[Path]) -> tuple[list[_Op], list[Path]]:
 
 def _covered(hidden: Iterable[Path], workdir: Path, shown: list[Path]) -> list[Path]:
     """The hidden paths (and the secrets of ``/etc``) that lie in what is shown: each gets covered."""
-    covered: list[Path] = []
-    for raw in [*hidden, *etc_secrets()]:
-        path = Path(os.path.realpath(raw))
+    covered: dict[Path, None] = {}
+    for path in [*(Path(os.path.realpath(raw)) for raw in hidden), *_etc_covered()]:
         if path == workdir:
             raise MountError(f"the work directory {str(workdir)!r} is one of the hidden paths")
         if path in covered or not os.path.lexists(path):
             continue
-        inside_workdir = path.is_relative_to(workdir) and workdir != Path("/")
-        if (_under(path, shown) and not path.is_relative_to(_TMP)) or inside_workdir:
-            covered.append(path)
-    return covered
+        inside_workdir = _within(path, workdir) and workdir != Path("/")
+        if (_under(path, shown) and not _within(path, _TMP)) or inside_workdir:
+            covered[path] = None
+    return list(covered)
 
 
 def _arguments(ops: list[_Op]) -> list[str]:

@@ -140,3 +140,18 @@ def test_an_etc_entry_made_unreadable_after_start_is_hidden_when_etc_changes() -
         assert path in etc_secrets()
     finally:
         path.unlink()
+
+
+def test_a_commands_mounts_cover_a_secret_added_to_etc_after_the_last_command(tmp_path: Path) -> None:
+    # The mount plan keeps what it resolved of /etc while /etc and the directories its secrets are
+    # in do not change; a new entry changes /etc, so the next command's mounts cover it.
+    mounts(tmp_path)
+    path = Path(tempfile.mkstemp(prefix="goald-late-secret-", dir="/etc")[1])
+    try:
+        os.chmod(path, 0o600)
+        args = mounts(tmp_path)
+        i = args.index(str(path))
+        assert args[i - 2 : i + 1] == ["--ro-bind", "/dev/null", str(path)]
+    finally:
+        path.unlink()
+    assert str(path) not in mounts(tmp_path)
