@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import queue
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -31,9 +32,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiosqlite
-import psycopg
 
-from agent.db import Conn, PgConn
+from agent.db import Conn, PgConn, psycopg_module
 from agent.errors import StorageUnavailable
 
 #: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII).
@@ -96,6 +96,9 @@ def pg_failure(exc: BaseException, where: str) -> StorageUnavailable | None:
     """``exc`` as a :class:`StorageUnavailable` if it means the database cannot be reached."""
     if isinstance(exc, StorageUnavailable):
         return exc
+    psycopg = sys.modules.get("psycopg")  # not loaded: no psycopg error can have been raised
+    if psycopg is None:
+        return None
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and not isinstance(
         exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable
     ):
@@ -129,7 +132,7 @@ class PgBackend:
         kw: dict[str, Any] = {"autocommit": True, "application_name": "goald", "connect_timeout": 5}
         if password is not None:
             kw["password"] = password
-        return PgConn(psycopg.connect(dsn, **kw))
+        return PgConn(psycopg_module().connect(dsn, **kw))
 
     def start(self) -> None:
         """Connect (raising if the database cannot be reached) and start the thread."""

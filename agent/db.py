@@ -20,7 +20,11 @@ body) asks :func:`is_postgres` and says so where it branches.
 Two behaviours differ and every caller that meets them uses the helpers here: a statement that
 fails inside a PostgreSQL transaction aborts the whole transaction, so a caller that catches a
 constraint error and goes on wraps the statement in :func:`savepoint`; and the constraint errors
-are caught as :data:`IntegrityError` (either driver's).
+are caught as :func:`integrity_errors` (either driver's).
+
+psycopg is an extra (``pip install 'goald[postgresql]'``) and imported only for a PostgreSQL store
+(:func:`psycopg_module`): a SQLite daemon never loads it. Until it is loaded no psycopg error can
+be raised, so the error tuples name its classes only once it is.
 
 Why psycopg 3 and not asyncpg: the transaction functions are synchronous on purpose (one thread
 hop per transaction, decisions made from what was read with no ``await`` in between, so no other
@@ -37,17 +41,52 @@ import contextlib
 import functools
 import re
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
-import psycopg
-from psycopg.adapt import Dumper, Loader
+from agent.errors import NotSupported
 
-#: Either driver's constraint error (a unique index, a check, a trigger's refusal).
-IntegrityError: tuple[type[Exception], ...] = (sqlite3.IntegrityError, psycopg.IntegrityError)
+if TYPE_CHECKING:
+    import psycopg
 
-#: Either driver's error.
-DatabaseError: tuple[type[Exception], ...] = (sqlite3.Error, psycopg.Error)
+#: What installs the PostgreSQL driver.
+PSYCOPG_INSTALL = "pip install 'goald[postgresql]'"
+
+
+def psycopg_module() -> ModuleType:
+    """psycopg, imported on first use.
+
+    Raises:
+        NotSupported: it is not installed (naming :data:`PSYCOPG_INSTALL`).
+    """
+    try:
+        import psycopg
+    except ImportError:
+        raise NotSupported(f"a PostgreSQL store needs psycopg, which is not installed: {PSYCOPG_INSTALL}") from None
+    return psycopg
+
+
+def _loaded(name: str) -> tuple[type[Exception], ...]:
+    """psycopg's exception class ``name`` if psycopg is loaded (else none can have been raised)."""
+    pg = sys.modules.get("psycopg")
+    return (getattr(pg, name),) if pg is not None else ()
+
+
+def integrity_errors() -> tuple[type[Exception], ...]:
+    """Either driver's constraint error (a unique index, a check, a trigger's refusal)."""
+    return (sqlite3.IntegrityError, *_loaded("IntegrityError"))
+
+
+def database_errors() -> tuple[type[Exception], ...]:
+    """Either driver's error."""
+    return (sqlite3.Error, *_loaded("Error"))
+
+
+def pg_errors() -> tuple[type[Exception], ...]:
+    """psycopg's errors (``psycopg.Error``), for code that runs on PostgreSQL only."""
+    return _loaded("Error")
 
 
 class Cursor(Protocol):
@@ -155,27 +194,34 @@ def _row_factory(cursor: Any) -> Any:
     return make
 
 
-class _NumericLoader(Loader):
-    def load(self, data: Any) -> int | float:
-        text = bytes(data).decode()
-        try:
-            return int(text)
-        except ValueError:
-            return float(text)
+@functools.cache
+def _adapters() -> tuple[type[Any], type[Any]]:
+    """The loader of ``numeric`` and the dumper of ``bool`` (built once psycopg is imported)."""
+    from psycopg.adapt import Dumper, Loader
 
+    class NumericLoader(Loader):
+        def load(self, data: Any) -> int | float:
+            text = bytes(data).decode()
+            try:
+                return int(text)
+            except ValueError:
+                return float(text)
 
-class _BoolAsInt(Dumper):
-    oid = 20  # int8
+    class BoolAsInt(Dumper):
+        oid = 20  # int8
 
-    def dump(self, obj: Any) -> bytes:
-        return b"1" if obj else b"0"
+        def dump(self, obj: Any) -> bytes:
+            return b"1" if obj else b"0"
+
+    return NumericLoader, BoolAsInt
 
 
 def configure(raw: psycopg.Connection[Any]) -> None:
     """Give a new psycopg connection goald's row type and value adapters."""
+    numeric, boolean = _adapters()
     raw.row_factory = _row_factory
-    raw.adapters.register_loader("numeric", _NumericLoader)
-    raw.adapters.register_dumper(bool, _BoolAsInt)
+    raw.adapters.register_loader("numeric", numeric)
+    raw.adapters.register_dumper(bool, boolean)
 
 
 class PgConn:
@@ -201,7 +247,9 @@ class PgConn:
     @property
     def in_transaction(self) -> bool:
         """Whether a transaction is open (or failed and not yet rolled back)."""
-        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        from psycopg.pq import TransactionStatus
+
+        return self.raw.info.transaction_status != TransactionStatus.IDLE
 
     def close(self) -> None:
         """Close the connection."""
@@ -209,15 +257,18 @@ class PgConn:
 
 
 __all__ = [
+    "PSYCOPG_INSTALL",
     "Conn",
     "Cursor",
-    "DatabaseError",
-    "IntegrityError",
     "PgConn",
     "Row",
     "configure",
+    "database_errors",
+    "integrity_errors",
     "is_dsn",
     "is_postgres",
+    "pg_errors",
     "pg_sql",
+    "psycopg_module",
     "savepoint",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.db import Conn, IntegrityError, savepoint
+from agent.db import Conn, integrity_errors, savepoint
 from agent.errors import Conflict, InvalidInput, NotFound
 from agent.events import EventType
 from agent.ids import MessageId
@@ -135,7 +135,7 @@ def _insert(
                     tx.now,
                 ),
             )
-    except IntegrityError as exc:
+    except integrity_errors() as exc:
         # SQLite names the column (inbox.pending_key), PostgreSQL the index (inbox_pending_key).
         if pending_key is not None and "pending_key" in str(exc):
             raise Conflict(f"a message with pending key {pending_key!r} is already queued") from None

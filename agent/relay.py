@@ -43,14 +43,16 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 from loguru import logger
 
-from agent.db import Conn
+from agent.db import Conn, pg_errors
 from agent.eventlog import read_events
 from agent.events import Event
+
+if TYPE_CHECKING:
+    import psycopg
 
 CHANNEL = "goald_events"
 #: PostgreSQL's limit on a notification's payload is 8,000 bytes; a larger batch is split.
@@ -216,7 +218,7 @@ class Listener:
         try:
             with self._connect() as conn:
                 conn.execute(f"NOTIFY {CHANNEL}")
-        except psycopg.Error:
+        except pg_errors():
             pass
         self._thread.join(timeout=5)
 
@@ -232,7 +234,7 @@ class Listener:
                         failing_since = None
                     self._deliver(None)  # whatever was committed while not listening
                     self._listen(conn)
-            except psycopg.Error as exc:
+            except pg_errors() as exc:
                 if failing_since is None:
                     failing_since = time.monotonic()
                     logger.warning("lost the connection that listens for other nodes' commits: {}", exc)

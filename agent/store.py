@@ -44,7 +44,7 @@ import aiosqlite
 from loguru import logger
 
 from agent.backends import Backend, PgBackend, SqliteBackend, masked, pg_failure
-from agent.db import Conn, DatabaseError, PgConn, is_dsn
+from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import NotFound, NotSupported, StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq as first_kept_seq  # re-exported: its home moved
 from agent.eventlog import read_events as read_events  # re-exported: its home moved
@@ -280,7 +280,7 @@ class Store:
                     events = relay(conn, self._published, spans, self.interest)
             finally:
                 conn.execute("ROLLBACK")
-        except DatabaseError as exc:
+        except database_errors() as exc:
             logger.debug("could not read other nodes' events now (the next notification or poll will): {}", exc)
             return
         if events:
@@ -454,7 +454,7 @@ class Store:
                 raise
             for sid, seq in marks.items():
                 self._published[sid] = max(self._published.get(sid, 0), seq)
-        except DatabaseError as exc:
+        except database_errors() as exc:
             if self.reserve is not None and is_disk_full(exc) and self.reserve.release():
                 # Whatever filled the disk, this write (a command's result, the failure itself) is
                 # recorded: once, with the reserve's blocks given back (made again when space is back).
@@ -539,7 +539,7 @@ class Store:
                 finally:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK" if self.kind == "postgresql" else "COMMIT")
-            except DatabaseError as exc:
+            except database_errors() as exc:
                 failure = self._failure_of(exc) if self.kind == "postgresql" else None
                 if failure is None:
                     raise

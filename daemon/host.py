@@ -35,7 +35,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from loguru import logger
 
 from agent import (
@@ -57,7 +56,7 @@ from agent import (
     file_tools,
     session_chain,
 )
-from agent.db import Conn
+from agent.db import Conn, pg_errors
 from agent.errors import StorageUnavailable
 from agent.ids import SessionId
 from agent.models.health import ProviderHealth
@@ -611,7 +610,7 @@ class Host:
         view = self.leases.snapshot()
         try:
             view["nodes"] = await self.leases.nodes()
-        except psycopg.Error as exc:  # unreachable: "storage" says so; this node's own view stands
+        except pg_errors() as exc:  # unreachable: "storage" says so; this node's own view stands
             view["nodes"] = None
             view["error"] = view["error"] or str(exc).strip().splitlines()[0]
         return view

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agent.db import Conn, DatabaseError, savepoint
+from agent.db import Conn, database_errors, savepoint
 from agent.models.health import BreakerState, ProviderHealth
 from agent.outbox import backlog as outbox_backlog
 from agent.store import Store
@@ -50,8 +50,10 @@ from goals.stats import goal_facts
 #: What the notification backlog is read with (the outbox's owner fills it; tests may pass another).
 BacklogFn = Callable[[Conn], Mapping[str, int]]
 
-#: What a metrics write may fail with: the file, or reading either store.
-_WRITE_ERRORS: tuple[type[Exception], ...] = (OSError, *DatabaseError)
+
+def _write_errors() -> tuple[type[Exception], ...]:
+    """What a metrics write may fail with: the file, or reading either store."""
+    return (OSError, *database_errors())
 
 
 class MetricsSettings(BaseModel):
@@ -255,7 +257,7 @@ class Metrics:
                 # The savepoint keeps a PostgreSQL read usable after the error (a no-op on SQLite).
                 with savepoint(conn):
                     backlog = self.backlog(conn)
-            except DatabaseError as exc:  # an outbox not created yet
+            except database_errors() as exc:  # an outbox not created yet
                 logger.debug("no notification backlog: {}", exc)
         return _Stored(goal_facts(conn), usage_by_guard(conn), call_counts(conn), names, runs, backlog)
 
@@ -464,7 +466,7 @@ class MetricsService:
         try:
             text = await self.metrics.text()
             await asyncio.to_thread(write_atomically, path.expanduser(), text)
-        except _WRITE_ERRORS as exc:
+        except _write_errors() as exc:
             logger.error("metrics not written to {}: {}", path, exc)
 
     async def _write_loop(self) -> None:

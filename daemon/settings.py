@@ -31,7 +31,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent import McpServer, ToolPolicy
-from agent.db import is_dsn
+from agent.db import is_dsn, psycopg_module
+from agent.errors import NotSupported
 from agent.sandbox.network import NetworkSetting, host_pattern
 from daemon.alerts.config import NotifySettings
 from daemon.cluster.settings import ClusterSettings
@@ -222,6 +223,10 @@ class Settings(BaseSettings):
                 "must not hold the password: give it in PGPASSWORD, ~/.pgpass or the systemd credential"
                 " goald-pg-password (LoadCredential=goald-pg-password:/path)"
             )
+        try:
+            psycopg_module()  # an extra: without it the store cannot open, so say so here
+        except NotSupported as exc:
+            raise ValueError(str(exc)) from None
         return value
 
     @field_validator("sandbox_network_hosts")

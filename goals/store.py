@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from agent import Source, SourceKind, Tx, cancel_pending, enqueue, is_pending, parse_content
-from agent.db import Conn, IntegrityError, savepoint
+from agent.db import Conn, integrity_errors, savepoint
 from goals.budgets import with_status
 from goals.errors import GoalConflict, InvalidGoal, StaleDecision
 from goals.model import Goal, GoalStatus, transition
@@ -89,7 +89,7 @@ def insert_goal(tx: Tx, goal: Goal) -> None:
                 f"INSERT INTO goals({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
                 [values[c] for c in COLUMNS],
             )
-    except IntegrityError as exc:
+    except integrity_errors() as exc:
         text = _refusal(exc)
         if "goals.session_id" in text:
             raise GoalConflict(
@@ -121,7 +121,7 @@ def save_goal(tx: Tx, goal: Goal, expected_revision: int) -> Goal:
                 f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
                 [*(values[c] for c in cols), goal.id, expected_revision],
             )
-    except IntegrityError as exc:
+    except integrity_errors() as exc:
         if "goals.workdir" in _refusal(exc):
             raise GoalConflict(
                 f"work directory {goal.workdir} is held by another active or paused goal:"

@@ -38,11 +38,10 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import psycopg
 from loguru import logger
 
 from agent.backends import PgBackend
-from agent.db import Conn, PgConn
+from agent.db import Conn, PgConn, pg_errors
 from agent.errors import InvalidInput, LeaseLost, NotFound, StorageUnavailable
 from agent.ids import SessionId
 from agent.inbox import sessions_with_work
@@ -206,7 +205,7 @@ class LeaseManager:
         try:
             freed = await self._db(leave)
             logger.info("node {} left the cluster; {} sessions handed back", self.name, freed)
-        except psycopg.Error as exc:
+        except pg_errors() as exc:
             logger.warning(
                 "node {} could not hand its sessions back ({}); they expire in {:g}s", self.name, exc, self.ttl
             )
@@ -227,7 +226,7 @@ class LeaseManager:
         while True:
             try:
                 await self.beat()
-            except psycopg.Error as exc:
+            except pg_errors() as exc:
                 if self.last_error is None:
                     logger.warning("node {}: cannot renew leases ({}); retrying", self.name, exc)
                 self.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -329,7 +328,7 @@ class LeaseManager:
     async def _claim_quietly(self) -> None:
         try:
             await self.claim_free()
-        except psycopg.Error as exc:
+        except pg_errors() as exc:
             logger.debug("node {}: claiming free work failed ({}); the next heartbeat tries again", self.name, exc)
 
     async def claim_free(self) -> int:

@@ -27,11 +27,11 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
-import psycopg
 from aiohttp import web
 from loguru import logger
 
 from agent import Runtime
+from agent.db import pg_errors
 from daemon.cluster import LeaseManager
 from daemon.display import status_text
 from daemon.metrics import LoopLag
@@ -167,7 +167,7 @@ class WebService:
             return
         try:
             held = await leases.holders([str(g["sessionId"]) for g in goals if g.get("sessionId")])
-        except psycopg.Error as exc:  # the database is unreachable: "storage" on the daemon page says so
+        except pg_errors() as exc:  # the database is unreachable: "storage" on the daemon page says so
             logger.debug("status page: the goals' nodes are unknown ({})", exc)
             held = {}
         for g in goals:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent import ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry, Tx
-from agent.db import IntegrityError
+from agent.db import integrity_errors
 from goals import GoalEngine, GoalSpec, tools_for_goal_sessions
 from goals.errors import GoalConflict
 from goals.model import Goal, GoalId
@@ -93,7 +93,7 @@ async def test_the_triggers_refuse_a_raw_write_with_the_same_text(db_path: Path 
         # The schema refuses a write that skips the engine's checks: the same directory, one inside
         # it, one around it.
         for workdir in (tmp_path / "a", tmp_path / "a" / "in", tmp_path):
-            with pytest.raises(IntegrityError, match=HELD):
+            with pytest.raises(integrity_errors(), match=HELD):
                 await rt.store.transact(partial(insert_raw, goal=copy_of(holder, workdir=str(workdir))))
         # A neighbour whose name merely starts with the holder's is free; reviving it (ended) into
         # the held directory is refused by the update trigger.
@@ -104,7 +104,7 @@ async def test_the_triggers_refuse_a_raw_write_with_the_same_text(db_path: Path 
                 "UPDATE goals SET status='cancelled', workdir=? WHERE id=?", (str(tmp_path / "a"), sibling.id)
             )
         )
-        with pytest.raises(IntegrityError, match=HELD):
+        with pytest.raises(integrity_errors(), match=HELD):
             await rt.store.transact(lambda tx: tx.execute("UPDATE goals SET status='active' WHERE id=?", (sibling.id,)))
         # An update that leaves status and directory as they are is not checked again.
         await rt.store.transact(lambda tx: tx.execute("UPDATE goals SET title='renamed' WHERE id=?", (holder.id,)))

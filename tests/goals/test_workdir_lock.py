@@ -22,7 +22,7 @@ from goalkit import wait_status
 from harness import TEST_MODELS, Daemon, rpc
 
 from agent import Conflict, ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry
-from agent.db import IntegrityError
+from agent.db import integrity_errors
 from daemon.rpc.protocol import ErrorCode, RpcError
 from goals import Budgets, GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
@@ -162,7 +162,7 @@ async def test_the_lock_lives_in_the_database(db_path: Path, work: Path) -> None
         ]
         copy = ", ".join(c for c in columns if c not in ("id", "session_id", "workdir", "key", "idempotency_key"))
         for workdir in (str(work / "a"), str(work / "a" / "inner"), str(work)):
-            with pytest.raises(IntegrityError, match=r"goals\.workdir is held"):
+            with pytest.raises(integrity_errors(), match=r"goals\.workdir is held"):
                 conn.execute(
                     f"INSERT INTO goals(id, session_id, workdir, {copy}) SELECT 'goal_X', 'ses_X', ?, {copy}"
                     " FROM goals WHERE id=?",
@@ -175,7 +175,7 @@ async def test_the_lock_lives_in_the_database(db_path: Path, work: Path) -> None
             (str(work / "ab"), holder.id),
         )
         conn.execute("UPDATE goals SET status='cancelled', workdir=? WHERE id='goal_X'", (str(work / "a"),))
-        with pytest.raises(IntegrityError, match=r"goals\.workdir is held"):
+        with pytest.raises(integrity_errors(), match=r"goals\.workdir is held"):
             conn.execute("UPDATE goals SET status='active' WHERE id='goal_X'")
         if not storekit.is_postgres(db_path):
             conn.rollback()
