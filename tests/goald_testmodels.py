@@ -17,6 +17,7 @@ being slow, never a test waiting for things to settle).
 ``worker`` (a goal's agent), in round ``r`` of ``rounds``: writes ``round<r>.txt`` in the work
 directory, then notes progress with ``goal_progress`` (or, in the last round, claims completion
 with ``goal_complete``), then ends the turn with a line of text: three model calls per round.
+With ``fail_round=n`` round ``n``'s write aims outside the work directory (a tool call that fails).
 With ``hold_round=n hold=s`` the first call of round ``n`` takes ``s`` seconds instead (a call
 that is surely in flight when a test stops the daemon during that round); not when the round is
 run again after such a stop (its continuation says so), which answers at once.
@@ -86,7 +87,9 @@ def _worker(request: ModelRequest) -> Reply:
     if step == 0:
         if round_no == int(conf.get("hold_round", 0)) and RERUN not in text:
             delay = conf.get("hold", delay)
-        write = ToolCall("write_file", {"path": f"round{round_no}.txt", "content": f"round {round_no}\n"})
+        # With fail_round=n the write of round n aims outside the work directory: a failed tool call.
+        path = "../outside.txt" if round_no == int(conf.get("fail_round", 0)) else f"round{round_no}.txt"
+        write = ToolCall("write_file", {"path": path, "content": f"round {round_no}\n"})
         return Reply(text=f"Round {round_no}: writing round{round_no}.txt.", tool_calls=[write], delay=delay)
     if step == 1:
         if round_no >= rounds:

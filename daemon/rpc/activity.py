@@ -11,6 +11,9 @@ failed evaluation: the goal's ``memory.cause`` says which), a goal the engine ho
 holding the store is under its watermark: ``waiting_disk``, with the figures), and otherwise an
 idle session whose next round is being decided.
 
+In a cluster the answer also names the ``node`` whose lease holds the goal's session (``None``:
+none holds it now); on SQLite it has no ``node`` key.
+
 Why a goal stands where it stands is :func:`goals.why.why` (``why`` of the goal view and of this
 answer): derived from its current status and the event that caused it, never from the last error
 seen, so the reason of a goal that moved on is gone here as it is everywhere.
@@ -22,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent import AgentStatus, Event, SessionState
+from daemon.cluster import LeaseManager
 from daemon.ports import HostPort
 from daemon.rpc.context import runtime, scheduler
 from daemon.rpc.views import JsonObject, event_view, goal_view, verify_view
@@ -40,7 +44,11 @@ async def describe(host: HostPort, goal: Goal, n_events: int = 10) -> JsonObject
     provider = provider_of(goal, health)
     now = datetime.now(UTC)
     activity = activity_of(goal, st, provider, slots=_slots(health), held=_held(host, goal), now=now)
-    return describe_answer(goal, activity, provider, await _schedule(host, goal), recent, now)
+    answer = describe_answer(goal, activity, provider, await _schedule(host, goal), recent, now)
+    if isinstance(rt.leases, LeaseManager):
+        # In a cluster: the node whose lease holds the goal's session (None: none holds it now).
+        answer["node"] = (await rt.leases.holders([goal.session_id])).get(goal.session_id)
+    return answer
 
 
 def describe_answer(

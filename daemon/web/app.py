@@ -13,9 +13,10 @@ Choices, and why:
   (``"web": NAME`` where the socket records ``uid`` and ``pid``).
 - **Access** (:mod:`daemon.web.access`): a token for every request, a same-origin check and the
   CSRF token for every action; this module only names the guard as the application's middleware.
-- **Bounded work per request**: the goals table is paged after sorting, the timeline reads a page
-  of bands by sequence number (:mod:`daemon.web.timeline`), the burn-down chart is cached and
-  extended (:mod:`daemon.web.charts`), a band's conversation is read on demand with a cap.
+- **Bounded work per request**: the goals table is paged after sorting, the timeline is a page of
+  bands by sequence number (``goal/timeline``, :mod:`daemon.rpc.timeline`), the burn-down chart is
+  cached and extended (:mod:`daemon.web.charts`), a band's conversation is read on demand with a
+  cap (``session/events``). The goal page's node is ``goal/describe``'s.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from daemon.web.listen import describe
 from daemon.web.live import Streams, goal_stream, goals_stream
 from daemon.web.settings import WebSettings
 from daemon.web.system_view import daemon_page, schedules_page
-from daemon.web.timeline import bands_before, events_between
 from daemon.web.timeline_view import conversation as conversation_html
 from daemon.web.timeline_view import timeline_html, timeline_section
 from daemon.web.tokens import TokenFile
@@ -215,21 +215,14 @@ class WebService:
         """One goal: describe data, actions, chart, the newest bands of its timeline."""
         d = await self.call(request, "goal/describe", {"goalId": request.match_info["ref"], "events": 0})
         g = d["goal"]
-        rt = self._rt()
-        st = await rt.store.session_state(g["sessionId"])
-        tl = await rt.store.read(lambda conn: bands_before(conn, g["sessionId"], st.last_seq + 1, BANDS_PER_PAGE))
-        last = tl.bands[0].last_seq if tl.bands else 0
+        tl = await self.call(request, "goal/timeline", {"goalId": g["id"], "limit": BANDS_PER_PAGE})
         flash = request.query.get("done")
-        marked = dict(g)
-        await self._mark_nodes([marked])
-        if "node" in marked:
-            d = {**d, "node": marked["node"]}
         body = goal_page(
             d,
             timeline_section(g["id"], tl),
             csrf=token_of(request).csrf,
             read_only=token_of(request).read_only,
-            last_seq=last,
+            last_seq=int(tl.get("lastSeq") or 0),
             flash=f"{flash}: done" if flash else None,
         )
         return self._page(request, str(g.get("title")), body, "goal")
@@ -239,7 +232,7 @@ class WebService:
         g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
         before = query_int(request.query.get("before"), 2**62, minimum=1)
         count = query_int(request.query.get("limit"), BANDS_PER_PAGE, minimum=1, maximum=100)
-        tl = await self._rt().store.read(lambda conn: bands_before(conn, g["sessionId"], before, count))
+        tl = await self.call(request, "goal/timeline", {"goalId": g["id"], "before": before, "limit": count})
         html = timeline_html(g["id"], tl)
         if request.headers.get("X-Fragment"):
             return web.Response(text=html, content_type="text/html")
@@ -251,10 +244,11 @@ class WebService:
         g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
         after = query_int(request.query.get("after"), 0, minimum=0)
         upto = query_int(request.query.get("upto"), after + CONVERSATION_LIMIT, minimum=after)
-        events = await self._rt().store.read(
-            lambda conn: events_between(conn, g["sessionId"], after, upto, CONVERSATION_LIMIT)
+        limit = max(1, min(upto - after, CONVERSATION_LIMIT))
+        page = await self.call(
+            request, "session/events", {"sessionId": g["sessionId"], "afterSeq": after, "limit": limit}
         )
-        html = conversation_html(events)
+        html = conversation_html([e for e in page.get("events") or [] if int(e["seq"]) <= upto])
         if request.headers.get("X-Fragment"):
             return web.Response(text=html, content_type="text/html")
         return self._page(request, "Conversation", f"<h1>{h(g.get('title'))}: conversation</h1>{html}", "goal")
@@ -321,6 +315,7 @@ class WebService:
             backlog=self.settings.live_backlog,
             summary=summary,
             streams=self.streams,
+            goal_id=str(g["id"]),
         )
 
     async def act(self, request: web.Request) -> web.StreamResponse:

@@ -8,8 +8,12 @@ only the events since. The cache keeps at most ``MAX_POINTS`` points per goal (n
 merged as it fills: the chart stays as wide as the page, not as long as the goal) and at most
 ``MAX_GOALS`` goals, so its memory is bounded whatever runs.
 
-Drawn on the server (no chart library to ship): two polylines, tokens and cost, as the share of
-each budget that is left (or used, against the largest value, for a kind without a budget).
+Drawn on the server (no chart library to ship): two polylines, tokens and cost. With a budget the
+chart is a burn-down: each line is the share of its budget that is left, the axis in percent. A
+goal without any budget has nothing to run out of, so the chart is a usage chart instead: the lines
+rise with what was used, the axis reads in tokens (not percent of anything) and the heading says
+"used so far (no budget)"; a kind without a budget beside one with is drawn as usage and says
+so. A line that fell to the floor would look like a budget running out; only a budget's does.
 """
 
 from __future__ import annotations
@@ -125,28 +129,35 @@ def burn_svg(
         pts.append((t1, pts[-1][1]))
         return " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
 
-    tok = line([(t, n / top_tokens) for t, n, _ in series.points], max_tokens is not None)
-    cst = line([(t, c / top_cost) for t, _, c in series.points], max_cost is not None)
-    tok_label = f"tokens {series.tokens:,}" + (f" of {max_tokens:,}" if max_tokens else " (no budget)")
-    cost_label = f"cost {series.cost:.4f}" + (f" of {max_cost:g}" if max_cost else " (no budget)")
-    axis = "share of budget left" if (max_tokens or max_cost) else "share used"
+    tok = line([(t, n / top_tokens) for t, n, _ in series.points], bool(max_tokens))
+    cst = line([(t, c / top_cost) for t, _, c in series.points], bool(max_cost))
+    budget = bool(max_tokens or max_cost)
+    tok_label = f"tokens {series.tokens:,}" + (f" of {max_tokens:,}" if max_tokens else " used (no budget)")
+    cost_label = f"cost {series.cost:.4f}" + (f" of {max_cost:g}" if max_cost else " used (no budget)")
+    axis = "share of budget left" if budget else "used so far (no budget)"
+
+    def level(share: float) -> str:
+        # A burn-down's axis is the share left; a usage chart's is the tokens used.
+        return f"{int(share * 100)}%" if budget else f"{top_tokens * share:,.0f}"
+
     span = t1 - t0
     marks = [t0 + span * i / 4 for i in range(5)]
     ticks = "".join(f'<text x="{x(t):.1f}" y="{height - 10}" class="tick">{escape(_ago(t1 - t))}</text>' for t in marks)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}"'
-        ' role="img" aria-label="burn-down of tokens and cost" class="burn">'
+        f' role="img" aria-label="{"burn-down" if budget else "usage"} of tokens and cost" class="burn"'
+        f' data-mode="{"budget" if budget else "usage"}">'
         "<style>.tick{font:11px sans-serif;fill:#666;text-anchor:middle}.lab{font:12px sans-serif}"
         ".grid{stroke:#ddd;stroke-width:1}</style>"
         f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="#fafafa" stroke="#ccc"/>'
         + "".join(
             f'<line class="grid" x1="{pad_l}" x2="{pad_l + w}" y1="{y(s):.1f}" y2="{y(s):.1f}"/>'
-            f'<text x="{pad_l - 6}" y="{y(s) + 4:.1f}" class="tick" style="text-anchor:end">{int(s * 100)}%</text>'
+            f'<text x="{pad_l - 6}" y="{y(s) + 4:.1f}" class="tick" style="text-anchor:end">{level(s)}</text>'
             for s in (0.0, 0.5, 1.0)
         )
         + f'<polyline id="burn-tokens" points="{tok}" fill="none" stroke="#1f6feb" stroke-width="2"/>'
         f'<polyline id="burn-cost" points="{cst}" fill="none" stroke="#d97706" stroke-width="2"'
-        ' stroke-dasharray="5 3"/>'
+        f' stroke-dasharray="{"5 3" if max_cost or not budget else "1 3"}"/>'
         f'<text x="{pad_l}" y="16" class="lab" fill="#1f6feb">{escape(tok_label)}</text>'
         f'<text x="{pad_l + w / 2:.0f}" y="16" class="lab" fill="#d97706">{escape(cost_label)}</text>'
         f'<text x="{pad_l + w}" y="16" class="lab" style="text-anchor:end" fill="#666">{escape(axis)}</text>'

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.display import age, exit_text, provider_words, span, status_text, when
-from daemon.web.html import TOKENS, h, kv, used_text
+from daemon.display import exit_text, provider_words, span, status_text, when
+from daemon.web.html import TOKENS, h, kv, rel, used_text
 
 
 def actions(g: Mapping[str, Any], csrf: str, read_only: bool) -> str:
@@ -30,11 +30,17 @@ def actions(g: Mapping[str, Any], csrf: str, read_only: bool) -> str:
             f'<button id="btn-{action}" name="do" value="{action}"{dis}>{action}</button></form>'
         )
 
+    # A message runs on a live goal (a paused one may be resumed with it); an ended goal's session
+    # refuses one (-32002), so the page offers none (``goald send --reopen`` resumes it first).
+    live = status in ("active", "paused")
+    resume = '<label id="send-resume"><input type="checkbox" name="resume" value="1"> and resume</label>'
     send = (
-        f'<form method="post" action="/goals/{gid}/send" class="act send">{hidden}'
+        f'<form method="post" action="/goals/{gid}/send" class="act send" id="send-form">{hidden}'
         '<input name="text" id="send-text" placeholder="a message to the goal\'s agent" required size=40>'
-        '<label><input type="checkbox" name="resume" value="1"> and resume</label>'
-        '<button id="btn-send">send</button></form>'
+        + (resume if status == "paused" else "")
+        + '<button id="btn-send">send</button></form>'
+        if live
+        else f'<span class="note" id="send-none">{h(status)}: the goal takes no message</span>'
     )
     return (
         '<div class="actions" id="actions">'
@@ -53,13 +59,18 @@ def goal_page(
     g: Mapping[str, Any] = d.get("goal") or {}
     gid = str(g.get("id"))
     note = f'<p class="flash">{h(flash)}</p>' if flash else ""
+    b = g.get("budgets") or {}
+    budget = bool(b.get("maxTokensTotal") or b.get("maxCost"))
+    chart = "Burn-down" if budget else "Usage (no budget)"
+    alt = "tokens and cost left of the budget over time" if budget else "tokens and cost used over time"
     return (
         f'<article id="goal" data-goal="{h(gid)}" data-session="{h(g.get("sessionId"))}" data-last-seq="{last_seq}">'
         f"<h1>{h(g.get('title'))} <small>{h(g.get('key') or gid)}</small></h1>{note}"
         + actions(g, csrf, read_only)
         + kv(describe_rows(d))
-        + '<h2>Burn-down</h2><figure class="chart">'
-        f'<img id="burn" src="/goals/{h(gid)}/burn.svg" alt="tokens and cost left of the budget over time"'
+        + f"<h2>{chart}</h2>"
+        + '<figure class="chart">'
+        f'<img id="burn" src="/goals/{h(gid)}/burn.svg" alt="{alt}"'
         " width=720 height=240>"
         "</figure><h2>Timeline</h2>" + timeline + "</article>"
     )
@@ -72,7 +83,7 @@ def describe_rows(d: Mapping[str, Any]) -> list[tuple[str, str]]:
     verify = g.get("verify") or []
     results = _verification_results(g.get("lastVerification") or [])
     why = d.get("why") or (d.get("goal") or {}).get("why")
-    until = f" until {h(when(act['until']))} ({h(age(act['until']))})" if act.get("until") else ""
+    until = f" until {h(when(act['until']))} ({rel(act['until'])})" if act.get("until") else ""
     return [
         ("objective", f'<div class="objective">{h(g.get("objective"))}</div>'),
         ("status", f'<span id="goal-status" class="status st-{h(g.get("status"))}">{h(status_text(dict(g)))}</span>'),
@@ -85,7 +96,7 @@ def describe_rows(d: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("verification", "<br>".join(f"<code>$ {h(v.get('cmd'))}</code>" for v in verify) or "none (unverified)"),
         *([("last verification", results)] if results else []),
         *([("result", h(g.get("resultSummary")))] if g.get("resultSummary") else []),
-        ("created", h(f"{when(g.get('createdAt'))} ({age(g.get('createdAt'))})")),
+        ("created", f"{h(when(g.get('createdAt')))} ({rel(g.get('createdAt'))})"),
         ("session", f"<code>{h(g.get('sessionId'))}</code>"),
         *([("node", _node_text(d.get("node"), str(g.get("status"))))] if "node" in d else []),
     ]
@@ -117,7 +128,7 @@ def _budget_rows(g: Mapping[str, Any]) -> list[tuple[str, str]]:
             if b.get("maxWallSeconds")
             else []
         ),
-        *([("deadline", h(f"{when(b['deadline'])} ({age(b['deadline'])})"))] if b.get("deadline") else []),
+        *([("deadline", f"{h(when(b['deadline']))} ({rel(b['deadline'])})")] if b.get("deadline") else []),
         *_infra_rows(g),
     ]
 

@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from daemon.display import age
-from daemon.web.html import TOKENS, bar, h, status_cell
+from daemon.web.html import TOKENS, bar, h, rel, status_cell
 
 #: The order a goals table is sorted in: what needs a person first.
 ATTENTION = {"failed": 0, "paused": 1, "exhausted": 2, "active": 3, "completed": 4, "cancelled": 5}
@@ -69,7 +68,7 @@ def goal_row(g: Mapping[str, Any]) -> str:
         f'<tr data-goal="{h(gid)}" data-status="{h(g.get("status"))}">'
         f"<td>{status_cell(g)}</td><td>{h(g.get('key'))}</td>"
         f'<td><a href="/goals/{h(gid)}">{h(g.get("title"))}</a></td><td>{h(g.get("model"))}</td>'
-        f"{_node_cell(g)}<td>{h(rounds)}</td><td>{h(age(g.get('createdAt')))}</td><td>{h(age(last))}</td>"
+        f"{_node_cell(g)}<td>{h(rounds)}</td><td>{rel(g.get('createdAt'))}</td><td>{rel(last)}</td>"
         f"<td>{bar(float(g.get('tokens') or 0), b.get('maxTokensTotal'), TOKENS)}</td>"
         f"<td>{bar(float(g.get('cost') or 0.0), b.get('maxCost'), '{:.4f}')}</td></tr>"
     )

@@ -20,7 +20,7 @@ from html import escape
 from typing import Any
 
 from daemon import __version__
-from daemon.display import parse_time, status_text
+from daemon.display import age, parse_time, status_text
 
 #: How token counts and costs are written.
 TOKENS, COST = "{:,.0f}", "{:.4f}"
@@ -64,6 +64,15 @@ def bar(used: float, limit: float | None, fmt: str) -> str:
         f'<div class="bar {level}" title="{h(text)}"><span style="width:{share * 100:.1f}%"></span></div>'
         f'<span class="figure">{h(text)}</span>'
     )
+
+
+def rel(value: Any) -> str:
+    """A relative time (``3m ago``, ``in 1m20s``) that the page's script keeps current as time
+    passes (``time.rel``: the same words as :func:`daemon.display.age`), even in a row that does not move."""
+    dt = parse_time(value)
+    if dt is None:
+        return "-"
+    return f'<time class="rel" datetime="{h(dt.isoformat(timespec="milliseconds"))}">{h(age(dt))}</time>'
 
 
 def status_cell(g: Mapping[str, Any]) -> str:

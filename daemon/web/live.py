@@ -7,7 +7,10 @@ reconnects, which is exactly the subscription's resume point (``afterSeq``).
 
 One goal's stream: every event of its session after ``after`` (the page's newest entry, or the
 ``Last-Event-ID``), stored ones first, then live ones, each exactly once and in order, as the
-event hub promises; each is sent with its timeline entry rendered on the server. A ``goal``
+event hub promises; each is sent with its timeline entry rendered on the server and the frame of
+the band it belongs to (:func:`~daemon.web.timeline_view.band_html` of the band's fold, continued
+from the band the page shows last, :mod:`daemon.rpc.timeline`): a band added or grown live reads as
+it does after a reload, its counts and conversation link included. A ``goal``
 message (no ``id``, so it never moves the resume point) carries the goal's counters and status,
 at most twice a second.
 
@@ -29,8 +32,9 @@ from aiohttp import web
 from loguru import logger
 
 from agent import Event, EventHub, Store
-from daemon.web.timeline import Band, is_idle
-from daemon.web.timeline_view import band_summary, entry
+from daemon.rpc.timeline import Band, bands_before, is_idle
+from daemon.rpc.views import event_view
+from daemon.web.timeline_view import band_html, entry
 
 PING_SECONDS = 15.0
 SUMMARY_EVERY = 0.5
@@ -40,12 +44,29 @@ CLOSE_SECONDS = 5.0
 MOVES_GOAL = ("goal/", "status", "turn/end", "assistant/message", "model/", "context/compacted")
 
 
-def event_message(e: Event) -> bytes:
-    """One committed event as an SSE message (``id`` = its sequence number)."""
-    data: dict[str, Any] = {"seq": e.seq, "type": e.type, "html": entry(e), "idle": is_idle(e)}
-    if e.type == "message/admitted":
-        data["label"] = band_summary(Band(events=[e]))
-    return f"id: {e.seq}\nevent: ev\ndata: {json.dumps(data)}\n\n".encode()
+class BandTracker:
+    """The band the live page shows on top, folded event by event as the page read folds it."""
+
+    def __init__(self, goal_id: str, band: Band | None = None) -> None:
+        self.goal_id = goal_id
+        self.band = band if band is not None else Band()
+
+    def message(self, e: Event) -> bytes:
+        """One committed event as an SSE message (``id`` = its sequence number): its entry and the
+        frame of its band (summary, counts, conversation link), rendered as a reload renders them."""
+        if self.band.events and self.band.fold.begins_next(e):
+            self.band = Band()
+        self.band.events[:] = [e]  # the fold keeps the counts: one event is enough for the frame's bounds
+        self.band.fold.add(e)
+        frame = band_html(self.goal_id, self.band.fold.view(None))
+        data: dict[str, Any] = {
+            "seq": e.seq,
+            "type": e.type,
+            "html": entry({"seq": e.seq, **event_view(e)}),
+            "idle": is_idle(e),
+            "band": {"first": self.band.fold.first_seq, "html": frame},
+        }
+        return f"id: {e.seq}\nevent: ev\ndata: {json.dumps(data)}\n\n".encode()
 
 
 def named(event: str, data: Any) -> bytes:
@@ -95,26 +116,28 @@ async def _open(request: web.Request, streams: Streams) -> tuple[web.StreamRespo
     return resp, task
 
 
-async def _catch_up(resp: web.StreamResponse, store: Store, session_id: str, after: int) -> int:
+async def _catch_up(resp: web.StreamResponse, store: Store, session_id: str, after: int, bands: BandTracker) -> int:
     """Send the stored events after ``after``, a page at a time; the last sequence number sent."""
     last = after
     while True:
         page = await store.events_after(session_id, last, limit=500)
         for e in page:
-            await resp.write(event_message(e))
+            await resp.write(bands.message(e))
             last = e.seq
         if len(page) < 500:
             return last
 
 
-async def _forward(resp: web.StreamResponse, store: Store, session_id: str, last: int, e: Event) -> int:
+async def _forward(
+    resp: web.StreamResponse, store: Store, session_id: str, last: int, e: Event, bands: BandTracker
+) -> int:
     """Send a live event, and first any the subscription skipped (read from the store), so the page
     gets each event once and in order (``e`` is newer than ``last``); the last sequence number sent."""
     if e.seq != last + 1:
         for missed in await store.events_after(session_id, last, upto=e.seq - 1, limit=e.seq - last - 1):
-            await resp.write(event_message(missed))
+            await resp.write(bands.message(missed))
             last = missed.seq
-    await resp.write(event_message(e))
+    await resp.write(bands.message(e))
     return e.seq
 
 
@@ -128,13 +151,17 @@ async def goal_stream(
     backlog: int,
     summary: Callable[[], Awaitable[dict[str, Any]]],
     streams: Streams,
+    goal_id: str = "",
 ) -> web.StreamResponse:
     """Serve one goal's live stream until the client goes or the daemon stops."""
     resp, task = await _open(request, streams)
     sub = hub.open(session_id)  # before reading the store: nothing committed in between is missed
     try:
+        # The band the page shows last (the one that holds ``after``): live events continue it.
+        shown = await store.read(lambda conn: bands_before(conn, session_id, after + 1, 1)) if after else None
+        bands = BandTracker(goal_id, shown.bands[0] if shown is not None and shown.bands else None)
         await resp.write(b"retry: 1000\n\n")
-        last = await _catch_up(resp, store, session_id, after)
+        last = await _catch_up(resp, store, session_id, after, bands)
         await resp.write(named("goal", await summary()))
         await resp.write(named("caught-up", {"seq": last}))
         dirty_since: float | None = None
@@ -161,7 +188,7 @@ async def goal_stream(
                 continue
             if e.seq <= last:
                 continue
-            last = await _forward(resp, store, session_id, last, e)
+            last = await _forward(resp, store, session_id, last, e, bands)
             if e.type.startswith(MOVES_GOAL):
                 dirty_since = dirty_since or time.monotonic()
                 if sub.queue.empty() and time.monotonic() - sent_at >= SUMMARY_EVERY:

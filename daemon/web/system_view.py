@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from daemon.display import age, provider_words, span, when
-from daemon.web.html import h, kv
+from daemon.display import provider_words, span, when
+from daemon.web.html import h, kv, rel
 
 
 def schedules_page(schedules: list[dict[str, Any]], runs: Mapping[str, list[dict[str, Any]]]) -> str:
@@ -41,7 +40,7 @@ def schedules_page(schedules: list[dict[str, Any]], runs: Mapping[str, list[dict
         rows.append(
             f'<tr data-schedule="{h(s.get("id"))}"><td>{h(s.get("key") or s.get("id"))}</td>'
             f"<td><code>{h(trigger)}</code></td>"
-            f"<td>{h(local)} {h(zone)}<br><small>{h(age(nxt) if nxt else 'never')}</small></td>"
+            f"<td>{h(local)} {h(zone)}<br><small>{rel(nxt) if nxt else 'never'}</small></td>"
             f"<td><ol class=runs>{last or '<li>none yet</li>'}</ol></td></tr>"
         )
     return (
@@ -86,7 +85,7 @@ def daemon_page(health: Mapping[str, Any], *, loop_lag: float, live_pages: int) 
         "databaseBytes",
         "databasePath",
     }
-    rest = [(h(k), f"<code>{h(json.dumps(v, default=str)[:300])}</code>") for k, v in health.items() if k not in shown]
+    rest = [(h(k), h(plain(v)[:300])) for k, v in health.items() if k not in shown]
     return (
         "<h1>Daemon</h1>"
         + kv(main_rows)
@@ -100,6 +99,21 @@ def daemon_page(health: Mapping[str, Any], *, loop_lag: float, live_pages: int) 
         + "<h2>Everything else</h2>"
         + kv(rest)
     )
+
+
+def plain(value: Any) -> str:
+    """A health field in plain words, never raw JSON: ``none`` for null, ``yes``/``no`` for a
+    boolean, ``key: value`` pairs for an object (``{"ok": true}`` reads ``ok: yes``), a list comma
+    separated."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {plain(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(plain(v) for v in value) or "none"
+    return str(value)
 
 
 def _slots(health: Mapping[str, Any]) -> str:

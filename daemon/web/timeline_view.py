@@ -1,112 +1,109 @@
-"""A goal's timeline as HTML: each event an entry, each band (see :mod:`daemon.web.timeline`) with
-its one-line summary, paged by a link to the older bands, and a band's conversation in full."""
+"""A goal's timeline as HTML, from ``goal/timeline``'s answer: each event an entry, each band
+(see :mod:`daemon.rpc.timeline`) with its one-line summary and the link to its conversation, paged
+by a link to the older bands, and a band's conversation in full.
+
+The live page renders with the same functions: a band it adds or changes is :func:`band_html`
+of the same fold (:class:`~daemon.rpc.timeline.BandFold`), so it reads as it would after a reload.
+Events arrive as the protocol shows them (``{seq, type, data, at}``, ``data`` as stored) and are
+read through their typed payloads (a stored ``isError`` is the payload's ``is_error``).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from agent import Event
-from daemon.display import describe_event, reason_text, when, who
+from agent import ToolResult, parse_payload
+from daemon.display import describe_event, when, who
 from daemon.web.html import h
-from daemon.web.timeline import Band, TimelinePage
 
 
-def entry(e: Event) -> str:
-    """One event as a timeline entry."""
-    d = e.data
-    cls = e.type.replace("/", "-")
+def failed_tool(kind: str, data: dict[str, Any]) -> bool:
+    """Whether an event is a tool call that failed (read through the typed payload)."""
+    if kind != "tool/result":
+        return False
+    payload = parse_payload(kind, data)
+    return isinstance(payload, ToolResult) and payload.is_error
+
+
+def entry(ev: Mapping[str, Any]) -> str:
+    """One event (``{seq, type, data, at}``) as a timeline entry."""
+    kind, d = str(ev.get("type")), dict(ev.get("data") or {})
+    cls = kind.replace("/", "-")
     tone = ""
-    if (e.type == "tool/result" and d.get("is_error")) or e.type == "model/error":
+    text = describe_event(kind, d)
+    if failed_tool(kind, d):
+        tone = " bad failed"
+        text = "failed · " + text
+    elif kind == "model/error":
         tone = " bad"
-    elif e.type == "goal/verified":
+    elif kind == "goal/verified":
         tone = " good" if d.get("passed") else " bad"
-    elif e.type == "turn/end" and d.get("reason") not in ("end_turn", None):
+    elif kind == "turn/end" and d.get("reason") not in ("end_turn", None):
         tone = " warn"
-    text = describe_event(e.type, d)
-    if e.type == "model/error" and d.get("retrying"):
+    if kind == "model/error" and d.get("retrying"):
         text += " (retrying)"
-    if e.type == "message/admitted" and "no progress" in json.dumps(d.get("content") or "")[:4000].lower():
+    if kind == "message/admitted" and "no progress" in json.dumps(d.get("content") or "")[:4000].lower():
         tone = " warn"
         text = "stall warning · " + text
     by = (
         who(d.get("source") or d)
-        if e.type in ("message/queued", "message/admitted", "goal/changed", "goal/edited")
+        if kind in ("message/queued", "message/admitted", "goal/changed", "goal/edited")
         else ""
     )
     by_html = f' <span class="by">by {h(by)}</span>' if by else ""
+    at = ev.get("at")
     return (
-        f'<li class="ev {h(cls)}{tone}" data-seq="{e.seq}"><span class="seq">{e.seq}</span>'
-        f'<time datetime="{h(e.at)}">{h(when(e.at))}</time> {h(text[:400])}{by_html}</li>'
+        f'<li class="ev {h(cls)}{tone}" data-seq="{h(ev.get("seq"))}"><span class="seq">{h(ev.get("seq"))}</span>'
+        f'<time datetime="{h(at)}">{h(when(at))}</time> {h(text[:400])}{by_html}</li>'
     )
 
 
-def band_summary(band: Band) -> str:
-    """A band's one-line summary: what caused it, turns, tool calls and their outcome, errors, verification."""
-    turns = sum(1 for e in band.events if e.type == "turn/start")
-    tools = [e for e in band.events if e.type == "tool/result"]
-    failed = sum(1 for e in tools if e.data.get("is_error"))
-    errors = sum(1 for e in band.events if e.type == "model/error")
-    parts = [band.label]
-    if turns:
-        parts.append(f"{turns} turn(s)")
-    if tools:
-        parts.append(f"{len(tools)} tool call(s)" + (f", {failed} failed" if failed else ""))
-    if errors:
-        parts.append(f"{errors} model error(s)")
-    for e in band.events:
-        if e.type == "goal/verified":
-            parts.append("verification " + ("passed" if e.data.get("passed") else "refused"))
-        elif e.type == "goal/changed":
-            by = who(e.data)
-            parts.append(
-                f"→ {e.data.get('status')}"
-                + (f" ({reason_text(e.data.get('reason'))})" if e.data.get("reason") else "")
-                + (f" by {by}" if by else "")
-            )
-    if band.open:
-        parts.append("running")
-    return " · ".join(parts)
-
-
-def band_html(gid: str, band: Band) -> str:
-    """One band: its summary, entries, and a link to its conversation (loaded on demand)."""
-    entries = "".join(entry(e) for e in band.events)
-    conv = f"/goals/{h(gid)}/conversation?after={band.first_seq - 1}&upto={band.last_seq}"
-    opened = " open" if band.open else ""
+def band_html(gid: str, band: Mapping[str, Any], *, expand: bool = False) -> str:
+    """One band (as ``goal/timeline`` answers it): its summary, entries, and a link to its
+    conversation (loaded on demand); shown expanded while it runs, or with ``expand``. Without
+    ``events`` it is the band's frame the live page adds or updates."""
+    entries = "".join(entry(e) for e in band.get("events") or [])
+    first, last = int(band["firstSeq"]), int(band["lastSeq"])
+    conv = f"/goals/{h(gid)}/conversation?after={first - 1}&upto={last}"
+    running = bool(band.get("open"))
     return (
-        f'<details class="band" data-first="{band.first_seq}" data-last="{band.last_seq}"'
-        f' data-open="{"1" if band.open else "0"}"{opened}><summary>{h(band_summary(band))}</summary>'
+        f'<details class="band" data-first="{first}" data-last="{last}"'
+        f' data-open="{"1" if running else "0"}"{" open" if running or expand else ""}>'
+        f"<summary>{h(band.get('summary'))}</summary>"
         f'<ol class="entries">{entries}</ol><a class="conv" href="{conv}">the conversation</a>'
         '<div class="conv-body"></div></details>'
     )
 
 
-def timeline_html(gid: str, page: TimelinePage) -> str:
-    """A page of bands, and the link to the older ones."""
-    bands = "".join(band_html(gid, b) for b in page.bands)
+def timeline_html(gid: str, page: Mapping[str, Any], *, newest: bool = False) -> str:
+    """A page of bands (``goal/timeline``'s answer), and the link to the older ones; with
+    ``newest`` (the goal page's first page) the newest band is shown expanded."""
+    bands = "".join(band_html(gid, b, expand=newest and i == 0) for i, b in enumerate(page.get("bands") or []))
+    before = page.get("before")
     older = (
-        f'<a id="older" class="older" href="/goals/{h(gid)}/timeline?before={page.before}">older rounds</a>'
-        if page.before is not None
+        f'<a id="older" class="older" href="/goals/{h(gid)}/timeline?before={h(before)}">older rounds</a>'
+        if before is not None
         else '<p class="start">the start of the kept history</p>'
     )
     return f'<div class="bands">{bands}</div>{older}'
 
 
-def timeline_section(gid: str, page: TimelinePage) -> str:
+def timeline_section(gid: str, page: Mapping[str, Any]) -> str:
     """The timeline as it first appears on a goal's page."""
-    empty = "" if page.bands else '<p class="empty">No events yet.</p>'
-    return f'<section id="timeline">{empty}{timeline_html(gid, page)}</section>'
+    empty = "" if page.get("bands") else '<p class="empty">No events yet.</p>'
+    return f'<section id="timeline">{empty}{timeline_html(gid, page, newest=True)}</section>'
 
 
-def conversation(events: list[Event]) -> str:
+def conversation(events: list[Mapping[str, Any]]) -> str:
     """A band's conversation in full: messages, answers, tool calls with their input and results."""
     out = []
-    for e in events:
-        d = e.data
-        if e.type == "message/admitted":
+    for ev in events:
+        kind, d = str(ev.get("type")), dict(ev.get("data") or {})
+        if kind == "message/admitted":
             out.append(f'<div class="msg user"><b>in</b> <pre>{h(_text(d.get("content")))}</pre></div>')
-        elif e.type == "assistant/message":
+        elif kind == "assistant/message":
             body = _text(d.get("content"))
             calls = "".join(
                 f"<div class=call>calls <code>{h(c.get('name'))}</code>"
@@ -115,14 +112,15 @@ def conversation(events: list[Event]) -> str:
                 if isinstance(c, dict) and c.get("type") == "tool_use"
             )
             out.append(f'<div class="msg model"><b>model</b> <pre>{h(body)}</pre>{calls}</div>')
-        elif e.type == "tool/result":
-            tone = " bad" if d.get("is_error") else ""
+        elif kind == "tool/result":
+            failed = failed_tool(kind, d)
             out.append(
-                f'<div class="msg tool{tone}"><b>{h(d.get("name"))}</b>'
-                f" <pre>{h(str(d.get('content') or '')[:4000])}</pre></div>"
+                f'<div class="msg tool{" bad failed" if failed else ""}"><b>{h(d.get("name"))}</b>'
+                + (" <span class=failed>failed</span>" if failed else "")
+                + f" <pre>{h(str(d.get('content') or '')[:4000])}</pre></div>"
             )
-        elif e.type in ("model/error", "goal/verified", "goal/changed", "goal/claim", "goal/blocked", "goal/progress"):
-            out.append(f'<div class="msg note">{h(describe_event(e.type, d))}</div>')
+        elif kind in ("model/error", "goal/verified", "goal/changed", "goal/claim", "goal/blocked", "goal/progress"):
+            out.append(f'<div class="msg note">{h(describe_event(kind, d))}</div>')
     return '<div class="conversation">' + ("".join(out) or "<p>No messages in this band.</p>") + "</div>"
 
 

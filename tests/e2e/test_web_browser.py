@@ -112,6 +112,21 @@ def seqs(driver: Any) -> list[int]:
     ]
 
 
+def bands_of(driver: Any) -> list[dict[str, Any]]:
+    """Each band of the timeline as the page shows it: its attributes, summary (``textContent``: a
+    collapsed band's too), conversation link and entries (sequence number and text)."""
+    return list(
+        driver.execute_script(
+            "return Array.from(document.querySelectorAll('#timeline details.band')).map(b => ({"
+            " first: b.dataset.first, last: b.dataset.last, open: b.dataset.open,"
+            " summary: b.querySelector('summary').textContent,"
+            " conv: (b.querySelector('a.conv') || {getAttribute: () => null}).getAttribute('href'),"
+            " entries: Array.from(b.querySelectorAll('li.ev')).map(e => [e.dataset.seq, e.textContent,"
+            " e.className])}))"
+        )
+    )
+
+
 def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: Any) -> None:
     port = free_port()
     d, token = start(tmp_path, port)
@@ -125,12 +140,18 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         paused = add_goal(d, "Pause me [rounds=300 delay=0.05]", "--max-tokens", "5000000", "--title", "to pause")
         running = add_goal(d, "Keep going [rounds=300 delay=0.4]", "--max-tokens", "9000000", "--title", "runner")
         cancelled = add_goal(d, "Cancel me [rounds=300 delay=0.4]", "--title", "to cancel")
+        # Claims every round, each refused by its verification (paused unverified at the third); its
+        # first round's write aims outside the work directory (a failed tool call).
+        refused = add_goal(
+            d, "Claim at once [rounds=1 delay=0.01 fail_round=1]", "--verify", "test -f never.txt", "--title", "refused"
+        )
         asyncio.run(wait_goal(d.socket_path, done, {"completed"}))
         asyncio.run(wait_goal(d.socket_path, exhausted, {"exhausted"}))
         d.calls.wait("worker round=3", 60)  # the goal to pause has done some rounds (a chart to draw)
         assert d.cli("goal", "pause", paused).returncode == 0
         assert d.cli("goal", "cancel", cancelled).returncode == 0
         asyncio.run(wait_goal(d.socket_path, paused, {"paused"}))
+        asyncio.run(wait_goal(d.socket_path, refused, {"paused"}))
         wait = waiter(browser, 30)
 
         # The goals table: each goal with its status and reason, as `goald` words them.
@@ -144,6 +165,15 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         order = row_order(browser)
         assert order.index(paused) < order.index(running) < order.index(done)  # attention first
         browser.save_screenshot(str(shots / "goals.png"))
+        # A relative time advances in a row that does not move (the completed goal's "age"): the same
+        # row element, its text moved on by the page's ticker.
+        browser.execute_script('document.querySelector(`tr[data-goal="${arguments[0]}"]`).dataset.marked = "1"', done)
+        aged = row_cell(browser, done, "td:nth-child(6)")
+        assert aged.endswith(" ago") or aged == "now", aged
+        wait.until(lambda b: row_cell(b, done, "td:nth-child(6)") != aged)
+        assert browser.execute_script(
+            'return document.querySelector(`tr[data-goal="${arguments[0]}"]`).dataset.marked === "1"', done
+        ), "the row was replaced: the time moved with it, not by itself"
         # The table is live too: the running goal's row is re-rendered as its rounds go by, no reload.
         browser.execute_script("window.__table_page = true")
         wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
@@ -156,7 +186,7 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         assert browser.execute_script("return window.__table_page === true")
         browser.get(f"http://127.0.0.1:{port}/?status=paused")
         wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table#goals tbody tr"))
-        assert row_order(browser) == [paused]
+        assert sorted(row_order(browser)) == sorted([paused, refused])
 
         # A paused goal: its burn-down chart (drawn) and its timeline of rounds.
         browser.get(f"http://127.0.0.1:{port}/goals/{paused}")
@@ -176,12 +206,51 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         wait.until(lambda b: first.find_elements(By.CSS_SELECTOR, ".conversation .msg"))
         browser.save_screenshot(str(shots / "goal-paused.png"))
 
+        # The paused goal (a budget): a burn-down; it offers "send" with "and resume".
+        assert browser.find_elements(By.ID, "send-resume")
+        assert browser.find_element(By.CSS_SELECTOR, "#goal h2").text == "Burn-down"
+
+        # A completed goal at rest: its top band is not running, it takes no message (no "send ...
+        # and resume"), and without a budget its chart reads as usage, not as a budget running out.
+        browser.get(f"http://127.0.0.1:{port}/goals/{done}")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#timeline details.band"))
+        top = bands_of(browser)[0]
+        assert top["open"] == "0" and not top["summary"].endswith("running"), top
+        assert "→ completed" in top["summary"] and top["summary"].startswith("round 1"), top
+        assert not browser.find_elements(By.ID, "send-form") and not browser.find_elements(By.ID, "send-resume")
+        assert "takes no message" in browser.find_element(By.ID, "send-none").text
+        assert browser.find_element(By.CSS_SELECTOR, "#goal h2").text == "Usage (no budget)"
+        browser.get(f"http://127.0.0.1:{port}/goals/{done}/burn.svg")
+        svg = browser.page_source
+        assert 'data-mode="usage"' in svg and "used so far (no budget)" in svg and "%" not in svg
+
+        # A refused verification is on the band of the round whose claim it refused, and a failed
+        # tool call is marked, in its entry and in its band's counts.
+        browser.get(f"http://127.0.0.1:{port}/goals/{refused}")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#timeline details.band"))
+        bands = bands_of(browser)
+        rounds = [b for b in bands if b["summary"].startswith("round ")]
+        assert len(rounds) == 3, bands
+        for band in rounds:
+            kinds = [cls.split()[1] for _seq, _text, cls in band["entries"]]
+            assert kinds.count("goal-claim") == 1 and kinds.count("goal-verified") == 1, band
+            assert kinds.index("goal-claim") < kinds.index("goal-verified"), band
+            assert "verification refused" in band["summary"], band
+        assert bands[0]["open"] == "0" and "→ paused" in bands[0]["summary"], bands[0]  # at rest
+        first_round = rounds[-1]
+        assert first_round["summary"].startswith("round 1 ") and "1 failed" in first_round["summary"], first_round
+        failed = [text for _seq, text, cls in first_round["entries"] if "failed" in cls.split()]
+        assert len(failed) == 1 and "failed · tool write_file" in failed[0], first_round
+        assert all("failed" not in cls.split() for b in rounds[:-1] for _s, _t, cls in b["entries"])
+        assert all("failed" not in b["summary"] for b in rounds[:-1])
+
         # A running goal: new events appear without a reload; pause changes the status in place.
         browser.get(f"http://127.0.0.1:{port}/goals/{running}")
         wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
         browser.execute_script("window.__same_page = true")
         shown = int(browser.find_element(By.ID, "goal").get_attribute("data-last-seq"))
         wait.until(lambda b: max(seqs(b)) > shown)
+        assert browser.find_elements(By.ID, "send-form") and not browser.find_elements(By.ID, "send-resume")
         browser.find_element(By.ID, "btn-pause").click()
         waiter(browser, 60).until(lambda b: b.find_element(By.ID, "goal-status").text == "paused (by request)")
         assert browser.execute_script("return window.__same_page === true")  # no reload happened
@@ -215,7 +284,10 @@ def test_goals_table_goal_page_live_pause_and_events(tmp_path: Path, browser: An
         browser.save_screenshot(str(shots / "schedules.png"))
         browser.get(f"http://127.0.0.1:{port}/daemon")
         wait.until(lambda b: b.find_elements(By.ID, "loop-lag"))
-        assert "serving" in browser.find_element(By.TAG_NAME, "main").text
+        main = browser.find_element(By.TAG_NAME, "main").text
+        assert "serving" in main
+        # Plain words, never raw JSON (no null, no {"ok": true}).
+        assert "null" not in main and "{" not in main and '"' not in main and "true" not in main, main
         browser.save_screenshot(str(shots / "daemon.png"))
         assert sorted(p.name for p in shots.iterdir()) == [
             "daemon.png",
@@ -239,6 +311,7 @@ def test_a_page_open_across_a_restart_resumes_from_the_right_sequence_number(tmp
         wait.until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "1")
         browser.execute_script("window.__same_page = true")
         before = max(seqs(browser))
+        at_load = max(int(b["first"]) for b in bands_of(browser))
         wait.until(lambda b: max(seqs(b)) > before)  # live before the restart
 
         assert d.terminate() == 0
@@ -259,6 +332,17 @@ def test_a_page_open_across_a_restart_resumes_from_the_right_sequence_number(tmp
         assert sorted(shown) == list(range(min(shown), last + 1)), "a timeline entry is missing"
         assert max(s for s in shown if s <= at_stop) == at_stop and last > at_stop  # resumed past the restart
         assert browser.execute_script("return window.__same_page === true")
+        # Every band as the live page built it reads as it does after a reload (counts, conversation
+        # link, entries), bands added live included; the goal at rest has no band "running".
+        live = {b["first"]: b for b in bands_of(browser)}
+        assert int(max(live, key=int)) > at_load, "no band was added live"
+        assert not any(b["summary"].endswith("running") or b["open"] == "1" for b in live.values())
+        browser.refresh()
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#timeline details.band"))
+        reloaded = bands_of(browser)
+        assert len(reloaded) >= 3
+        for band in reloaded:
+            assert live[band["first"]] == band, (live[band["first"]], band)
         browser.save_screenshot(str(tmp_path / "after-restart.png"))
     finally:
         d.close()

@@ -22,6 +22,16 @@
       var b = document.getElementById("btn-" + k);
       if (b) b.disabled = !enable[k];
     });
+    // An ended goal takes no message; only a paused one is resumed with it.
+    var live = s.status === "active" || s.status === "paused";
+    var form = document.getElementById("send-form");
+    if (form) form.hidden = !live;
+    var resume = document.getElementById("send-resume");
+    if (resume) {
+      resume.hidden = s.status !== "paused";
+      var box = resume.querySelector("input");
+      if (box && s.status !== "paused") box.checked = false;
+    }
     refreshChart(false);
   }
 
@@ -66,36 +76,30 @@
 
   function bandsBox() { return document.querySelector("#timeline .bands"); }
 
+  // A live event: its entry, in the band the server says it belongs to. The band's frame (summary
+  // with its counts, data attributes, the conversation link) is rendered on the server by the same
+  // function as a reloaded page's, so a band added or grown live reads as it does after a reload.
   function addEntry(d) {
     var box = bandsBox();
-    if (!box) return;
+    if (!box || !d.band) return;
     var empty = document.querySelector("#timeline .empty");
     if (empty) empty.remove();
-    var top = box.firstElementChild;
-    if (!top || top.dataset.open !== "1") {
-      top = document.createElement("details");
-      top.className = "band";
-      top.open = true;
-      top.dataset.open = "1";
-      top.dataset.first = d.seq;
-      var sum = document.createElement("summary");
-      sum.textContent = d.label || "new interval · running";
-      top.appendChild(sum);
-      var ol = document.createElement("ol");
-      ol.className = "entries";
-      top.appendChild(ol);
-      box.insertBefore(top, box.firstChild);
-    } else if (d.label && top.dataset.labelled !== "1") {
-      top.querySelector("summary").textContent = d.label + " · running";
+    var tmp = document.createElement("div");
+    tmp.innerHTML = d.band.html;
+    var fresh = tmp.firstElementChild;
+    var band = box.querySelector('details.band[data-first="' + d.band.first + '"]');
+    if (!band) {
+      band = fresh;
+      band.open = true; // the newest band is shown expanded, as on a reloaded page
+      box.insertBefore(band, box.firstChild);
+    } else {
+      band.dataset.last = fresh.dataset.last;
+      band.dataset.open = fresh.dataset.open;
+      band.querySelector("summary").textContent = fresh.querySelector("summary").textContent;
+      var conv = band.querySelector("a.conv"), conv2 = fresh.querySelector("a.conv");
+      if (conv && conv2) conv.setAttribute("href", conv2.getAttribute("href"));
     }
-    if (d.label) top.dataset.labelled = "1";
-    top.querySelector("ol.entries").insertAdjacentHTML("beforeend", d.html);
-    top.dataset.last = d.seq;
-    if (d.idle) {
-      top.dataset.open = "0";
-      var s = top.querySelector("summary");
-      s.textContent = s.textContent.replace(/ · running$/, "");
-    }
+    band.querySelector("ol.entries").insertAdjacentHTML("beforeend", d.html);
     trim(box);
   }
 
@@ -168,6 +172,34 @@
     };
     connectTable();
   }
+
+  // Relative times ("3s ago", "in 1m20s") keep moving, in rows that do not: the same words as the
+  // server's (daemon.display.age and span), from each time's datetime attribute, every second.
+  function span(s) {
+    s = Math.floor(Math.abs(s));
+    if (s < 60) return s + "s";
+    var m = Math.floor(s / 60), sec = s % 60;
+    if (m < 10) return sec ? m + "m" + (sec < 10 ? "0" : "") + sec + "s" : m + "m";
+    if (m < 60) return m + "m";
+    var h = Math.floor(m / 60); m = m % 60;
+    if (h < 24) return m ? h + "h" + (m < 10 ? "0" : "") + m + "m" : h + "h";
+    var dd = Math.floor(h / 24); h = h % 24;
+    return h ? dd + "d" + h + "h" : dd + "d";
+  }
+  function age(iso) {
+    var t = Date.parse(iso);
+    if (isNaN(t)) return null;
+    var delta = (Date.now() - t) / 1000;
+    if (Math.abs(delta) < 1) return "now";
+    return delta > 0 ? span(delta) + " ago" : "in " + span(delta);
+  }
+  function tick() {
+    document.querySelectorAll("time.rel").forEach(function (el) {
+      var text = age(el.getAttribute("datetime"));
+      if (text !== null && el.textContent !== text) el.textContent = text;
+    });
+  }
+  setInterval(tick, 1000);
 
   // Older rounds and a band's conversation, loaded in place.
   document.addEventListener("click", function (ev) {
