@@ -11,8 +11,8 @@ failed evaluation: the goal's ``memory.cause`` says which), a goal the engine ho
 holding the store is under its watermark: ``waiting_disk``, with the figures), and otherwise an
 idle session whose next round is being decided.
 
-In a cluster the answer also names the ``node`` whose lease holds the goal's session (``None``:
-none holds it now); on SQLite it has no ``node`` key.
+In a cluster the answer (and each goal of ``goal/list``) also names the ``node`` whose lease holds
+the goal's session (``None``: none holds it now); on SQLite there is no ``node`` key.
 
 Why a goal stands where it stands is :func:`goals.why.why` (``why`` of the goal view and of this
 answer): derived from its current status and the event that caused it, never from the last error
@@ -45,10 +45,20 @@ async def describe(host: HostPort, goal: Goal, n_events: int = 10) -> JsonObject
     now = datetime.now(UTC)
     activity = activity_of(goal, st, provider, slots=_slots(health), held=_held(host, goal), now=now)
     answer = describe_answer(goal, activity, provider, await _schedule(host, goal), recent, now)
-    if isinstance(rt.leases, LeaseManager):
-        # In a cluster: the node whose lease holds the goal's session (None: none holds it now).
-        answer["node"] = (await rt.leases.holders([goal.session_id])).get(goal.session_id)
+    held = await nodes(host, [goal])
+    if held is not None:
+        answer["node"] = held[goal.id]
     return answer
+
+
+async def nodes(host: HostPort, goals: list[Goal]) -> dict[str, str | None] | None:
+    """In a cluster, the name of the node whose lease holds each goal's session, by goal id
+    (``None``: no node holds it now); on SQLite ``None`` (there are no nodes)."""
+    leases = runtime(host).leases
+    if not isinstance(leases, LeaseManager):
+        return None
+    held = await leases.holders([g.session_id for g in goals]) if goals else {}
+    return {g.id: held.get(g.session_id) for g in goals}
 
 
 def describe_answer(

@@ -15,7 +15,7 @@ import os
 from typing import TypedDict
 
 from daemon.checks import check_goal_input
-from daemon.rpc.activity import activities, describe
+from daemon.rpc.activity import activities, describe, nodes
 from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
 from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalResume, GoalResumeAll, GoalUpdate
 from daemon.rpc.protocol import Dispatcher, Peer
@@ -141,7 +141,13 @@ def register(d: Dispatcher, host: HostPort) -> None:
         schedule_id = (await scheduler(host).get(p.schedule)).id if p.schedule is not None else None
         goals = await engine(host).list_goals(p.status, schedule_id=schedule_id, since=p.since)
         doing = await activities(host, goals)
-        return {"goals": [{**goal_view(g), "activity": doing[g.id]} for g in goals]}
+        held = await nodes(host, goals)  # in a cluster: each goal's node
+        return {
+            "goals": [
+                {**goal_view(g), "activity": doing[g.id], **({"node": held[g.id]} if held is not None else {})}
+                for g in goals
+            ]
+        }
 
     @d.method("goal/get", GoalRef)
     async def goal_get(p: GoalRef, peer: Peer) -> JsonObject:

@@ -32,8 +32,6 @@ from aiohttp import web
 from loguru import logger
 
 from agent import Runtime
-from agent.db import pg_errors
-from daemon.cluster import LeaseManager
 from daemon.display import status_text
 from daemon.metrics import LoopLag
 from daemon.ports import HostPort
@@ -159,20 +157,6 @@ class WebService:
             raise Refused(503, "Unavailable", "the daemon is not serving")
         return self.host.rt
 
-    async def _mark_nodes(self, goals: list[dict[str, Any]]) -> None:
-        """In a cluster, set each goal's ``node``: the name of the node whose lease holds its session
-        (``None``: no node holds it now); on SQLite leave the goals as they are (no node column)."""
-        leases = self.host.rt.leases if self.host.rt is not None else None
-        if not isinstance(leases, LeaseManager) or not goals:
-            return
-        try:
-            held = await leases.holders([str(g["sessionId"]) for g in goals if g.get("sessionId")])
-        except pg_errors() as exc:  # the database is unreachable: "storage" on the daemon page says so
-            logger.debug("status page: the goals' nodes are unknown ({})", exc)
-            held = {}
-        for g in goals:
-            g["node"] = held.get(str(g.get("sessionId")))
-
     def _page(self, request: web.Request, title: str, body: str, page: str, extra: str = "") -> web.Response:
         token = token_of(request)
         html = layout(title, body, page=page, token=token.name, read_only=token.read_only, csrf=token.csrf, extra=extra)
@@ -188,8 +172,7 @@ class WebService:
         params = {k: v for k, v in (("status", status), ("schedule", schedule)) if v}
         listing = await self.call(request, "goal/list", params)
         ordered = attention_order(list(listing.get("goals") or []))
-        shown = ordered[(page - 1) * PER_PAGE : page * PER_PAGE]
-        await self._mark_nodes(shown)
+        shown = ordered[(page - 1) * PER_PAGE : page * PER_PAGE]  # in a cluster each has its node
         body = goals_page(shown, status=status, schedule=schedule, page=page, per_page=PER_PAGE, total=len(ordered))
         return self._page(request, "Goals", body, "goals")
 
@@ -202,11 +185,11 @@ class WebService:
 
         async def row(goal_id: str) -> str | None:
             try:
-                g = await self.call(request, "goal/get", {"goalId": goal_id})
+                d = await self.call(request, "goal/describe", {"goalId": goal_id, "events": 0})
             except Refused:
                 return None  # deleted since
+            g = {**d["goal"], **({"node": d["node"]} if "node" in d else {})}  # in a cluster, its node
             sessions.setdefault(str(g.get("sessionId")), goal_id)
-            await self._mark_nodes([g])
             return goal_row(g)
 
         return await goals_stream(request, hub=self._rt().store.hub, sessions=sessions, row=row, streams=self.streams)

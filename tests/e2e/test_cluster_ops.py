@@ -330,7 +330,9 @@ async def test_the_status_page_shows_the_node_of_each_goal(cluster: Cluster, pg_
     status, body = await asyncio.to_thread(_get, port, f"/goals/{gid}", token)
     assert status == 200, body
     assert '<span id="goal-node">n1</span>' in body, body
-    # The page's node is goal/describe's (what the CLI can read too), asked of either node.
+    # The page's node is goal/describe's and goal/list's (what the CLI can read too), asked of either node.
     for d in (a, b):
         assert (await rpc(d.socket_path, "goal/describe", {"goalId": gid, "events": 0}))["node"] == "n1"
+        (listed,) = (await rpc(d.socket_path, "goal/list", {}))["goals"]
+        assert listed["node"] == "n1"
     await rpc(a.socket_path, "goal/cancel", {"goalId": gid})
