@@ -109,7 +109,18 @@ def _dotted(node: ast.expr) -> str | None:
 
 
 def _walk(node: ast.AST) -> Iterator[ast.AST]:
-    """Every node under ``node`` except nested function and class bodies and docstring statements."""
+    """Every node under ``node`` except nested function and class bodies and docstring statements.
+
+    The checker asks this of a node and again of each statement around it (hundreds of thousands of
+    times over the production code); the trees are never changed, so each node keeps its answer."""
+    walked: tuple[ast.AST, ...] | None = node.__dict__.get("_i11_walked")
+    if walked is None:
+        walked = tuple(_walk_once(node))
+        node.__dict__["_i11_walked"] = walked
+    return iter(walked)
+
+
+def _walk_once(node: ast.AST) -> Iterator[ast.AST]:
     stack = [node]
     while stack:
         cur = stack.pop()
@@ -125,7 +136,15 @@ def _walk(node: ast.AST) -> Iterator[ast.AST]:
 
 
 def _plain_kinds(node: ast.AST) -> set[str]:
-    """Reference kinds spelled out in ``node`` itself (no taint)."""
+    """Reference kinds spelled out in ``node`` itself (no taint); kept on the node, as :func:`_walk`."""
+    found: frozenset[str] | None = node.__dict__.get("_i11_kinds")
+    if found is None:
+        found = frozenset(_plain_kinds_once(node))
+        node.__dict__["_i11_kinds"] = found
+    return set(found)
+
+
+def _plain_kinds_once(node: ast.AST) -> set[str]:
     kinds: set[str] = set()
     for n in _walk(node):
         names: list[str] = []

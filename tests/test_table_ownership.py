@@ -21,6 +21,7 @@ everything, and check that the production scan sees each package's own SQL.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import textwrap
 from collections.abc import Iterator
@@ -72,9 +73,9 @@ class Use:
         return f"{self.module}:{self.line}: SQL names table {self.table!r}, owned by {self.owner!r}"
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
+def _docstrings(nodes: list[ast.AST]) -> set[int]:
     ids: set[int] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
@@ -84,16 +85,27 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def sql_literals(source: str) -> Iterator[tuple[str, int]]:
     """Every SQL-looking string literal of ``source`` with its line (docstrings skipped)."""
-    tree = ast.parse(source)
-    skip = _docstrings(tree)
+    return iter(_sql_literals(source))
+
+
+@functools.cache
+def _sql_literals(source: str) -> tuple[tuple[str, int], ...]:
+    """:func:`sql_literals`, kept per source: the tests read each file more than once, and the tree
+    is walked once (the walks, not the parse, were most of this module's time)."""
+    return tuple(_find_sql_literals(source))
+
+
+def _find_sql_literals(source: str) -> Iterator[tuple[str, int]]:
+    nodes = list(ast.walk(ast.parse(source)))
+    skip = _docstrings(nodes)
     inside_fstring: set[int] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.JoinedStr):
             inside_fstring.update(id(v) for v in node.values)
             text = " ".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
             if SQL_KEYWORDS.search(text):
                 yield text, node.lineno
-    for node in ast.walk(tree):
+    for node in nodes:
         if (
             isinstance(node, ast.Constant)
             and isinstance(node.value, str)

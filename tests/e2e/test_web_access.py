@@ -48,11 +48,13 @@ def request(
         conn.close()
 
 
-@pytest.fixture
-def page(tmp_path: Path) -> Iterator[tuple[Daemon, int, str, str]]:
-    """A daemon with the page on, a read-write token ``alice``, and one running goal."""
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, int, str, str]]:
+    """A daemon with the page on, a read-write token ``alice``, and one running goal: one for the
+    module (a daemon's start is most of each test's time). The tests that use it leave the goal
+    active and ``alice`` in place; one that removes a token adds its own first."""
     port = free_port()
-    d = Daemon(tmp_path / "state", config=web_config(port))
+    d = Daemon(tmp_path_factory.mktemp("web_access") / "state", config=web_config(port))
     token = d.cli("web", "token", "add", "alice").stdout.strip()
     d.start()
     out = d.cli("goal", "add", "Secret objective [rounds=400 delay=0.2]", "--title", "Secret title", "--key", "hush")
@@ -224,9 +226,9 @@ def test_tokens_are_stored_hashed_in_a_private_file_and_named_once(tmp_path: Pat
 
 
 def test_a_removed_token_s_cookie_stops_working_at_once(page: tuple[Daemon, int, str, str]) -> None:
-    d, port, token, gid = page
-    cookie = login(port, token)
+    d, port, _token, gid = page
+    cookie = login(port, d.cli("web", "token", "add", "carol").stdout.strip())
     assert request(port, "GET", "/", headers={"Cookie": cookie})[0] == 200
-    assert d.cli("web", "token", "remove", "alice").returncode == 0
+    assert d.cli("web", "token", "remove", "carol").returncode == 0
     status, _, body = request(port, "GET", "/", headers={"Cookie": cookie})
     assert status == 401 and gid not in body
