@@ -13,12 +13,13 @@ before it sleeps. These tests aim follow-ups at every side of those steps:
   event-loop yields so the enqueue sweeps across the driver's closing transaction, its
   resumption, the wake-flag check and the driver's sleep (with and without a stale wake flag
   left by steering admitted mid-turn);
-* (c) from a concurrent task at random moments (fixed seed, 1,000 iterations) while a scripted
+* (c) from a concurrent task at random moments (fixed seed, 300 iterations; the ``soak`` marker
+  runs the full 1,000 of the same seeded sequence) while a scripted
   model answers at once or after tiny delays and asks for random tool calls;
 * (d) while ``interrupt()`` settles: from a racing task, from listeners on the interrupted
   turn's cleanup and ``turn/end`` (keeping or discarding queued input), with an interrupt that
   lands as the turn opens, with a second interrupt during the first one's cleanup, and with
-  interrupts and follow-ups at random moments.
+  interrupts and follow-ups at random moments (100 rounds; 300 in the soak).
 
 Every test runs with an :class:`IdleChecker` on the store's hub: on each committed ``status``
 idle event it reads the committed state through a second connection (SQLite's WAL readers and
@@ -433,7 +434,9 @@ async def status_idle_between(rt: Runtime, sid: str, low: int, high: int) -> boo
 # -- (c) from another task at random moments ------------------------------------------------------
 
 SEED = 4_2024
-ITERATIONS = 1000
+ITERATIONS = 300
+#: The soak's count (``pytest -m soak``): the same seeded campaign, carried on.
+SOAK_ITERATIONS = 1000
 #: Fewer on PostgreSQL, to keep the suite's runtime down (see the module docstring).
 PG_ITERATIONS = 50
 PER_SESSION = 100
@@ -456,7 +459,8 @@ class Ticker:
         await asyncio.wait_for(fut, TIMEOUT)
 
 
-async def test_followups_at_random_moments_are_never_stranded(open_runtime, db_path) -> None:
+@pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.soak)], ids=["ci", "soak"])
+async def test_followups_at_random_moments_are_never_stranded(open_runtime, db_path, full: bool) -> None:
     rng = random.Random(SEED)
     model_rng = random.Random(SEED + 1)
 
@@ -504,7 +508,7 @@ async def test_followups_at_random_moments_are_never_stranded(open_runtime, db_p
                 else:
                     await agent.followup(f"followup {i}.{j}", message_id=mid)
 
-        iterations = PG_ITERATIONS if storekit.is_postgres(db_path) else ITERATIONS
+        iterations = PG_ITERATIONS if storekit.is_postgres(db_path) else SOAK_ITERATIONS if full else ITERATIONS
         for i in range(iterations):
             if i % PER_SESSION == 0:
                 sid = await rt.create_session()
@@ -727,7 +731,8 @@ async def test_second_interrupt_while_the_first_settles_does_not_strand_input(op
         checker.assert_clean(min_checks=16)
 
 
-async def test_followups_and_interrupts_at_random_moments(open_runtime, db_path) -> None:
+@pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.soak)], ids=["ci", "soak"])
+async def test_followups_and_interrupts_at_random_moments(open_runtime, db_path, full: bool) -> None:
     """Interrupts land anywhere (before a turn opens, as it opens, mid-step, mid-tool, after it)."""
     rng = random.Random(SEED + 2)
     pg_rng = random.Random(SEED + 3)  # PostgreSQL's own draws, so SQLite's sequence stays as it was
@@ -748,7 +753,7 @@ async def test_followups_and_interrupts_at_random_moments(open_runtime, db_path)
         agent = await rt.agent(sid)
         ids: list[str] = []
         # Fewer on PostgreSQL, to keep the suite's runtime down (see the module docstring).
-        rounds = 40 if on_postgres else 300
+        rounds = 40 if on_postgres else 300 if full else 100
 
         async def interrupter(i: int) -> None:
             # On SQLite, loop rounds alone land mid-turn only about one time in a hundred (none at
