@@ -81,6 +81,7 @@ def daemon_page(health: Mapping[str, Any], *, loop_lag: float, live_pages: int) 
         "pid",
         "goals",
         "sessionsRunning",
+        "slots",
         "providers",
         "databaseBytes",
         "databasePath",
