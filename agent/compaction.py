@@ -41,6 +41,7 @@ from agent.context import (
     choose_cut,
     dropped_summary,
     load_view,
+    newest_user,
     plan_fallback,
     tool_ids,
 )
@@ -163,6 +164,8 @@ async def compact_view(
     fixed, ratio, target, fits = sizes.fixed, sizes.ratio, sizes.target, sizes.fits
     prev_summary = previous.summary if previous is not None else None
     base = {"turn_id": turn.turn_id, "elide_keep": host.config.context.elide_keep, "tokens_before": before}
+    if previous is not None:  # the steps of a long turn left out so far (dropped from the record once passed)
+        base |= previous.model_dump(include={"steps_from_seq", "steps_through_seq", "steps_dropped"})
     record: ContextCompacted | None = None
     cut = choose_cut(view, sizes.keep_bytes, older_bytes=sizes.older_bytes)
     if cut is not None:
@@ -176,9 +179,12 @@ async def compact_view(
     failed = cut is not None and record is None
     budget_bytes = int((target if failed else max(target, fits)) / ratio) - fixed
     if sum(message_bytes(e.msg) for e in view) > budget_bytes:
-        record, view = _fall_back(view, budget_bytes, host, base, previous, record, prev_summary)
+        steps_budget = int(target / ratio) - fixed  # a long turn's steps: down to the target
+        record, view = _fall_back(view, budget_bytes, host, base, previous, record, prev_summary, steps_budget)
     if record is None:
-        logger.warning("session {}: the view cannot be compacted further (~{} tokens)", host.session_id, before)
+        # Not a warning, and not tried again at every step: the step waits until the view has grown.
+        host.history.gave_up(before)
+        logger.info("session {}: the view cannot be compacted further (~{} tokens)", host.session_id, before)
         return None
     after = int((fixed + sum(message_bytes(e.msg) for e in view)) * ratio)
     record = record.model_copy(update={"tokens_after": after})
@@ -194,6 +200,8 @@ async def compact_view(
     )
     # The view as a restart rebuilds it; the prefix changed, so the wire form starts afresh.
     await host.history.reload()
+    if after > host.config.context.compact_at * host.model.context_window:
+        host.history.gave_up(after)  # freed too little: not again before the view has grown
     return None
 
 
@@ -203,6 +211,8 @@ def _summary_record(
     """The record of a compaction that summarized ``view[:cut]``."""
     kept = view[cut:]
     elided = [i for i in (previous.elided if previous else []) if i in tool_ids(kept)]
+    if base.get("steps_through_seq", 0) <= view[cut - 1].seq:  # the summary covers them
+        base = base | {"steps_from_seq": 0, "steps_through_seq": 0, "steps_dropped": 0}
     return ContextCompacted(
         **base,
         mode="summary",
@@ -260,10 +270,12 @@ def _fall_back(
     previous: ContextCompacted | None,
     record: ContextCompacted | None,
     prev_summary: str | None,
+    steps_budget: int | None = None,
 ) -> tuple[ContextCompacted | None, list[Entry]]:
-    """Elide large tool results, then drop the oldest turns, until the view fits ``budget_bytes``."""
-    fb = plan_fallback(view, budget_bytes, host.config.context)
-    if not fb.elided and fb.cut is None:
+    """Elide large tool results, then drop the oldest turns, until the view fits ``budget_bytes``;
+    then, if the running turn alone is too big, its oldest steps down to ``steps_budget``."""
+    fb = plan_fallback(view, budget_bytes, host.config.context, steps_budget=steps_budget)
+    if not fb.elided and fb.cut is None and fb.steps is None:
         return record, view
     start = record if record is not None else previous
     elided = [i for i in (start.elided if start else []) if i in tool_ids(view)] + fb.elided
@@ -282,6 +294,20 @@ def _fall_back(
         through = previous.through_seq if previous else 0
         fields: dict[str, Any] = {"mode": "elided", "through_seq": through, "summary": prev_summary}
         record = ContextCompacted(**(base | fields | update))
+    if fb.steps is not None:
+        u = newest_user(view)
+        assert u is not None
+        left = sum(1 for e in view[u + 1 : fb.steps] if not e.summary)
+        # ONE note for the turn: its count carries the previous one's (replaced, never appended to).
+        same = start is not None and start.steps_from_seq == view[u].seq
+        update = {
+            "mode": "dropped",
+            "steps_from_seq": view[u].seq,
+            "steps_through_seq": view[fb.steps - 1].seq,
+            "steps_dropped": (start.steps_dropped if same and start else 0) + left,
+        }
+        record = record.model_copy(update=update)
+        dropped += left
     if dropped:
         record = record.model_copy(update={"messages": record.messages + dropped})
     return record, apply(view, record)

@@ -29,6 +29,11 @@ Decisions, and why:
   window): large tool results are elided first, oldest first; then, if the view still does not fit,
   the oldest turns are dropped, with a marker saying so (the previous summary, if any, is kept). The
   system prompt and the newest user message are never dropped.
+* **A turn that outgrows the window** (one user message, then thousands of tool calls): once the
+  turns before its newest user message are gone, its own oldest steps are left out, whole (a call
+  and its results together, cut only before an assistant message), the user message that opened it
+  kept verbatim, with ONE note after it counting what was left out (replaced at each compaction,
+  never appended to), so a turn of any length fits. The stored events of that part are not read again.
 * **Prefix stability.** Between compactions the view only grows at its end, so each request extends
   the previous one byte for byte; the driver starts a fresh :class:`~agent.models.base.WireCache`
   at a compaction, the only point where the prefix changes.
@@ -62,6 +67,10 @@ SUMMARY_HEADER = "[Summary of the earlier conversation, compacted to fit the con
 DROPPED_NOTE = "[{n} earlier message(s) were left out to fit the context window; no summary of them could be made]"
 #: The note a previous fallback left at the end of the summary (its count is read back).
 _DROPPED_TAIL = re.compile("(?:\n\n)?" + re.escape(DROPPED_NOTE).replace(re.escape("{n}"), r"(\d+)") + "$")
+STEPS_NOTE = (
+    "[{n} earlier message(s) of this turn (tool calls and their results) were left out to fit the context"
+    " window; the work they did is in the files and the state they changed]"
+)
 ELIDED_MARK = "\n[... {n} characters elided to fit the context window ...]\n"
 PAGE = 5000
 
@@ -146,14 +155,41 @@ def summary_message(summary: str) -> ConvMessage:
     return ConvMessage(role="user", content=[TextBlock(text=SUMMARY_HEADER + summary)])
 
 
+def _steps(compaction: ContextCompacted | None) -> tuple[int, int] | None:
+    """The part of a turn ``compaction`` leaves out, as ``(from, through]`` sequence numbers (if any)."""
+    if compaction is None or compaction.steps_through_seq <= max(compaction.through_seq, compaction.steps_from_seq):
+        return None
+    return compaction.steps_from_seq, compaction.steps_through_seq
+
+
+def _steps_entry(compaction: ContextCompacted) -> Entry:
+    note = STEPS_NOTE.format(n=compaction.steps_dropped)
+    return Entry(compaction.steps_through_seq, ConvMessage(role="user", content=[TextBlock(text=note)]), summary=True)
+
+
+def _with_steps(compaction: ContextCompacted, entries: Iterable[Entry]) -> list[Entry]:
+    """``entries`` (after the summary) without the steps ``compaction`` leaves out, its note in their place."""
+    out: list[Entry] = []
+    span = _steps(compaction)
+    placed = span is None
+    for entry in entries:
+        if span is not None and span[0] < entry.seq <= span[1]:
+            continue
+        if not placed and span is not None and entry.seq > span[1]:
+            out.append(_steps_entry(compaction))
+            placed = True
+        out.append(entry)
+    if not placed:
+        out.append(_steps_entry(compaction))
+    return out
+
+
 def build_view(compaction: ContextCompacted | None, events: Iterable[Event]) -> list[Entry]:
     """The model's view from the latest compaction and the history events after its boundary."""
     out: list[Entry] = []
     through, ids, keep = 0, set[str](), 0
     if compaction is not None:
         through, ids, keep = compaction.through_seq, set(compaction.elided), compaction.elide_keep
-        if compaction.summary is not None:
-            out.append(Entry(through, summary_message(compaction.summary), summary=True))
     for event in events:
         if event.seq <= through:
             continue
@@ -163,7 +199,10 @@ def build_view(compaction: ContextCompacted | None, events: Iterable[Event]) -> 
         if ids and msg.role == "tool":
             msg = _elided(msg, ids, keep)
         out.append(Entry(event.seq, msg))
-    return out
+    if compaction is None:
+        return out
+    head = [Entry(through, summary_message(compaction.summary), summary=True)] if compaction.summary is not None else []
+    return head + _with_steps(compaction, out)
 
 
 async def latest_compaction(store: Store, session_id: str) -> ContextCompacted | None:
@@ -185,8 +224,13 @@ async def load_view(store: Store, session_id: str) -> tuple[ContextCompacted | N
     compaction = await latest_compaction(store, session_id)
     events: list[Event] = []
     after = compaction.through_seq if compaction is not None else 0
+    skip = _steps(compaction)  # the steps left out of a long turn are not read
     while True:
         page = await store.events_after(session_id, after, limit=PAGE, types=HISTORY_TYPES)
+        if skip is not None and page and page[-1].seq > skip[0]:
+            events.extend(e for e in page if e.seq <= skip[0])
+            after, skip = max(after, skip[1]), None
+            continue
         events.extend(page)
         if page:
             after = page[-1].seq
@@ -301,12 +345,19 @@ class Fallback:
 
     elided: list[str]
     cut: int | None
+    #: The running turn's steps left out: ``view[newest user + 1 : steps]`` (``None``: none).
+    steps: int | None = None
 
 
 def plan_fallback(
-    view: Sequence[Entry], budget_bytes: int, policy: ContextPolicy, size: Callable[[ConvMessage], int] = message_bytes
+    view: Sequence[Entry],
+    budget_bytes: int,
+    policy: ContextPolicy,
+    size: Callable[[ConvMessage], int] = message_bytes,
+    steps_budget: int | None = None,
 ) -> Fallback:
-    """Make the view fit ``budget_bytes``: elide large tool results oldest first, then drop the oldest turns."""
+    """Make the view fit ``budget_bytes``: elide large tool results oldest first, then drop the oldest
+    turns, then (when the running turn alone is too big) its oldest steps, down to ``steps_budget``."""
     sizes = [size(e.msg) for e in view]
     total = sum(sizes)
     elided: list[str] = []
@@ -326,22 +377,40 @@ def plan_fallback(
     for k in cuts:
         if sum(sizes[k:]) + len(DROPPED_NOTE) + 64 <= budget_bytes:
             return Fallback(elided, k)
-    return Fallback(elided, cuts[-1] if cuts else None)
+    cut = cuts[-1] if cuts else None
+    return Fallback(elided, cut, _steps_cut(view, sizes, cut, steps_budget or budget_bytes))
+
+
+def _steps_cut(view: Sequence[Entry], sizes: list[int], cut: int | None, budget_bytes: int) -> int | None:
+    """Where the running turn's oldest steps end when even the turns before it are gone (``None``:
+    nothing to leave out): before an assistant message (a call and its results stay together), the
+    newest user message and the newest step kept, the earliest that fits ``budget_bytes``."""
+    u = newest_user(view)
+    if u is None:
+        return None
+    head = sum(sizes[cut or 0 : u + 1]) + len(STEPS_NOTE) + 16 + (len(DROPPED_NOTE) + 64 if cut else 0)
+    starts = [j for j in range(u + 1, len(view)) if view[j].msg.role == "assistant" and not view[j].summary]
+    # Only where a message of the turn is left out, and never the newest step.
+    starts = [j for j in starts[:-1] if any(not e.summary for e in view[u + 1 : j])]
+    for j in starts:
+        if head + sum(sizes[j:]) <= budget_bytes:
+            return j
+    return starts[-1] if starts else None
 
 
 def apply(view: Sequence[Entry], compaction: ContextCompacted) -> list[Entry]:
     """What ``view`` becomes under ``compaction`` (for planning; the driver then reloads the view
     from the store, exactly as a restart would)."""
     out: list[Entry] = []
-    if compaction.summary is not None:
-        out.append(Entry(compaction.through_seq, summary_message(compaction.summary), summary=True))
     ids = set(compaction.elided)
     for entry in view:
         if entry.summary or entry.seq <= compaction.through_seq:
             continue
         msg = _elided(entry.msg, ids, compaction.elide_keep) if ids and entry.msg.role == "tool" else entry.msg
         out.append(Entry(entry.seq, msg))
-    return out
+    summary = compaction.summary
+    head = [] if summary is None else [Entry(compaction.through_seq, summary_message(summary), summary=True)]
+    return head + _with_steps(compaction, out)
 
 
 def tool_ids(view: Iterable[Entry]) -> set[str]:

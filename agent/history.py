@@ -5,6 +5,9 @@ driver did not build: a turn's cleanup, a compaction) and grown in memory afterw
 does not read the event log again. Beside it: the model's converted form of each message
 (:class:`~agent.models.base.WireCache`, started afresh with every load, since the prompt's prefix
 may have changed) and the prompt-size estimate (:class:`~agent.context.ContextMeter`), reset with it.
+A compaction that could not free enough is not tried again before the view has grown by
+:data:`RETRY_GROWTH` of the window (:meth:`History.holding_off`): trying at every step would cost
+each step a reading of the view, for nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from agent.inbox import Admitted
 from agent.models.base import ConvMessage, Model, ModelRequest, ToolSpec, WireCache
 from agent.spend import PromptEstimator, estimator_for
 from agent.store import Store
+
+#: How much of the window the view must grow by before a compaction that freed too little is tried again.
+RETRY_GROWTH = 0.05
 
 
 class History:
@@ -29,6 +35,8 @@ class History:
         self.wire = WireCache()
         self.estimator: PromptEstimator = estimator_for(model.spec)
         self.meter = ContextMeter(self.estimator)
+        #: The estimate at which the last compaction could not free enough (``None``: none did).
+        self.stuck_at: int | None = None
 
     @property
     def loaded(self) -> bool:
@@ -40,6 +48,15 @@ class History:
         _, view = await load_view(self.store, self.session_id)
         self.messages, self.wire = [e.msg for e in view], WireCache()
         self.meter.reset()
+        self.stuck_at = None
+
+    def gave_up(self, tokens: int) -> None:
+        """A compaction left the view at about ``tokens``, still too big: wait for it to grow first."""
+        self.stuck_at = tokens
+
+    def holding_off(self, tokens: int, window: int) -> bool:
+        """Whether a compaction is put off at an estimate of ``tokens`` (see :meth:`gave_up`)."""
+        return self.stuck_at is not None and tokens < self.stuck_at + RETRY_GROWTH * window
 
     def invalidate(self) -> None:
         """Forget the view: something wrote history this copy does not have; the next step reloads."""

@@ -235,7 +235,8 @@ class ContextCompacted(Payload):
     """``context/compacted``: the model's view of the session changed (see :mod:`agent.context`).
 
     The event log is never rewritten: this event says how the view is built from it. History events
-    with ``seq <= through_seq`` are replaced by ``summary`` (when there is one); results of the tool
+    with ``seq <= through_seq`` are replaced by ``summary`` (when there is one), the older steps of a
+    turn that outgrew the window by a note (``steps_*``); results of the tool
     calls in ``elided`` keep only ``elide_keep`` characters of their head and of their tail. The latest
     such event alone defines the view (each carries forward what still applies of the one before).
     """
@@ -251,6 +252,12 @@ class ContextCompacted(Payload):
     elide_keep: int = 0
     #: Messages the summary (or the drop) replaced in this compaction.
     messages: int = 0
+    #: Steps of a turn that outgrew the window, left out: history events with ``steps_from_seq < seq
+    #: <= steps_through_seq`` (after the user message at ``steps_from_seq``, which stays verbatim) are
+    #: replaced by ONE note counting ``steps_dropped`` messages (0 and 0: none left out).
+    steps_from_seq: int = 0
+    steps_through_seq: int = 0
+    steps_dropped: int = 0
     #: Estimated prompt tokens before and after.
     tokens_before: int = 0
     tokens_after: int = 0

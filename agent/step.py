@@ -140,7 +140,7 @@ class ModelStep:
         calls = self.attempts
         request = calls.request(max_tokens)
         meter, window = calls.history.meter, calls.model.context_window
-        if compact or meter.over(request.prompt_bytes, max_tokens, window, calls.config.context):
+        if compact or self._compacts(request, max_tokens):
             ended = await compact_view(calls, turn, request, max_tokens)
             if ended is not None:
                 return ended
@@ -156,6 +156,16 @@ class ModelStep:
             logger.warning("session {}: {} ({})", calls.session_id, why, model.spec)
             return TurnEnd(reason=EndReason.ERROR, error=f"{CONTEXT_TOO_SMALL}: {why}", error_kind=CONTEXT_TOO_SMALL)
         return request
+
+    def _compacts(self, request: ModelRequest, max_tokens: int) -> bool:
+        """Whether the view is compacted before this request: over the trigger, unless the last
+        compaction freed too little and the view has not grown much since (and the request fits)."""
+        calls = self.attempts
+        meter, window = calls.history.meter, calls.model.context_window
+        if not meter.over(request.prompt_bytes, max_tokens, window, calls.config.context):
+            return False
+        fits = meter.likely(request.prompt_bytes) + max_tokens <= window
+        return not (fits and calls.history.holding_off(meter.estimate(request.prompt_bytes), window))
 
     async def _failed(self, attempt: _Attempt, model: Model, exc: ModelError, refused: bool) -> _Next | TurnEnd:
         """Settle a failed attempt and say whether the step goes on; backs off before a retry."""

@@ -18,11 +18,18 @@ OpenAI-compatible provider (the official SDK underneath) and the real driver run
 3. a bare aiosqlite ``INSERT`` + ``COMMIT`` at the same ``synchronous`` level, for scale.
 
 It also counts the messages the provider converted per request (constant: only what the step
-added) against the messages the request carried (growing), and prints the CPU time the client's
-event-loop thread spent per step (first, middle and last 100 steps): on a machine shared with
-other work, that figure moves far less than the wall-clock ones.
+added) against the messages the request carried, and prints the CPU time the client's event-loop
+thread spent per step (first, middle and last 100 steps): on a machine shared with other work, that
+figure moves far less than the wall-clock ones.
 
-Run: ``python benchmarks/bench_http_loop.py [--steps N] [--rounds R]``.
+The tool answers ``--result-bytes`` (default 1,000) a call, so the one turn outgrows the model's
+default 128k-token window (the server counts a request's prompt tokens as its body's bytes / 4 and
+reports them as usage): the turn's oldest steps are left out (issue 25), and the loop prints the
+largest request, by goald's estimate and by the server's count, against the window (every one must
+be under it), and the ``context/compacted`` events the turn recorded. The last 100 steps must take
+at most 1.5x the first 100.
+
+Run: ``python benchmarks/bench_http_loop.py [--steps N] [--rounds R] [--result-bytes B]``.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ import aiosqlite
 from loguru import logger
 from pydantic import BaseModel
 
-from agent import Event, EventType, FunctionTool, ModelRegistry, Runtime, ToolContext, ToolRegistry
+from agent import ContextCompacted, Event, EventType, FunctionTool, ModelRegistry, Runtime, ToolContext, ToolRegistry
+from agent.context import ContextMeter
 from agent.models.openai import OpenAIModel
 
 
@@ -74,48 +82,62 @@ def _stream(frames: list[bytes]) -> bytes:
 
 
 USAGE = {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105}
+#: Bytes a token, as the server counts a prompt (its body's bytes / 4).
+BYTES_PER_TOKEN = 4
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
 
 
-def tool_answer(n: int) -> bytes:
+def usage(body_bytes: int) -> dict[str, int]:
+    prompt = body_bytes // BYTES_PER_TOKEN
+    return {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}
+
+
+def tool_answer(n: int, used: dict[str, int] = USAGE) -> bytes:
     call = {"index": 0, "id": f"call_{n}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
     return _stream(
         [
             _chunk({"role": "assistant", "content": None, "tool_calls": [call]}),
             _chunk({}, finish="tool_calls"),
-            _chunk({}, usage=USAGE),
+            _chunk({}, usage=used),
             b"data: [DONE]\n\n",
         ]
     )
 
 
-def text_answer() -> bytes:
+def text_answer(used: dict[str, int] = USAGE, text: str = "working on it") -> bytes:
     return _stream(
         [
-            _chunk({"role": "assistant", "content": "working on it"}),
+            _chunk({"role": "assistant", "content": text}),
             _chunk({}, finish="stop"),
-            _chunk({}, usage=USAGE),
+            _chunk({}, usage=used),
             b"data: [DONE]\n\n",
         ]
     )
 
 
 class Server:
-    """Model ``loop-N``: a tool call for the first N requests, then text. Any other model: text."""
+    """Model ``loop-N``: a tool call for the first N requests, then text (a summary request is
+    answered with a summary). Any other model: text. Anything but a chat completion: 404."""
 
     def __init__(self) -> None:
         self.stamps: list[tuple[float, float, float, int]] = []  # (head, arrived, ended, body bytes)
         self.counts: dict[str, int] = {}
 
-    def answer(self, head: bytes, body_start: bytes) -> bytes:
+    def answer(self, head: bytes, body_start: bytes, body_bytes: int = 0, summary: bool = False) -> bytes:
         """The response to a whole request (``body_start``: the first bytes of its body)."""
         if head.startswith(b"GET /stats"):
             data = json.dumps(self.stamps).encode()
             self.stamps = []
             return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
+        if not head.startswith(b"POST /v1/chat/completions"):
+            return NOT_FOUND  # the window probes (/props, /v1/models, /api/show): the default window stays
+        used = usage(body_bytes)
+        if summary:
+            return text_answer(used, "The earlier steps called noop and got its long answer each time.")
         model = body_start[: body_start.index(b",")].split(b'"')[-2].decode()
         n = self.counts[model] = self.counts.get(model, 0) + 1
         loop = int(model[5:]) if model.startswith("loop-") else 0
-        return tool_answer(n) if n <= loop else text_answer()
+        return tool_answer(n, used) if n <= loop else text_answer(used)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -163,8 +185,9 @@ class Connection(asyncio.BufferedProtocol):
             head = bytes(self.buf[: self.head_end])
             start = bytes(self.buf[self.head_end : min(self.need, self.head_end + 256)])
             assert self.transport is not None
-            self.transport.write(self.server.answer(head, start))
-            if not head.startswith(b"GET /stats"):
+            summary = self.buf.find(b"is being compacted to fit", self.head_end, self.need) >= 0
+            self.transport.write(self.server.answer(head, start, self.need - self.head_end, summary))
+            if head.startswith(b"POST /v1/chat/completions"):  # not the window probes, not /stats
                 self.server.stamps.append((self.t_head, arrived, now(), self.need - self.head_end))
             rest = self.filled - self.need
             self.buf[:rest] = self.buf[self.need : self.filled]
@@ -195,8 +218,11 @@ class _NoArgs(BaseModel):
     pass
 
 
+RESULT = ["ok"]
+
+
 async def _noop(args: _NoArgs, ctx: ToolContext) -> str:
-    return "ok"
+    return RESULT[0]
 
 
 def ms(values: list[float]) -> str:
@@ -221,6 +247,15 @@ async def tool_loop(db: Path, port: int, steps: int) -> None:
     carried: list[int] = []
     converted: list[int] = []
     cpu: list[float] = []
+    estimates: list[int] = []
+    likely = ContextMeter.likely
+
+    def estimating(meter: ContextMeter, prompt_bytes: int) -> int:
+        # goald's estimate of each request, as the step decides on it whether the request fits.
+        estimates.append(likely(meter, prompt_bytes))
+        return estimates[-1]
+
+    ContextMeter.likely = estimating  # type: ignore[method-assign]
     async with Runtime.open(db, models=registry, tools=lambda row: tools) as rt:
         sid = await rt.create_session(config={"agent": {"max_steps": steps + 10}})
         agent = await rt.agent(sid)
@@ -239,6 +274,8 @@ async def tool_loop(db: Path, port: int, steps: int) -> None:
         await agent.followup("go")
         await agent.when_idle()
         wall = time.perf_counter() - t0
+        events = await rt.store.events_after(sid, 0, limit=10_000_000)
+    ContextMeter.likely = likely  # type: ignore[method-assign]
     await model.aclose()
     stamps = await fetch_stamps(port)
     client = [b[1] - a[2] for a, b in itertools.pairwise(stamps)][:steps]
@@ -249,9 +286,28 @@ async def tool_loop(db: Path, port: int, steps: int) -> None:
     thirds([b - a for a, b in itertools.pairwise(cpu)], "client event-loop thread CPU per step", "steps")
     print(f"  request body: first {stamps[0][3]} B, last {stamps[-1][3]} B")
     print(
-        f"  messages per request: carried {carried[0]} -> {carried[-1]}; converted per request: "
-        f"first {converted[1]}, max after the first {max(converted[1:])}"
+        f"  messages per request: carried {carried[0]} -> {carried[-1]} (max {max(carried)}); converted per "
+        f"request: first {converted[1]}, median after the first {statistics.median(converted[1:])}"
     )
+    window = model.context_window
+    counted = max(s[3] for s in stamps) // BYTES_PER_TOKEN
+    under = all(s[3] // BYTES_PER_TOKEN < window for s in stamps) and max(estimates) < window
+    print(
+        f"  largest request: goald's estimate {max(estimates)} tokens, the server's count {counted} tokens;"
+        f" window {window} ({model.window_source}): every request under it: {under}"
+    )
+    compactions = [e.payload for e in events if isinstance(e.payload, ContextCompacted)]
+    ends = [e.data for e in events if e.type == EventType.TURN_END]
+    end = ends[-1]
+    print(f"  context/compacted events: {len(compactions)}; the turn ended {end['reason']} after {end['steps']} steps")
+    for c in compactions[:3] + (["..."] if len(compactions) > 4 else []) + compactions[3:][-1:]:
+        if isinstance(c, str):
+            print(f"    {c}")
+            continue
+        print(
+            f"    {c.mode}: ~{c.tokens_before} -> ~{c.tokens_after} tokens, {c.messages} message(s) left out,"
+            f" {c.steps_dropped} of this turn so far"
+        )
 
 
 async def goal_rounds(db: Path, port: int, rounds: int) -> None:
@@ -338,8 +394,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--result-bytes", type=int, default=1000, help="bytes of each tool result of the loop")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    RESULT[0] = "r" * args.result_bytes
     if args.serve:
         await serve()
         return
