@@ -11,7 +11,8 @@ the turn's user message is left to drop, the turn's own oldest steps are left ou
 * the number of compaction attempts is bounded (not one per step), even when a compaction cannot
   free enough (a huge opening message), and no warning is logged for it;
 * the work per step stays flat: the messages a compaction builds from the stored events are bounded
-  by the view, not by the turn's length (counted, not timed).
+  by the view, not by the turn's length (counted, not timed);
+* a second long turn leaves the first one, and its note, behind: one note, of its own steps.
 
 The same at 2,000 steps carries the ``soak`` marker.
 """
@@ -30,6 +31,7 @@ from pydantic import BaseModel
 from agent import ContextCompacted, EventType, FunctionTool, ModelRequest, Reply, Runtime, ScriptedModel, ToolContext
 from agent import context as context_module
 from agent import step as step_module
+from agent.compaction import compact_view
 from agent.context import STEPS_NOTE, load_view
 from agent.messages import TextBlock, ToolResultBlock, ToolUseBlock
 from agent.step import output_limit
@@ -68,7 +70,8 @@ def loop(steps: int) -> Callable[[ModelRequest], Reply]:
 def counting() -> Iterator[dict[str, Any]]:
     """Counts compaction attempts, the messages each builds from stored events, and warnings."""
     counts: dict[str, Any] = {"attempts": 0, "built": [], "warnings": []}
-    real_compact, real_message = step_module.compact_view, context_module.history_message
+    real_compact, real_message = compact_view, context_module.history_message
+    patch = pytest.MonkeyPatch()
     built = [0]
 
     async def compact(*args: Any, **kw: Any) -> Any:
@@ -84,13 +87,12 @@ def counting() -> Iterator[dict[str, Any]]:
         return real_message(event)
 
     sink = logger.add(lambda m: counts["warnings"].append(str(m)), level="WARNING")
-    step_module.compact_view = compact  # type: ignore[assignment]
-    context_module.history_message = message
+    patch.setattr(step_module, "compact_view", compact)
+    patch.setattr(context_module, "history_message", message)
     try:
         yield counts
     finally:
-        step_module.compact_view = real_compact
-        context_module.history_message = real_message
+        patch.undo()
         logger.remove(sink)
 
 
@@ -99,7 +101,7 @@ def check_request(request: ModelRequest, opening: str) -> None:
     without its call; at most one note of left-out steps."""
     texts = [b.text for m in request.messages for b in m.content if isinstance(b, TextBlock)]
     assert opening in texts, "the user message that opened the turn is not in the request"
-    assert sum(1 for t in texts if t.startswith(STEPS_NOTE.split("{n}")[0])) <= 1
+    assert sum(1 for t in texts if STEPS_NOTE.split("{n}")[1][:40] in t) <= 1
     asked: set[str] = set()
     for i, msg in enumerate(request.messages):
         uses = {b.id for b in msg.content if isinstance(b, ToolUseBlock)}
@@ -183,3 +185,39 @@ async def test_a_compaction_that_cannot_free_enough_is_not_tried_at_every_step(o
     assert 2 <= seen["attempts"] <= len(turns) // 5 + 1, (seen["attempts"], len(turns))
     assert not seen["warnings"] or all("does not fit" in w for w in seen["warnings"]), seen["warnings"]
     assert [e["reason"] for e in ends] == ["end_turn"], ends
+
+
+async def test_a_second_long_turn_leaves_the_first_one_and_its_note_behind(open_runtime: Opener) -> None:
+    done = 0
+
+    def rule(request: ModelRequest) -> Reply:
+        nonlocal done
+        done += 1
+        return Reply.say("done") if done in (120, 240) else Reply.call("big")
+
+    model = ScriptedModel(rule, name="two-long-turns", max_tokens=256, context_window=WINDOW)
+    second = "Now the second list. " + "v" * 100
+    async with open_runtime(model, tools=[big_tool(300)]) as rt:
+        sid = await rt.create_session(config={"agent": {"max_steps": 500}})
+        agent = await rt.agent(sid)
+        for opening in (OPENING, second):
+            await agent.followup(opening)
+            async with asyncio.timeout(120):
+                await agent.when_idle()
+        events = await rt.store.events_after(sid, 0, limit=1_000_000)
+        _, view = await load_view(rt.store, sid)
+    ends = [e.data for e in events if e.type == EventType.TURN_END]
+    assert [e["reason"] for e in ends] == ["end_turn", "end_turn"]
+    turns = [c.request for c in model.calls if c.request.purpose == "turn"]
+    assert max(model.prompt_tokens(r) for r in turns) + output_limit(256, WINDOW) <= WINDOW
+    for request in turns[:120]:
+        check_request(request, OPENING)
+    for request in turns[120:]:
+        check_request(request, second)
+    # The second turn's note counts its own steps; the first turn's steps and note are gone from the view.
+    compactions = [e.payload for e in events if isinstance(e.payload, ContextCompacted)]
+    opened = {c.steps_from_seq for c in compactions if c.steps_through_seq}
+    assert len(opened) == 2
+    texts = [b.text for e in view for b in e.msg.content if isinstance(b, TextBlock)]
+    assert OPENING not in texts and second in texts
+    assert sum(1 for t in texts if STEPS_NOTE.split("{n}")[1][:40] in t) == 1
