@@ -1,7 +1,10 @@
 """goald's agent runtime: durable inbox, race-free driver, event log, spend guard.
 
-``agent`` knows nothing of goals or sockets. Its public names are re-exported here; other
-packages import only these.
+``agent`` knows nothing of goals or sockets. The names other packages commonly need are
+re-exported here (every one is imported through here somewhere: ``tests/test_import_layers.py``);
+a package that needs one narrow part imports its module (``agent.db`` for transaction functions,
+``agent.sandbox.*``, ``agent.models.*``). This is a convenience, not an enforced facade
+(``docs/architecture.md#packages-and-the-import-direction`` says why).
 
 It owns the tables ``sessions``, ``inbox``, ``turns``, ``events``, ``guards``, ``model_calls`` and
 ``schema_versions``; other packages read and change them only through its functions (e.g.
@@ -12,8 +15,9 @@ It owns the tables ``sessions``, ``inbox``, ``turns``, ``events``, ``guards``, `
 
 from agent import retention
 from agent.background import TaskSet
-from agent.calls import usage_of_guard
-from agent.driver import Agent, AgentConfig, CallId, RetryPolicy, StatusSnapshot, history_message
+from agent.calls import CallId, usage_of_guard
+from agent.config import AgentConfig, RetryPolicy
+from agent.driver import Agent, StatusSnapshot
 from agent.errors import (
     AgentError,
     Conflict,
@@ -25,39 +29,29 @@ from agent.errors import (
     StoreClosed,
 )
 from agent.eventlog import first_kept_seq, read_events
-from agent.events import HISTORY_TYPES, Event, EventHub, EventType, Subscription
+from agent.events import Event, EventHub, EventType, Subscription
 from agent.guards import create_guard, update_guard
-from agent.ids import GuardId, MessageId, SessionId, TurnId, TypedId
+from agent.ids import MessageId, SessionId, TurnId, TypedId
 from agent.inbox import (
-    Admitted,
     Enqueued,
-    cancel,
-    cancel_all,
     cancel_pending,
     enqueue,
     get_message,
-    has_waking,
     is_pending,
-    settle_idle,
 )
-from agent.interval import IntervalWatcher, RunFacts, WatchedRun, is_idle, watch_interval
-from agent.limits import CommandLimits, LimitsUnavailable
+from agent.interval import IntervalWatcher, RunFacts, is_idle, watch_interval
+from agent.limits import CommandLimits
 from agent.messages import (
     MAX_MESSAGE_BYTES,
-    Block,
     CancelReason,
-    Content,
     Delivery,
     Fate,
-    InboxMessage,
     Source,
     SourceKind,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
-    content_text,
     parse_content,
-    parse_delivery,
     transition_fate,
 )
 from agent.models import (
@@ -88,7 +82,6 @@ from agent.payloads import (
     Payload,
     SessionCreated,
     StatusChanged,
-    ToolDenied,
     ToolResult,
     TurnEnded,
     TurnStarted,
@@ -102,7 +95,6 @@ from agent.sandbox import (
     Sandbox,
     SandboxPolicy,
     SandboxProfile,
-    SandboxResult,
     SandboxUnavailable,
     detect_bwrap,
 )
@@ -117,15 +109,14 @@ from agent.sessions import (
     sessions_with_workdir,
     update_session,
 )
-from agent.setup import Resolver, SessionSetup
-from agent.spend import Limits, Price, PromptEstimator, Refusal, Reservation, SpendGuard, Usage, estimator_for
-from agent.store import Durability, SessionState, Store, Tx, utcnow
-from agent.subagents import DEFAULT_MAX_DEPTH, Delegate, DelegateArgs
+from agent.setup import SessionSetup
+from agent.spend import Limits, Price, PromptEstimator, Refusal, SpendGuard, Usage, estimator_for
+from agent.store import Durability, SessionState, Store, Tx
+from agent.subagents import DEFAULT_MAX_DEPTH, Delegate
 from agent.tools import (
     FunctionTool,
     McpServer,
     McpServers,
-    McpTool,
     McpUnavailable,
     Shell,
     Tool,
@@ -133,34 +124,27 @@ from agent.tools import (
     ToolOutput,
     ToolPolicy,
     ToolRegistry,
-    confine,
     file_tools,
-    truncate,
 )
-from agent.turns import OUTCOME_UNKNOWN, OpenedTurn, TurnEnd, end_turn, repair, take_or_idle
+from agent.turns import OUTCOME_UNKNOWN, take_or_idle
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
-    "HISTORY_TYPES",
     "MAX_MESSAGE_BYTES",
     "OUTCOME_UNKNOWN",
-    "Admitted",
     "Agent",
     "AgentConfig",
     "AgentError",
     "AgentStatus",
     "AssistantMessage",
-    "Block",
     "Bwrap",
     "CallId",
     "CancelReason",
     "CommandLimits",
     "Conflict",
-    "Content",
     "ContextCompacted",
     "ConvMessage",
     "Delegate",
-    "DelegateArgs",
     "Delivery",
     "Durability",
     "EndReason",
@@ -171,16 +155,12 @@ __all__ = [
     "Fate",
     "FinishReason",
     "FunctionTool",
-    "GuardId",
-    "InboxMessage",
     "IntervalWatcher",
     "InvalidInput",
     "InvalidTransition",
     "Limits",
-    "LimitsUnavailable",
     "McpServer",
     "McpServers",
-    "McpTool",
     "McpUnavailable",
     "MessageAdmitted",
     "MessageCancelled",
@@ -196,7 +176,6 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "NotFound",
-    "OpenedTurn",
     "OtherPayload",
     "Payload",
     "Price",
@@ -204,15 +183,12 @@ __all__ = [
     "Redactor",
     "Refusal",
     "Reply",
-    "Reservation",
-    "Resolver",
     "RetryPolicy",
     "RunFacts",
     "Runtime",
     "Sandbox",
     "SandboxPolicy",
     "SandboxProfile",
-    "SandboxResult",
     "SandboxUnavailable",
     "SchemaTooNew",
     "ScriptedModel",
@@ -236,7 +212,6 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolContext",
-    "ToolDenied",
     "ToolOutput",
     "ToolPolicy",
     "ToolRegistry",
@@ -244,52 +219,38 @@ __all__ = [
     "ToolResultBlock",
     "ToolSpec",
     "ToolUseBlock",
-    "TurnEnd",
     "TurnEnded",
     "TurnId",
     "TurnStarted",
     "Tx",
     "TypedId",
     "Usage",
-    "WatchedRun",
-    "cancel",
-    "cancel_all",
     "cancel_pending",
-    "confine",
-    "content_text",
     "create_guard",
     "create_session",
     "delete_session",
     "detect_bwrap",
     "echo_model",
-    "end_turn",
     "enqueue",
     "estimator_for",
     "file_tools",
     "first_kept_seq",
     "get_message",
-    "has_waking",
-    "history_message",
     "is_idle",
     "is_pending",
     "list_sessions",
     "load_session",
     "parse_content",
-    "parse_delivery",
     "parse_payload",
     "read_events",
     "register_payloads",
-    "repair",
     "retention",
     "session_chain",
     "sessions_with_workdir",
-    "settle_idle",
     "take_or_idle",
     "transition_fate",
-    "truncate",
     "update_guard",
     "update_session",
     "usage_of_guard",
-    "utcnow",
     "watch_interval",
 ]

@@ -2,9 +2,9 @@
 
 :class:`Attempts` is the call machinery a model step (:mod:`agent.step`) and a compaction's summary
 call (:mod:`agent.compaction`) share, so that every call is checked, reserved, time-bound and
-charged the same way. It reads the agent's model, tools, guard and settings live
-(:class:`StepOwner`: a goal swaps its session's guard, the ACP bridge wraps the tools), and is the
-narrow interface compaction gets (:class:`~agent.compaction.CompactionHost`), never the driver.
+charged the same way. It reads the agent's model, tools, guard and settings live from the agent
+(``attempts.agent``: a goal swaps its session's guard, the ACP bridge wraps the tools), and is what
+a compaction gets of the running driver.
 
 Decisions, and why:
 
@@ -26,95 +26,40 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loguru import logger
 
 from agent.calls import ESTIMATED_NOTE, CallId, OutOfTime, commit_assistant, failed_usage, reserve_call, settle_call
-from agent.config import AgentConfig
 from agent.events import EventType
 from agent.history import History
 from agent.messages import Content
 from agent.models.base import Model, ModelError, ModelRequest, ModelResponse
 from agent.payloads import EndReason
-from agent.spend import Refusal, Reservation, SpendGuard, Usage
-from agent.store import Store, Tx
-from agent.tools.base import ToolRegistry
+from agent.spend import Refusal, Reservation, Usage
+from agent.store import Tx
 from agent.turns import OpenedTurn, TurnEnd, charge_open_reservations, close_open_tool_calls
 from agent.writer import DriverWriter
+
+if TYPE_CHECKING:
+    from agent.driver import Agent
 
 _T = TypeVar("_T")
 #: Receives streamed text as ``(turn_id, text)``.
 DeltaListener = Callable[[str, str], None]
 
 
-class StepOwner(Protocol):
-    """What the model-call path reads of its agent, live (these may be swapped between steps)."""
-
-    store: Store
-    session_id: str
-    model: Model
-    tools: ToolRegistry
-    guard: SpendGuard
-    config: AgentConfig
-    summary_model: Model | None
-
-    def is_stopping(self) -> bool:
-        """Whether the agent is stopping (no retry, no compaction retry)."""
-        ...
-
-
 class Attempts:
     """The model attempts of one session's driver (see the module docstring)."""
 
-    def __init__(self, owner: StepOwner, writer: DriverWriter, history: History) -> None:
-        self._owner = owner
+    def __init__(self, agent: Agent, writer: DriverWriter, history: History) -> None:
+        #: The agent whose parts are read live (a goal swaps its guard, the ACP bridge wraps its tools).
+        self.agent = agent
         self.writer = writer
         self.history = history
         #: The text streamed by the call in flight (kept as ``interrupted`` if the turn is cut short).
         self.stream: list[str] = []
         self.listeners: list[DeltaListener] = []
-
-    # -- the agent's parts, read live ---------------------------------------------------------
-
-    @property
-    def store(self) -> Store:
-        """The session's store."""
-        return self._owner.store
-
-    @property
-    def session_id(self) -> str:
-        """The session's id."""
-        return self._owner.session_id
-
-    @property
-    def model(self) -> Model:
-        """The session's model."""
-        return self._owner.model
-
-    @property
-    def summary_model(self) -> Model | None:
-        """The model that writes compaction summaries (``None``: the session's own)."""
-        return self._owner.summary_model
-
-    @property
-    def tools(self) -> ToolRegistry:
-        """The tools offered to the model."""
-        return self._owner.tools
-
-    @property
-    def guard(self) -> SpendGuard:
-        """The spend guard every attempt is reserved with."""
-        return self._owner.guard
-
-    @property
-    def config(self) -> AgentConfig:
-        """The driver's settings."""
-        return self._owner.config
-
-    def is_stopping(self) -> bool:
-        """Whether the agent is stopping."""
-        return self._owner.is_stopping()
 
     async def write(self, fn: Callable[[Tx], _T]) -> _T:
         """A write of the running driver (:class:`~agent.writer.DriverWriter`)."""
@@ -122,7 +67,7 @@ class Attempts:
 
     def request(self, max_tokens: int) -> ModelRequest:
         """The next step's request from the view as held, measured by the session's model."""
-        return self.history.request(self.model, self.config.system, self.tools.specs(), max_tokens)
+        return self.history.request(self.agent.model, self.agent.config.system, self.agent.tools.specs(), max_tokens)
 
     # -- one attempt: reserve, call in time, settle -----------------------------------------------
 
@@ -131,11 +76,11 @@ class Attempts:
     ) -> Reservation | TurnEnd:
         """Check the guard for one call and make its reservation durable; a refusal ends the turn ``budget``."""
         price = model.price
-        held = self.guard.reserve(
+        held = self.agent.guard.reserve(
             call_id,
             bound + max_tokens,
             price.bound(bound, max_tokens) if price else None,
-            min_left=self.config.min_call_seconds,
+            min_left=self.agent.config.min_call_seconds,
         )
         if isinstance(held, Refusal):
             return TurnEnd(reason=EndReason.BUDGET, error=held.reason)
@@ -143,9 +88,9 @@ class Attempts:
             partial(
                 reserve_call,
                 call_id=call_id,
-                session_id=self.session_id,
+                session_id=self.agent.session_id,
                 turn_id=turn.turn_id,
-                guard_id=self.guard.id,
+                guard_id=self.agent.guard.id,
                 provider=model.provider,
                 model=model.name,
                 attempt=attempt,
@@ -165,17 +110,17 @@ class Attempts:
         next call. ``quiet``: the text is not streamed to listeners (a summary is no answer of the
         agent's). Raises :class:`OutOfTime` after the cancellation.
         """
-        min_seconds = self.config.min_call_seconds
-        left = self.guard.time_left()
+        min_seconds = self.agent.config.min_call_seconds
+        left = self.agent.guard.time_left()
         if left is not None and left < min_seconds:
             # Checked again here: the reservation's write may have waited (a full disk) after the guard's check.
-            end = self.guard.ends_at()
+            end = self.agent.guard.ends_at()
             when = end.isoformat() if end is not None else "the deadline"
             raise OutOfTime(
                 f"deadline {when} is {max(left, 0.0):.1f}s away, less than the "
                 f"{min_seconds:g}s a model call needs to start: the call was not started"
             )
-        model = model or self.model
+        model = model or self.agent.model
         on_delta = None if quiet else self._on_delta(turn_id)
         if left is None:
             # No time limit binds this call (one set meanwhile applies from the next call): await
@@ -184,7 +129,7 @@ class Attempts:
         call = asyncio.ensure_future(model.complete(request, on_delta))
         try:
             while True:
-                left = self.guard.time_left()
+                left = self.agent.guard.time_left()
                 if left is not None and left <= 0:
                     break
                 done, _ = await asyncio.wait({call}, timeout=left)
@@ -201,15 +146,15 @@ class Attempts:
 
     async def _cut(self, call: asyncio.Future[ModelResponse]) -> ModelResponse:
         """Cancel a call whose time ran out; raises :class:`OutOfTime` unless it finished meanwhile."""
-        end = self.guard.ends_at()
+        end = self.agent.guard.ends_at()
         call.cancel()
         await asyncio.wait({call})
         if not call.cancelled():
             return call.result()  # it finished as the time ran out
-        late = -(self.guard.time_left() or 0.0)
+        late = -(self.agent.guard.time_left() or 0.0)
         logger.info(
             "session {}: model call cancelled at the end of its time ({}), {:.3f}s after it",
-            self.session_id,
+            self.agent.session_id,
             end,
             late,
         )
@@ -233,16 +178,16 @@ class Attempts:
         """Settle a call to its answer and append the answer to the session (in ``tx``)."""
         commit_assistant(
             tx,
-            session_id=self.session_id,
+            session_id=self.agent.session_id,
             turn_id=turn_id,
             call_id=call_id,
-            model=self.model.spec,
+            model=self.agent.model.spec,
             content=content,
             finish=finish,
             usage=usage,
             cost=cost,
         )
-        guard = self.guard
+        guard = self.agent.guard
         tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
 
     async def settle_failed(
@@ -261,8 +206,8 @@ class Attempts:
         started: ``prompt_estimate``, the likely size, else ``prompt_bound``) and record it as a
         ``model/error`` event; its streamed text is discarded."""
         usage, estimated = failed_usage(exc, prompt_bound, prompt_estimate)
-        cost = self.model.price.cost(usage) if self.model.price else 0.0
-        guard = self.guard
+        cost = self.agent.model.price.cost(usage) if self.agent.model.price else 0.0
+        guard = self.agent.guard
         partial_text = "".join(self.stream)
         self.stream = []
         message = exc.message[:2000]
@@ -283,7 +228,7 @@ class Attempts:
         def run(tx: Tx) -> None:
             error = message + ESTIMATED_NOTE if estimated else message
             settle_call(tx, call_id, usage, cost, error_class=exc.kind.value, error=error)
-            tx.emit(self.session_id, EventType.MODEL_ERROR, data)
+            tx.emit(self.agent.session_id, EventType.MODEL_ERROR, data)
             tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
 
         await self.write(run)
@@ -293,7 +238,7 @@ class Attempts:
         the turn without a result given ``tool_text``, open reservations charged in full."""
         partial_text = "".join(self.stream)
         self.stream = []
-        guard, session_id, spec = self.guard, self.session_id, self.model.spec
+        guard, session_id, spec = self.agent.guard, self.agent.session_id, self.agent.model.spec
 
         def run(tx: Tx) -> None:
             if partial_text:

@@ -4,8 +4,8 @@
 pure functions; this module carries them out for one session's driver before a model call, with
 the driver's own writes, reservations and call machinery, so a summary call is checked, reserved,
 time-bound and charged exactly like a turn's call. It is a separate module so that the driver stays
-about turns; what it needs of the driver is the narrow :class:`CompactionHost` (which the model-call
-path, :class:`agent.step.ModelStep`, provides), never the driver's private parts.
+about turns; what it gets of the driver is its :class:`~agent.attempts.Attempts` (the model-call
+machinery, with the agent's parts read live through ``attempts.agent``), never its private parts.
 
 Decisions, and why:
 
@@ -24,15 +24,14 @@ Decisions, and why:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from loguru import logger
 
+from agent.attempts import Attempts
 from agent.calls import CallId, OutOfTime, settle_call
-from agent.config import AgentConfig
 from agent.context import (
     COMPACTED,
     SUMMARY_INSTRUCTION,
@@ -45,7 +44,6 @@ from agent.context import (
     plan_fallback,
     tool_ids,
 )
-from agent.history import History
 from agent.messages import TextBlock
 from agent.models.base import (
     ConvMessage,
@@ -54,76 +52,15 @@ from agent.models.base import (
     ModelError,
     ModelErrorKind,
     ModelRequest,
-    ModelResponse,
     message_bytes,
     specs_size,
 )
 from agent.payloads import ContextCompacted, EndReason
-from agent.spend import Reservation, SpendGuard, Usage, estimator_for
-from agent.store import Store, Tx
-from agent.tools.base import ToolRegistry
-from agent.turns import CANCELLED_TOOL_TEXT as CANCELLED_TOOL_TEXT  # re-exported: its home moved
-from agent.turns import OpenedTurn, TurnEnd
+from agent.spend import Usage, estimator_for
+from agent.store import Tx
+from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd
 
 _T = TypeVar("_T")
-
-
-class CompactionHost(Protocol):
-    """What a compaction needs of the running driver: its parts, its view, its call machinery."""
-
-    @property
-    def store(self) -> Store: ...
-    @property
-    def session_id(self) -> str: ...
-    @property
-    def config(self) -> AgentConfig: ...
-    @property
-    def model(self) -> Model: ...
-    @property
-    def summary_model(self) -> Model | None: ...
-    @property
-    def tools(self) -> ToolRegistry: ...
-    @property
-    def guard(self) -> SpendGuard: ...
-    @property
-    def history(self) -> History:
-        """The view as the driver holds it, with its meter and estimator."""
-        ...
-
-    async def write(self, fn: Callable[[Tx], _T]) -> _T:
-        """A write of the running driver (retried while the store cannot write)."""
-        ...
-
-    async def reserve(
-        self, turn: OpenedTurn, model: Model, bound: int, max_tokens: int, attempt: int, call_id: CallId
-    ) -> Reservation | TurnEnd:
-        """Reserve one call with the guard, durably; a refusal ends the turn."""
-        ...
-
-    async def complete_in_time(
-        self, request: ModelRequest, turn_id: str, model: Model | None = None, quiet: bool = False
-    ) -> ModelResponse:
-        """One model attempt bound by the guard's time (raises :class:`OutOfTime`)."""
-        ...
-
-    async def settle_failed(
-        self,
-        turn: OpenedTurn,
-        call_id: str,
-        exc: ModelError,
-        *,
-        attempt: int,
-        retry: bool,
-        prompt_bound: int,
-        breaker_open: bool = False,
-        prompt_estimate: int | None = None,
-    ) -> None:
-        """Settle a failed attempt with its ``model/error`` event."""
-        ...
-
-    async def cleanup(self, turn: OpenedTurn, tool_text: str, error_class: str = "interrupted") -> None:
-        """Close a turn cut short (open tool calls, open reservations)."""
-        ...
 
 
 def _nothing(tx: Tx) -> None:
@@ -141,16 +78,14 @@ class Summary:
     model: Model
 
 
-def summary_limit(host: CompactionHost, model: Model) -> int:
+def summary_limit(host: Attempts, model: Model) -> int:
     """The output limit of a summary call: the policy's, the model's, and a share of the window."""
-    policy = host.config.context
-    share = max(16, int(host.model.context_window * policy.summary_share))
+    policy = host.agent.config.context
+    share = max(16, int(host.agent.model.context_window * policy.summary_share))
     return min(policy.summary_max_tokens, model.max_tokens, share)
 
 
-async def compact_view(
-    host: CompactionHost, turn: OpenedTurn, request: ModelRequest, max_tokens: int
-) -> TurnEnd | None:
+async def compact_view(host: Attempts, turn: OpenedTurn, request: ModelRequest, max_tokens: int) -> TurnEnd | None:
     """Make the agent's view smaller before a call: summarize its older part, else elide and drop.
 
     Returns a :class:`TurnEnd` when the turn must end (the guard refused the summary call, its time
@@ -158,12 +93,12 @@ async def compact_view(
     """
     # A step's tool result is committed with the next write: flush it, the view is read from the store.
     await host.write(_nothing)
-    previous, view = await load_view(host.store, host.session_id)
+    previous, view = await load_view(host.agent.store, host.agent.session_id)
     before = host.history.meter.estimate(request.prompt_bytes)
     sizes = _sizes(host, request, view, max_tokens)
     fixed, ratio, target, fits = sizes.fixed, sizes.ratio, sizes.target, sizes.fits
     prev_summary = previous.summary if previous is not None else None
-    base = {"turn_id": turn.turn_id, "elide_keep": host.config.context.elide_keep, "tokens_before": before}
+    base = {"turn_id": turn.turn_id, "elide_keep": host.agent.config.context.elide_keep, "tokens_before": before}
     if previous is not None:  # the steps of a long turn left out so far (dropped from the record once passed)
         base |= previous.model_dump(include={"steps_from_seq", "steps_through_seq", "steps_dropped"})
     record: ContextCompacted | None = None
@@ -184,14 +119,14 @@ async def compact_view(
     if record is None:
         # Not a warning, and not tried again at every step: the step waits until the view has grown.
         host.history.gave_up(before)
-        logger.info("session {}: the view cannot be compacted further (~{} tokens)", host.session_id, before)
+        logger.info("session {}: the view cannot be compacted further (~{} tokens)", host.agent.session_id, before)
         return None
     after = int((fixed + sum(message_bytes(e.msg) for e in view)) * ratio)
     record = record.model_copy(update={"tokens_after": after})
     await host.write(partial(commit, host, record=record))
     logger.info(
         "session {}: context compacted ({}): {} message(s) through seq {}, ~{} -> ~{} tokens",
-        host.session_id,
+        host.agent.session_id,
         record.mode,
         record.messages,
         record.through_seq,
@@ -200,7 +135,7 @@ async def compact_view(
     )
     # The view as a restart rebuilds it; the prefix changed, so the wire form starts afresh.
     await host.history.reload()
-    if after > host.config.context.compact_at * host.model.context_window:
+    if after > host.agent.config.context.compact_at * host.agent.model.context_window:
         host.history.gave_up(after)  # freed too little: not again before the view has grown
     return None
 
@@ -239,23 +174,23 @@ class _Sizes:
     older_bytes: int  # bytes of the older part a summary request may carry
 
 
-def _sizes(host: CompactionHost, request: ModelRequest, view: list[Entry], max_tokens: int) -> _Sizes:
-    policy, window = host.config.context, host.model.context_window
-    fixed = len(host.config.system or "") + specs_size(request.tools)
+def _sizes(host: Attempts, request: ModelRequest, view: list[Entry], max_tokens: int) -> _Sizes:
+    policy, window = host.agent.config.context, host.agent.model.context_window
+    fixed = len(host.agent.config.system or "") + specs_size(request.tools)
     neutral = fixed + sum(message_bytes(e.msg) for e in view)
     # Tokens per model-neutral byte, as this model measures and the calibration bounds it.
     ratio = host.history.estimator.ratio * max(1.0, request.prompt_bytes / max(neutral, 1))
     # The whole prompt after the compaction aims at ``compact_to`` of the window (never past the
     # room the output limit leaves); the verbatim part gets what the fixed part and the summary leave.
     target = min(policy.compact_to * window, policy.compact_at * window, window - max_tokens)
-    summary_room = summary_limit(host, host.summary_model or host.model)
+    summary_room = summary_limit(host, host.agent.summary_model or host.agent.model)
     keep_bytes = max(0, int((target - summary_room) / ratio) - fixed)
     # The fallback aims at the target when the summary call failed; otherwise it only trims what
     # still would not leave room below the trigger (the verbatim turns stay whole where they can).
     fits = min(policy.compact_at * window, window - max_tokens) * 0.75
     # What the summary request may carry of the older part: its model's window less the output
     # limit, the fixed part and the instruction, at that model's calibrated ratio (with a margin).
-    smodel = host.summary_model or host.model
+    smodel = host.agent.summary_model or host.agent.model
     sratio = estimator_for(smodel.spec).ratio * ratio / host.history.estimator.ratio
     room = (smodel.context_window - summary_room - 64) / (sratio * 1.1)
     older_bytes = max(0, int(room) - fixed - len(SUMMARY_INSTRUCTION))
@@ -265,7 +200,7 @@ def _sizes(host: CompactionHost, request: ModelRequest, view: list[Entry], max_t
 def _fall_back(
     view: list[Entry],
     budget_bytes: int,
-    host: CompactionHost,
+    host: Attempts,
     base: dict[str, Any],
     previous: ContextCompacted | None,
     record: ContextCompacted | None,
@@ -274,7 +209,7 @@ def _fall_back(
 ) -> tuple[ContextCompacted | None, list[Entry]]:
     """Elide large tool results, then drop the oldest turns, until the view fits ``budget_bytes``;
     then, if the running turn alone is too big, its oldest steps down to ``steps_budget``."""
-    fb = plan_fallback(view, budget_bytes, host.config.context, steps_budget=steps_budget)
+    fb = plan_fallback(view, budget_bytes, host.agent.config.context, steps_budget=steps_budget)
     if not fb.elided and fb.cut is None and fb.steps is None:
         return record, view
     start = record if record is not None else previous
@@ -313,30 +248,34 @@ def _fall_back(
     return record, apply(view, record)
 
 
-def commit(host: CompactionHost, tx: Tx, *, record: ContextCompacted) -> None:
+def commit(host: Attempts, tx: Tx, *, record: ContextCompacted) -> None:
     """Write the ``context/compacted`` event and settle its summary call, in one transaction."""
     data = record.model_dump(by_alias=True, exclude={"type"}, exclude_none=True, mode="json")
     if record.call_id is not None:
-        usage, cost, call_id, guard = record.usage or Usage(), record.cost, record.call_id, host.guard
+        usage, cost, call_id, guard = record.usage or Usage(), record.cost, record.call_id, host.agent.guard
         settle_call(tx, call_id, usage, cost)
         tx.after_commit(lambda: guard.settle(call_id, usage.total, cost))
-    tx.emit(host.session_id, COMPACTED, data)
+    tx.emit(host.agent.session_id, COMPACTED, data)
 
 
-async def summarize(host: CompactionHost, turn: OpenedTurn, older: list[Entry]) -> Summary | TurnEnd | None:
+async def summarize(host: Attempts, turn: OpenedTurn, older: list[Entry]) -> Summary | TurnEnd | None:
     """The summary of ``older`` by a model call, charged like any other; ``None`` when it failed or
     would not fit the summarizing model's window (the caller falls back)."""
-    model = host.summary_model or host.model
+    model = host.agent.summary_model or host.agent.model
     limit = summary_limit(host, model)
     ask = ConvMessage(role="user", content=[TextBlock(text=SUMMARY_INSTRUCTION)])
     request = ModelRequest(
-        host.config.system, tuple([e.msg for e in older] + [ask]), host.tools.specs(), limit, purpose="summary"
+        host.agent.config.system,
+        tuple([e.msg for e in older] + [ask]),
+        host.agent.tools.specs(),
+        limit,
+        purpose="summary",
     )
     request = dataclasses.replace(request, prompt_bytes=model.measure(request))
     estimator = estimator_for(model.spec)
     bound = estimator.bound(request.prompt_bytes)
     if bound + limit > model.context_window:
-        logger.info("session {}: the summary request (~{} tokens) would not fit", host.session_id, bound)
+        logger.info("session {}: the summary request (~{} tokens) would not fit", host.agent.session_id, bound)
         return None
     call_id = CallId.new()
     held = await host.reserve(turn, model, bound, limit, 1, call_id)
@@ -348,7 +287,7 @@ async def summarize(host: CompactionHost, turn: OpenedTurn, older: list[Entry]) 
         await host.cleanup(turn, CANCELLED_TOOL_TEXT, error_class="deadline")
         return TurnEnd(reason=EndReason.BUDGET, error=str(cut))
     except ModelError as exc:
-        logger.warning("session {}: the summary call failed ({}); falling back", host.session_id, exc)
+        logger.warning("session {}: the summary call failed ({}); falling back", host.agent.session_id, exc)
         likely = estimator.likely(request.prompt_bytes)
         await host.settle_failed(turn, call_id, exc, attempt=1, retry=False, prompt_bound=bound, prompt_estimate=likely)
         return None

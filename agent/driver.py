@@ -46,13 +46,8 @@ from typing import Any
 
 from loguru import logger
 
-from agent.attempts import Attempts
-from agent.attempts import DeltaListener as DeltaListener  # re-exported: its home moved
-from agent.calls import CallId as CallId  # re-exported: its home moved
-from agent.config import AgentConfig as AgentConfig  # re-exported: its home moved
-from agent.config import RetryPolicy as RetryPolicy  # re-exported: its home moved
-from agent.config import SlotFactory as SlotFactory  # re-exported: its home moved
-from agent.context import history_message as history_message  # re-exported: its home moved
+from agent.attempts import Attempts, DeltaListener
+from agent.config import AgentConfig, SlotFactory
 from agent.errors import LeaseLost, StorageUnavailable
 from agent.events import Event, EventType
 from agent.history import History
@@ -66,10 +61,7 @@ from agent.step import ModelStep
 from agent.store import SessionState, Store
 from agent.toolcalls import ToolCalls
 from agent.tools.base import ToolRegistry
-from agent.turns import CANCELLED_TOOL_TEXT as CANCELLED_TOOL_TEXT  # re-exported: its home moved
-from agent.turns import OpenedTurn, TurnEnd, end_turn, take_or_idle
-from agent.writer import STORAGE_RETRY_FIRST as STORAGE_RETRY_FIRST  # re-exported: its home moved
-from agent.writer import STORAGE_RETRY_MAX as STORAGE_RETRY_MAX  # re-exported: its home moved
+from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd, end_turn, take_or_idle
 from agent.writer import DriverWriter
 
 

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from agent.driver import AgentConfig, SlotFactory
+from agent.config import AgentConfig, SlotFactory
 from agent.models.base import Model
 from agent.models.registry import ModelRegistry
 from agent.sessions import SessionRow

@@ -102,9 +102,9 @@ class ModelStep:
     async def run(self, turn: OpenedTurn) -> ModelResponse | TurnEnd:
         """One model step: the answer, committed and added to the view, or how the turn ends."""
         calls = self.attempts
-        model = calls.model
+        model = calls.agent.model
         await model.discover_window()  # once per model, where the configuration did not set it
-        configured = calls.config.max_tokens or model.max_tokens
+        configured = calls.agent.config.max_tokens or model.max_tokens
         number = 0
         compact = refused = False
         while True:
@@ -139,7 +139,7 @@ class ModelStep:
         """The attempt's request, after a compaction when the view is too big (or was refused)."""
         calls = self.attempts
         request = calls.request(max_tokens)
-        meter, window = calls.history.meter, calls.model.context_window
+        meter, window = calls.history.meter, calls.agent.model.context_window
         if compact or self._compacts(request, max_tokens):
             ended = await compact_view(calls, turn, request, max_tokens)
             if ended is not None:
@@ -148,12 +148,12 @@ class ModelStep:
         likely = meter.likely(request.prompt_bytes)
         if likely + max_tokens > window:
             # Even the fallback could not make it fit: a request estimated not to fit is never sent.
-            model = calls.model
+            model = calls.agent.model
             why = (
                 f"the request (about {likely} tokens, and {max_tokens} for the answer) does not fit the model's"
                 f" context window of {window} tokens ({model.window_source}), even after compaction"
             )
-            logger.warning("session {}: {} ({})", calls.session_id, why, model.spec)
+            logger.warning("session {}: {} ({})", calls.agent.session_id, why, model.spec)
             return TurnEnd(reason=EndReason.ERROR, error=f"{CONTEXT_TOO_SMALL}: {why}", error_kind=CONTEXT_TOO_SMALL)
         return request
 
@@ -161,8 +161,8 @@ class ModelStep:
         """Whether the view is compacted before this request: over the trigger, unless the last
         compaction freed too little and the view has not grown much since (and the request fits)."""
         calls = self.attempts
-        meter, window = calls.history.meter, calls.model.context_window
-        if not meter.over(request.prompt_bytes, max_tokens, window, calls.config.context):
+        meter, window = calls.history.meter, calls.agent.model.context_window
+        if not meter.over(request.prompt_bytes, max_tokens, window, calls.agent.config.context):
             return False
         fits = meter.likely(request.prompt_bytes) + max_tokens <= window
         return not (fits and calls.history.holding_off(meter.estimate(request.prompt_bytes), window))
@@ -173,7 +173,7 @@ class ModelStep:
         turn, call_id, number, bound = attempt.turn, attempt.call_id, attempt.number, attempt.bound
         # What the server could have processed of the prompt, if it began an answer and said nothing.
         likely = calls.history.meter.likely(attempt.request.prompt_bytes)
-        if not refused and not calls.is_stopping():
+        if not refused and not calls.agent.is_stopping():
             overflow = self._overflow(model, attempt.request, exc, likely)
             if overflow is not None:
                 # Not an error of the goal's: the estimate was low, or the window smaller than assumed.
@@ -183,8 +183,8 @@ class ModelStep:
                     turn, call_id, overflow, attempt=number, retry=True, prompt_bound=bound, prompt_estimate=likely
                 )
                 return _Next.COMPACT
-        retry = exc.retried_in_turn and calls.config.retry.retries(number, exc.retry_after)
-        retry = retry and not calls.is_stopping()
+        retry = exc.retried_in_turn and calls.agent.config.retry.retries(number, exc.retry_after)
+        retry = retry and not calls.agent.is_stopping()
         # Read now, as the failure left it: a goal does not count errors of a provider outage.
         breaker_open = getattr(model, "breaker_open", None)
         outage = bool(breaker_open()) if callable(breaker_open) else False
@@ -200,8 +200,8 @@ class ModelStep:
         )
         if not retry:
             return TurnEnd(reason=EndReason.ERROR, error=str(exc), error_kind=exc.kind.value)
-        delay = calls.config.retry.delay(number, exc.retry_after)
-        left = calls.guard.time_left()
+        delay = calls.agent.config.retry.delay(number, exc.retry_after)
+        left = calls.agent.guard.time_left()
         # Never sleep past the end of the time: the next reservation is refused then.
         await asyncio.sleep(delay if left is None else min(delay, max(left, 0.0)))
         return _Next.RETRY

@@ -46,15 +46,13 @@ from loguru import logger
 from agent.backends import Backend, PgBackend, SqliteBackend, masked, pg_failure
 from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import NotFound, NotSupported, StorageUnavailable, StoreClosed
-from agent.eventlog import first_kept_seq as first_kept_seq  # re-exported: its home moved
-from agent.eventlog import read_events as read_events  # re-exported: its home moved
+from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub, EventType
 from agent.migrate import apply_migrations, backup_into
 from agent.payloads import AgentStatus
 from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, follow, payloads, relay, stored_top
 from agent.schema import MIGRATIONS, Migration
-from agent.storage import StoreReserve, is_disk_full, owner_only
-from agent.storage import storage_failure as storage_failure  # re-exported: its home moved
+from agent.storage import StoreReserve, is_disk_full, owner_only, storage_failure
 
 T = TypeVar("T")
 Durability = Literal["normal", "full"]

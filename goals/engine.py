@@ -48,7 +48,6 @@ from agent import (
     InvalidInput,
     NotFound,
     Runtime,
-    SessionId,
     SessionState,
     Tx,
     is_idle,
@@ -710,4 +709,3 @@ __all__ = [
     "GoalEngine",
     "guard_limits",
 ]
-_ = (NotFound, SessionId)

@@ -157,6 +157,27 @@ def test_the_scan_sees_the_packages(graph: Graph) -> None:
     assert "goals" in graph["daemon.host"]
 
 
+def test_every_name_the_agent_package_exports_is_imported_through_it() -> None:
+    """``agent/__init__.py`` stays trimmed: a name it re-exports that no module or test imports from
+    ``agent`` is dead weight (``docs/architecture.md#packages-and-the-import-direction``)."""
+    import agent
+
+    imported: set[str] = set()
+    for path in ROOT.rglob("*.py"):
+        if ".venv" in path.parts or path == ROOT / "agent" / "__init__.py":
+            continue
+        source = path.read_text()
+        pairs = imported_names(source, "", False)
+        imported.update(name for target, name in pairs if target == "agent" and name is not None)
+        if ("agent", None) in pairs:  # ``import agent``, then ``agent.Name``
+            imported.update(
+                node.attr
+                for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "agent"
+            )
+    assert sorted(set(agent.__all__) - imported) == []
+
+
 # -- self-tests ------------------------------------------------------------------------------
 
 

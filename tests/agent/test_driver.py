@@ -43,7 +43,7 @@ from agent import (
     ToolOutput,
 )
 from agent.db import Conn
-from agent.driver import CANCELLED_TOOL_TEXT
+from agent.turns import CANCELLED_TOOL_TEXT
 
 #: The store contract: every test here runs on SQLite and on PostgreSQL.
 pytestmark = pytest.mark.both_stores

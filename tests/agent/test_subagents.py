@@ -75,10 +75,10 @@ from agent import (
     parse_content,
     usage_of_guard,
 )
-from agent.driver import CANCELLED_TOOL_TEXT
 from agent.redact import Redactor
 from agent.subagents import ORPHANED, session_spend
 from agent.tools import ToolPolicy
+from agent.turns import CANCELLED_TOOL_TEXT
 from daemon.client import Connection as Client
 from goals import GoalEngine, GoalSpec, GoalStatus, tools_for_goal_sessions
 
