@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -396,6 +397,29 @@ async def test_a_one_second_interval_fires_on_time(store: Store) -> None:
     assert instants[0] == sched.next_fire_at
     assert all(0 <= lag < 1.0 for lag in lags), lags
     assert len(goals.fired) >= 3
+
+
+async def test_a_blocked_loop_gets_every_instant_it_passed_and_each_is_recorded(store: Store) -> None:
+    """What APScheduler does that one timer would not (``daemon/schedule/__init__.py``, point 2): at
+    a late wake-up it hands over every instant the wake passed, so each is recorded, none lost."""
+    goals = Goals()
+    async with running(store, goals, clock=None) as sch:
+        sched = await sch.add(spec(trigger={"kind": "interval", "seconds": 1}, concurrency="allow"))
+        seen: list[dict[str, Any]] = []
+        async with asyncio.timeout(15):
+            async with contextlib.aclosing(store.hub.subscribe(store, sched.session_id, 0)) as events:
+                async for event in events:
+                    if event.type != SCHEDULE_RUN:
+                        continue
+                    seen.append(event.data)
+                    if len(seen) == 1:  # block the loop: three or four instants pass unseen
+                        asyncio.get_running_loop().call_soon(time.sleep, 3.5)
+                    if len(seen) == 6:
+                        break
+    instants = [datetime.fromisoformat(d["scheduledFor"]) for d in seen]
+    assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(instants)), instants
+    coalesced = [d for d in seen if d["outcome"] == "coalesced"]
+    assert len(coalesced) >= 2, seen  # handed over together: all but the last of them coalesced
 
 
 # -- the real goal engine ------------------------------------------------------------------------
