@@ -16,7 +16,7 @@ the live page's stream (:mod:`daemon.web.live`, event by event) say the same of 
 
 Why pages by sequence number and not by round number: no index maps rounds to events, and a
 goal with 10,000 rounds must open quickly. A page reads backwards from a sequence number in
-windows through the store's own :func:`~agent.store.read_events` until it holds the bands it
+windows through the store's own :func:`~agent.eventlog.read_events` until it holds the bands it
 needs (at most ``max_scan`` events: a pathological round is cut, and the cursor says where to go
 on), all in one read on the store's thread. The cursor of the next page is the first sequence
 number of the oldest band shown, so pages never overlap and never skip an event.
