@@ -18,6 +18,7 @@ from loguru import logger
 
 from agent import SchemaTooNew
 from agent.schema import MigrationFailed
+from daemon import __version__
 from daemon.checks import StateDirUnusable, config_findings, state_dir_problem
 from daemon.cli.completion import completion_script
 from daemon.cli.goal import goal
@@ -100,17 +101,27 @@ def user_config() -> Path:
     return Path(base) / "goald" / "goald.toml"
 
 
-def find_config(args: argparse.Namespace, *, discover: bool = True) -> Path | None:
+def config_candidates(*, serve: bool = False) -> tuple[Path, ...]:
+    """Where a configuration is looked for, in order. A command looks at the system daemon's
+    ``/etc/goald/goald.toml``, then the per-user one. ``goald serve`` by root looks at the same
+    two; by another user only at the per-user one: the system configuration names the system
+    daemon's state directory, which a daemon started by hand must not take by surprise."""
+    if serve and os.geteuid() != 0:
+        return (user_config(),)
+    return (SYSTEM_CONFIG, user_config())
+
+
+def find_config(args: argparse.Namespace, *, discover: bool = True, serve: bool = False) -> Path | None:
     """The configuration a command reads: ``--config``, else ``GOALD_CONFIG``, else (``discover``:
-    the commands that talk to a daemon, and ``config check``) the system daemon's
-    ``/etc/goald/goald.toml`` if it exists, else the per-user one if it exists, else none (the
-    defaults). ``GOALD_SOCKET`` (or ``--socket``) still names the socket over whatever is found."""
+    every command but ``run`` and ``store vacuum``) the first of ``config_candidates`` that
+    exists, else none (the defaults). ``GOALD_SOCKET`` (or ``--socket``) still names the socket
+    over whatever is found."""
     if args.config is not None:
         return Path(args.config)
     if os.environ.get("GOALD_CONFIG"):
         return Path(os.environ["GOALD_CONFIG"])
     if discover:
-        for candidate in (SYSTEM_CONFIG, user_config()):
+        for candidate in config_candidates(serve=serve):
             try:
                 if candidate.is_file() and os.access(candidate, os.R_OK):
                     return candidate
@@ -120,12 +131,21 @@ def find_config(args: argparse.Namespace, *, discover: bool = True) -> Path | No
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    # serve, run and store vacuum read only what they are told: a daemon started by hand must not
-    # pick up the system daemon's configuration (and its state directory) by surprise.
-    discover = args.command not in ("serve", "run") and not (
+    # run and store vacuum read only what they are told; serve reads what the CLI and config check
+    # read (by another user than root, the per-user file only: see config_candidates).
+    discover = args.command != "run" and not (
         args.command == "store" and getattr(args, "store_command", None) == "vacuum"
     )
-    return load_settings(find_config(args, discover=discover))
+    args.config_in_use = find_config(args, discover=discover, serve=args.command == "serve")
+    return load_settings(args.config_in_use)
+
+
+def config_line(path: Path | None) -> str:
+    """What ``goald serve`` logs at start: the version and the configuration in use."""
+    if path is not None:
+        return f"goald {__version__} starting with the configuration {path}"
+    looked = " or ".join(str(p) for p in config_candidates(serve=True))
+    return f"goald {__version__} starting with built-in defaults: no config file at {looked}"
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -194,6 +214,7 @@ def _without_daemon(settings: Settings, args: argparse.Namespace) -> int | None:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     """``goald serve``: the daemon in this process, each refusal to start mapped to its exit code."""
     setup_logging(args.log_level or settings.log_level, settings.log_format, journal_socket=settings.journal_socket)
+    logger.info(config_line(getattr(args, "config_in_use", None)))
     try:
         # An unusable state directory is one line and exit 78, before anything else is said.
         if (problem := state_dir_problem(settings.state_dir)) is not None:
