@@ -5,7 +5,9 @@ taken while the daemon goes on writing (readers do not block the WAL writer), wr
 temporary name and renamed, so a backup file is either whole or absent. ``goald store backup PATH``
 asks the daemon that holds the store (``store/backup``); with no daemon running it takes the state
 directory's lock (:mod:`daemon.lock`) and copies the file itself, so no daemon can start and
-migrate the database half way through.
+migrate the database half way through. ``goald store restore BACKUP`` is the way back: offline
+only (refused while a daemon holds the state directory), it copies the file into place and runs
+``PRAGMA integrity_check`` on the result (:func:`restore_offline`).
 
 **Upgrades**: before the store is opened, :func:`upgrade_store` compares every package's schema
 version in the database with the migrations this goald ships (:data:`SCHEMAS`). If any step is
@@ -26,6 +28,7 @@ transaction of its own, but after the copy and outside the all-or-nothing step).
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,3 +85,61 @@ def backup_offline(database: Path, dest: Path) -> int:
     finally:
         conn.close()
     return dest.stat().st_size
+
+
+def restore_offline(backup: Path, database: Path, *, replace: bool = False) -> str:
+    """Copy the backup file ``backup`` to ``database`` with no daemon running (the caller holds the
+    state lock), then run ``PRAGMA integrity_check`` on the restored file; returns its answer
+    (``"ok"`` when whole).
+
+    The copy is made with SQLite's online backup API into a temporary file beside ``database`` and
+    renamed into place, so ``database`` is either the old file or the whole copy. An existing
+    database is refused unless ``replace``; then it is renamed aside first
+    (``<database>.before-restore``, with its WAL checkpointed into it), never deleted.
+
+    Raises:
+        FileNotFoundError: no backup file, or ``database``'s directory is missing.
+        FileExistsError: ``database`` exists and ``replace`` is false (or the aside name is taken).
+        sqlite3.DatabaseError: ``backup`` is not a SQLite database.
+    """
+    if not backup.is_file():
+        raise FileNotFoundError(f"no backup file at {backup}")
+    if database.exists() and not replace:
+        raise FileExistsError(f"{database} exists; give --replace to set it aside and restore over it")
+    database.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = database.with_name(f".{database.name}.restoring")
+    partial.unlink(missing_ok=True)
+    src = sqlite3.connect(f"file:{backup}?mode=ro", uri=True)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)  # owner-only: the copy holds every prompt
+        dst = sqlite3.connect(str(partial))
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        src.close()
+    if database.exists():
+        aside = database.with_name(database.name + ".before-restore")
+        if aside.exists():
+            partial.unlink(missing_ok=True)
+            raise FileExistsError(f"{aside} exists (an earlier restore's); move it away first")
+        old = sqlite3.connect(str(database), isolation_level=None)
+        try:
+            old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            old.close()
+        os.replace(database, aside)
+    for suffix in ("-wal", "-shm", "-journal"):
+        database.with_name(database.name + suffix).unlink(missing_ok=True)
+    os.replace(partial, database)
+    conn = sqlite3.connect(str(database))
+    try:
+        rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
+    finally:
+        conn.close()
+    return "; ".join(rows)

@@ -39,7 +39,7 @@ from daemon.cli.parser import (
 from daemon.cli.schedule import schedule_command
 from daemon.cli.session import send
 from daemon.cli.status import status
-from daemon.cli.store import backup, store_command, vacuum
+from daemon.cli.store import backup, restore, store_command, vacuum
 from daemon.cli.web import web_command
 from daemon.client import Connection, DaemonUnavailable
 from daemon.declared import check_declared
@@ -208,6 +208,9 @@ def _without_daemon(settings: Settings, args: argparse.Namespace) -> int | None:
     if cmd == "store" and args.store_command == "backup":
         setup_logging(args.log_level or "WARNING")
         return backup(settings, args.socket or settings.socket_path, args.path)
+    if cmd == "store" and args.store_command == "restore":
+        setup_logging(args.log_level or "WARNING")
+        return restore(settings, args.path, replace=args.replace)
     return None
 
 

@@ -317,6 +317,22 @@ def _add_store_parser(sub: Subparsers) -> None:
     stsub.add_parser("vacuum", help="offline full VACUUM (refused while a daemon runs)")
     stbackup = stsub.add_parser("backup", help="a consistent copy of the database (online, through the daemon)")
     stbackup.add_argument("path", type=Path, metavar="PATH", help="the copy to write (must not exist)")
+    strestore = stsub.add_parser(
+        "restore",
+        help="copy a backup into the state directory's database (offline; SQLite only)",
+        description="Restore a file written by 'goald store backup' into this state directory's database,"
+        " then run PRAGMA integrity_check on it. Offline only: refused (exit 75) while a daemon holds the"
+        " state directory. Procedure: stop the daemon, restore, check the answer is ok, start."
+        " A PostgreSQL store is restored with pg_restore from a pg_dump copy, not with this command.",
+        epilog="example: systemctl stop goald && goald store restore /backups/goald-2026-01-02.db"
+        " && systemctl start goald",
+    )
+    strestore.add_argument("path", type=Path, metavar="BACKUP", help="the backup file to restore")
+    strestore.add_argument(
+        "--replace",
+        action="store_true",
+        help="restore over an existing database (it is renamed to <database>.before-restore, not deleted)",
+    )
 
 
 def _add_node_parser(sub: Subparsers) -> None:

@@ -1,5 +1,6 @@
 """The CLI's ``goald store stats|compact`` (through the daemon), ``goald store vacuum`` (offline) and
-``goald store backup PATH`` (through the daemon when one holds the store, else offline).
+``goald store backup PATH`` (through the daemon when one holds the store, else offline) and
+``goald store restore BACKUP`` (offline only).
 
 ``vacuum`` rewrites the whole database with a full ``VACUUM``, which holds the writer for its whole
 run; it is therefore offline only: it takes the state directory's lock (:mod:`daemon.lock`) first
@@ -12,13 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 from agent import retention
 from agent.backends import masked
-from daemon.backup import backup_offline
+from daemon.backup import backup_offline, restore_offline
 from daemon.client import Connection, DaemonUnavailable
 from daemon.lock import StateDirLocked, StateLock
 from daemon.rpc.protocol import RpcError
@@ -67,6 +69,10 @@ async def store_command(client: Connection, args: argparse.Namespace) -> int:
 PG_BACKUP = (
     "the store is PostgreSQL ({}): back it up with PostgreSQL's own tools — pg_dump for a copy"
     " (pg_dump -Fc -f goald.dump DBNAME), pg_basebackup with WAL archiving for point-in-time recovery"
+)
+PG_RESTORE = (
+    "the store is PostgreSQL ({}): restore it with PostgreSQL's own tools — pg_restore for a pg_dump copy"
+    " (pg_restore -d DBNAME goald.dump), with every goald node stopped"
 )
 PG_VACUUM = "the store is PostgreSQL ({}): its autovacuum reuses the space; VACUUM FULL is the operator's (psql)"
 
@@ -150,3 +156,28 @@ def backup(settings: Any, socket_path: Path, path: Path) -> int:
         lock.release()
     print(f"backed up {settings.database_path} to {dest} ({_mib(size)}, offline)")
     return 0
+
+
+def restore(settings: Any, path: Path, *, replace: bool = False) -> int:
+    """``goald store restore BACKUP``: the backup file copied into the state directory's database,
+    offline only (exit 75 while a daemon holds the state dir), then ``PRAGMA integrity_check``
+    (exit 1 unless it answers ``ok``)."""
+    if (code := _pg(settings, PG_RESTORE)) is not None:
+        return code
+    state_dir = settings.state_dir.expanduser()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = StateLock(state_dir, settings.database_path)
+    try:
+        lock.acquire()
+    except StateDirLocked as exc:
+        print(f"goald: {exc}; stop the daemon first (a restore replaces its database)", file=sys.stderr)
+        return 75
+    try:
+        check = restore_offline(path.expanduser().absolute(), settings.database_path, replace=replace)
+    except (OSError, sqlite3.DatabaseError) as exc:
+        print(f"goald: restore refused: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        lock.release()
+    print(f"restored {path} to {settings.database_path}; integrity_check: {check}")
+    return 0 if check == "ok" else 1

@@ -200,5 +200,8 @@ def test_store_backup_and_vacuum_on_postgresql_name_the_server_s_tools(tmp_path:
         assert not (tmp_path / "copy.db").exists()
         done = d.cli("store", "vacuum")
         assert done.returncode == 64 and "autovacuum" in done.stderr, done.stderr
+        (tmp_path / "copy.db").write_bytes(b"")
+        done = d.cli("store", "restore", str(tmp_path / "copy.db"))
+        assert done.returncode == 64 and "pg_restore" in done.stderr, done.stderr
     finally:
         d.close()
