@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from datetime import UTC, datetime
 from typing import TypedDict
 
 from daemon.checks import check_goal_input
 from daemon.rpc.activity import activities, describe, nodes
 from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
 from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalResume, GoalResumeAll, GoalUpdate
-from daemon.rpc.protocol import Dispatcher, Peer
+from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject, goal_view
 from goals import Budgets, Goal, GoalId, GoalSpec, SandboxSpec, StopRules, VerifyCommand
 
@@ -58,6 +59,22 @@ class ResumedAll(TypedDict):
     results: list[ResumeOutcome]
 
 
+def refuse_past_deadline(budgets: Budgets | None, current: Budgets | None = None) -> None:
+    """A deadline already past is refused, naming the field: the goal would exhaust at once. The
+    deadline a goal already has is kept as it is (an edit resends the budgets as a whole)."""
+    if budgets is None or budgets.deadline is None:
+        return
+    if current is not None and current.deadline == budgets.deadline:
+        return
+    now = datetime.now(UTC)
+    if budgets.deadline <= now:
+        raise InvalidField(
+            f"budgets.deadline: {budgets.deadline.isoformat()} is already past"
+            f" (now {now.isoformat(timespec='seconds')}): give an instant in the future",
+            field="budgets.deadline",
+        )
+
+
 def _spec_of(host: HostPort, p: GoalCreate) -> GoalSpec:
     """The goal spec of a ``goal/create`` request (its work directory is resolved apart)."""
     return GoalSpec(
@@ -88,6 +105,7 @@ async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
     eng = engine(host)
     goal_id = GoalId.new()
     spec = _spec_of(host, p)
+    refuse_past_deadline(spec.budgets)
     # Refused now, naming the field, rather than at the first call or the first claim.
     check_goal_input(
         host.settings,
@@ -175,6 +193,8 @@ def register(d: Dispatcher, host: HostPort) -> None:
     async def goal_resume(p: GoalResume, peer: Peer) -> JsonObject:
         taking_work(host)
         budgets = p.budgets.to_budgets() if p.budgets else None
+        if budgets is not None:
+            refuse_past_deadline(budgets, (await engine(host).get(p.goal_id)).budgets)
         return goal_view(await engine(host).resume(p.goal_id, budgets, caller=peer.caller))
 
     @d.method("goal/cancel", GoalRef)
@@ -183,11 +203,14 @@ def register(d: Dispatcher, host: HostPort) -> None:
 
     @d.method("goal/update", GoalUpdate)
     async def goal_update(p: GoalUpdate, peer: Peer) -> JsonObject:
+        budgets = p.budgets.to_budgets() if p.budgets else None
+        if budgets is not None:
+            refuse_past_deadline(budgets, (await engine(host).get(p.goal_id)).budgets)
         goal = await engine(host).update(
             p.goal_id,
             objective=p.objective,
             title=p.title,
-            budgets=p.budgets.to_budgets() if p.budgets else None,
+            budgets=budgets,
             verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify] if p.verify is not None else None,
             caller=peer.caller,
         )
