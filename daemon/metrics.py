@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import platform
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
@@ -44,6 +45,7 @@ from agent.models.health import BreakerState, ProviderHealth
 from agent.outbox import backlog as outbox_backlog
 from agent.store import Store
 from agent.usage import call_counts, usage_by_guard
+from daemon import __version__
 from goals.model import GoalStatus
 from goals.stats import goal_facts
 
@@ -366,6 +368,14 @@ class Metrics:
         return [leases, alive]
 
     def _live(self) -> list[Family]:
+        fams = [
+            Family(
+                "goald_build_info",
+                "Always 1: the goald version (and Python's) this daemon runs.",
+                samples=[({"version": __version__, "python": platform.python_version()}, 1)],
+            ),
+            *process_families(),
+        ]
         breaker = Family("goald_breaker_state", "Each provider's circuit breaker: 1 for its current state.")
         trips = Family("goald_breaker_trips", "Times each provider's circuit breaker opened since the daemon started.")
         for name, health in sorted(self.healths.items()):
@@ -373,7 +383,7 @@ class Metrics:
             for state in BreakerState:
                 breaker.add(1 if snap["state"] == state.value else 0, provider=name, state=state.value)
             trips.add(snap["trips"], provider=name)
-        fams = [breaker, trips]
+        fams += [breaker, trips]
         if self.slots is not None:
             fams.append(
                 Family(
@@ -400,18 +410,61 @@ class Metrics:
         return fams
 
 
+def process_families() -> list[Family]:
+    """The process metrics under the client library's names (``process_cpu_seconds_total``,
+    ``process_resident_memory_bytes``, ``process_open_fds``, ``process_start_time_seconds``, ...),
+    read from ``/proc/self`` as its process collector reads them; none where there is no ``/proc``."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        stat = Path("/proc/self/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))  # fmt: skip
+        fds = len(os.listdir("/proc/self/fd"))
+        limits = Path("/proc/self/limits").read_text().splitlines()
+        max_fds = next(float(line.split()[3]) for line in limits if line.startswith("Max open files"))
+    except (OSError, ValueError, StopIteration, IndexError):
+        return []
+    # fields[0] is the state (field 3 of stat(5)): utime is field 14, stime 15, starttime 22,
+    # vsize 23, rss 24 (in pages).
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    start = boot + int(fields[19]) / ticks
+    rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    return [
+        Family(
+            "process_cpu_seconds_total",
+            "Total user and system CPU time spent in seconds.",
+            "counter",
+            [({}, round(cpu, 6))],
+        ),
+        Family("process_virtual_memory_bytes", "Virtual memory size in bytes.", samples=[({}, int(fields[20]))]),
+        Family("process_resident_memory_bytes", "Resident memory size in bytes.", samples=[({}, rss)]),
+        Family(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            samples=[({}, round(start, 2))],
+        ),
+        Family("process_open_fds", "Number of open file descriptors.", samples=[({}, fds)]),
+        Family("process_max_fds", "Maximum number of open file descriptors.", samples=[({}, max_fds)]),
+    ]
+
+
 # -- writing and serving ----------------------------------------------------------------------------
 
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
+#: The content type of the text exposition format.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
 
 class MetricsService:
-    """Writes the file every interval and serves the endpoint, for as long as the daemon serves."""
+    """Writes the file every interval and serves the endpoint (on aiohttp, like the status page),
+    for as long as the daemon serves."""
 
     def __init__(self, metrics: Metrics, settings: MetricsSettings) -> None:
         self.metrics = metrics
         self.settings = settings
-        self._server: asyncio.Server | None = None
+        self._runner: Any = None  # aiohttp's AppRunner, imported only when the endpoint is served
         self._tasks: list[asyncio.Task[None]] = []
         #: The address the endpoint listens on (port 0 in the config: the one the kernel chose).
         self.address: tuple[str, int] | None = None
@@ -428,18 +481,38 @@ class MetricsService:
         if self.metrics.lag is not None:
             self._tasks.append(spawn(self.metrics.lag.run()))
         if self.settings.listen is not None:
-            host, port = split_listen(self.settings.listen)
-            try:
-                self._server = await asyncio.start_server(self._answer, host, port)
-            except OSError as exc:
-                logger.error("metrics endpoint not served on {}: {}", self.settings.listen, exc.strerror or exc)
-            else:
-                sock = self._server.sockets[0].getsockname()
-                self.address = (str(sock[0]), int(sock[1]))
-                logger.info("metrics served on http://{}:{}/metrics", *self.address)
+            await self._serve(self.settings.listen)
         if self.settings.file is not None:
             await self._write()
             self._tasks.append(spawn(self._write_loop()))
+
+    async def _serve(self, listen: str) -> None:
+        from aiohttp import web
+
+        async def answer(request: web.Request) -> web.Response:
+            body = (await self.metrics.text()).encode()
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+        async def not_found(request: web.Request) -> web.Response:
+            return web.Response(status=404, text="not found: GET /metrics\n")
+
+        app = web.Application()
+        app.router.add_get("/metrics", answer)
+        app.router.add_get("/", answer)
+        app.router.add_route("*", "/{tail:.*}", not_found)
+        host, port = split_listen(listen)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            logger.error("metrics endpoint not served on {}: {}", listen, exc.strerror or exc)
+            return
+        self._runner = runner
+        sock = runner.addresses[0]
+        self.address = (str(sock[0]), int(sock[1]))
+        logger.info("metrics served on http://{}:{}/metrics", *self.address)
 
     async def stop(self) -> None:
         """Stop the loops and the endpoint, then write the file one last time (within a bound)."""
@@ -449,10 +522,9 @@ class MetricsService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
         if self.settings.file is not None:
             try:
                 async with asyncio.timeout(5.0):
@@ -474,46 +546,15 @@ class MetricsService:
             await asyncio.sleep(self.settings.interval_seconds)
             await self._write()
 
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(10.0):
-                request = await reader.readuntil(b"\r\n\r\n")
-                method, _, rest = request.decode("latin-1").partition(" ")
-                target = rest.partition(" ")[0]
-                if method != "GET" or target.partition("?")[0] not in ("/metrics", "/"):
-                    await _respond(writer, "404 Not Found", b"not found: GET /metrics\n")
-                    return
-                body = (await self.metrics.text()).encode()
-                await _respond(writer, "200 OK", body, "text/plain; version=0.0.4; charset=utf-8")
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-
-async def _respond(
-    writer: asyncio.StreamWriter, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8"
-) -> None:
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    writer.write(head.encode() + body)
-    await writer.drain()
-
 
 async def scrape(host: str, port: int, path: str = "/metrics") -> str:
-    """GET the endpoint once (for ``goald`` tooling and tests); the body as text."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        data = await reader.read()
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = data.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
-        raise ConnectionError(head.decode("latin-1").splitlines()[0] if head else "no answer")
-    return body.decode()
+    """GET the endpoint once (for ``goald`` tooling and tests); the body as text (raises
+    ``ConnectionError`` naming the status unless it is 200)."""
+    import aiohttp
+
+    url = f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+        if response.status != 200:
+            raise ConnectionError(f"HTTP {response.status} {response.reason}")
+        return text

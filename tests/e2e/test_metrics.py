@@ -18,6 +18,7 @@ import pytest
 from harness import TEST_MODELS, Daemon, rpc, wait_goal
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon import __version__
 from daemon.client import Connection
 from daemon.metrics import scrape
 
@@ -110,6 +111,14 @@ async def test_metrics_match_goal_list_and_the_model_calls_table(tmp_path: Path)
         assert series(metrics, "goald_database_bytes") > 0
         assert series(metrics, "goald_event_loop_lag_seconds") >= 0
         assert series(metrics, "goald_notification_backlog") >= 0
+        # The build and the process, under the client library's names, from the daemon's own process.
+        assert series(metrics, "goald_build_info", version=__version__) == 1
+        assert daemon.proc is not None
+        assert series(metrics, "process_cpu_seconds_total") > 0
+        assert series(metrics, "process_resident_memory_bytes") > 2**20
+        assert series(metrics, "process_open_fds") >= 3
+        started = Path(f"/proc/{daemon.proc.pid}").stat().st_mtime
+        assert abs(series(metrics, "process_start_time_seconds") - started) < 60
         # Anything but /metrics is not found; the file is world-readable, replaced whole.
         with pytest.raises(ConnectionError, match="404"):
             await scrape("127.0.0.1", port, "/other")
