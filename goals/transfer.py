@@ -15,18 +15,21 @@ from agent import Tx
 from agent.db import Conn
 from agent.transfer import table_columns
 from goals.errors import GoalConflict, GoalNotFound, InvalidGoal
+from goals.queries import resolve_goal_id
 
 #: Statuses a goal may move in.
 ENDED = ("completed", "failed", "cancelled", "exhausted")
 
 
-def export_goal_row(conn: Conn, goal_id: str) -> dict[str, Any]:
-    """The goal's row as ``{column: value}`` (in a read).
+def export_goal_row(conn: Conn, goal_ref: str) -> dict[str, Any]:
+    """The goal's row as ``{column: value}`` (in a read); ``goal_ref`` is a key, an id or a unique
+    id prefix, as every goal verb takes (:func:`goals.queries.resolve_goal_id`).
 
     Raises:
         GoalNotFound: no such goal.
-        InvalidGoal: the goal is still live.
+        InvalidGoal: the goal is still live, or the reference is malformed or ambiguous.
     """
+    goal_id = resolve_goal_id(conn, goal_ref)
     cursor = conn.execute("SELECT * FROM goals WHERE id=?", (goal_id,))
     row = cursor.fetchone()
     if row is None:

@@ -1,4 +1,4 @@
-"""``goald goal export ID [-o FILE]`` and ``goald goal import FILE``, through the daemon."""
+"""``goald goal export GOAL [-o FILE]`` and ``goald goal import FILE``, through the daemon."""
 
 from __future__ import annotations
 
