@@ -407,11 +407,23 @@ class Host:
         Raises:
             GoalsFileError: the file is invalid (named in the message); nothing was changed.
         """
-        self._note_config_changes()
+        fresh = self._note_config_changes()
+        if fresh is not None and fresh.goals_file != self.settings.goals_file:
+            # goals_file is the one setting a reload applies: one added, moved or removed is taken.
+            logger.info("reload: goals_file is now {} (was {})", fresh.goals_file, self.settings.goals_file)
+            self.settings = self.settings.model_copy(update={"goals_file": fresh.goals_file})
         if self.settings.goals_file is None or self.engine is None:
+            logger.info("reload: done; no goals_file is configured, so no goal or schedule was applied")
             return {"goals": 0, "schedules": 0}
         try:
-            return await apply_declared(self, self.settings.goals_file)
+            done = await apply_declared(self, self.settings.goals_file)
+            logger.info(
+                "reload: applied {}: {} goal(s), {} schedule(s)",
+                self.settings.goals_file,
+                done["goals"],
+                done["schedules"],
+            )
+            return done
         except GoalsFileError as exc:
             logger.error("reload refused, nothing was changed: {}", exc)
             raise
@@ -419,17 +431,18 @@ class Host:
             logger.exception("reloading {} failed; entries applied before the failure stay", self.settings.goals_file)
             raise
 
-    def _note_config_changes(self) -> None:
+    def _note_config_changes(self) -> Settings | None:
         """Say which changes of the configuration file a reload does not apply (they need a
-        restart), and remember added providers so that their models are refused as such."""
+        restart), and remember added providers so that their models are refused as such. The
+        file's settings as read now (``None``: no file, or an invalid one)."""
         path = self.settings.config_file
         if path is None:
-            return
+            return None
         try:
             fresh = load_settings(path)
         except ConfigError as exc:
             logger.warning("reload: the configuration file is invalid now; a restart would refuse it: {}", exc)
-            return
+            return None
         old, new = self.settings.providers, fresh.providers
         self.added_providers = {name: str(path) for name in new if name not in old}
         changed = [
@@ -443,6 +456,7 @@ class Host:
                 path,
                 ", ".join(changed),
             )
+        return fresh
 
     async def _start_scheduler(self) -> None:
         assert self.rt is not None and self.engine is not None
