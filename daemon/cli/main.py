@@ -29,6 +29,7 @@ from daemon.cli.parser import (
     EXIT_CONFLICT,
     EXIT_FAILURE,
     EXIT_LOCKED,
+    EXIT_NOPERM,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -41,7 +42,7 @@ from daemon.cli.session import send
 from daemon.cli.status import status
 from daemon.cli.store import backup, restore, store_command, vacuum
 from daemon.cli.web import web_command
-from daemon.client import Connection, DaemonUnavailable
+from daemon.client import Connection, DaemonUnavailable, SocketPermissionDenied
 from daemon.declared import check_declared
 from daemon.demo import run_demo
 from daemon.host import Host
@@ -223,9 +224,12 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         if (problem := state_dir_problem(settings.state_dir)) is not None:
             raise StateDirUnusable(problem)
         host = Host(settings)
-        for finding in config_findings(settings, host.models):
-            if not finding.advice:
+        findings = config_findings(settings, host.models)
+        for finding in findings:
+            if not finding.advice and not finding.refuses_start:
                 logger.warning("configuration: {}", finding)
+        if refusing := [f for f in findings if f.refuses_start]:
+            raise ConfigError("; ".join(str(f) for f in refusing))
         return asyncio.run(host.run(stdio=args.stdio))
     except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
         print(f"goald: {exc}", file=sys.stderr)
@@ -247,6 +251,9 @@ async def _with_client(
 
     try:
         client = await Connection.connect(socket_path)
+    except SocketPermissionDenied as exc:
+        print(f"goald: permission denied: {exc}", file=sys.stderr)
+        return EXIT_NOPERM
     except DaemonUnavailable as exc:
         print(f"goald: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE

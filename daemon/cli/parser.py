@@ -2,7 +2,7 @@
 
 Exit codes (also in the README): 0 success; 1 failure; 2 usage error or invalid input; 3 not
 found; 4 conflict or a transition that is not allowed; 69 no daemon answers; 75 another goald
-holds the state directory; 78 invalid configuration.
+holds the state directory; 77 the caller may not open the socket; 78 invalid configuration.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from daemon import __version__
 from daemon.cli.web import add_web_parser
@@ -22,6 +22,8 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_CONFLICT = 4
 EXIT_UNAVAILABLE = 69
+#: The socket is there but this user may not open it (``EX_NOPERM``, as sysexits.h).
+EXIT_NOPERM = 77
 #: Another goald holds the state directory (``EX_TEMPFAIL``: try again once it has stopped).
 EXIT_LOCKED = 75
 EXIT_CONFIG = 78
@@ -256,24 +258,73 @@ def _add_send_parser(sub: Subparsers) -> None:
     )
 
 
+def examples(*lines: str) -> dict[str, Any]:
+    """``add_parser`` keywords for a help that ends with examples, one command a line (kubectl's
+    convention: ``kubectl create job --help``)."""
+    text = "examples:\n" + "\n".join(f"  {line}" for line in lines)
+    return {"epilog": text, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def _add_schedule_parser(sub: Subparsers) -> None:
-    """``schedule ACTION``: add, list, remove schedules and see their runs."""
-    sched = sub.add_parser("schedule", help="manage schedules")
+    """``schedule ACTION``: add, list, remove, suspend, resume and run schedules and see their runs."""
+    sched = sub.add_parser(
+        "schedule",
+        help="manage schedules",
+        **examples("goald schedule add --cron '0 3 * * *' --key nightly 'Refresh the report'", "goald schedule list"),
+    )
     ssub = sched.add_subparsers(dest="schedule_command", metavar="ACTION")
     _add_schedule_add(ssub)
-    slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
+    slist = ssub.add_parser(
+        "list",
+        help="list schedules with next fire time and last outcome",
+        **examples("goald schedule list", "goald schedule list --json"),
+    )
     slist.add_argument("--json", action="store_true", help=JSON_HELP)
-    srm = ssub.add_parser("rm", help="remove a schedule")
+    srm = ssub.add_parser(
+        "rm", help="remove a schedule (its runs and goals stay)", **examples("goald schedule rm nightly")
+    )
     srm.add_argument("schedule", help=SCHEDULE_HELP)
-    sruns = ssub.add_parser("runs", help="a schedule's runs, and how the goal each started ended")
+    srm.add_argument("--json", action="store_true", help=JSON_HELP)
+    sruns = ssub.add_parser(
+        "runs",
+        help="a schedule's runs, and how the goal each started ended",
+        **examples("goald schedule runs nightly", "goald schedule runs nightly --limit 5 --json"),
+    )
     sruns.add_argument("schedule", help=SCHEDULE_HELP)
     sruns.add_argument("--limit", type=int, default=20, metavar="N", help="the latest N runs (default 20)")
     sruns.add_argument("--json", action="store_true", help=JSON_HELP)
+    ssuspend = ssub.add_parser(
+        "suspend",
+        help="stop a schedule firing: each instant that comes due is recorded 'skipped (suspended)'",
+        **examples("goald schedule suspend nightly"),
+    )
+    sresume = ssub.add_parser(
+        "resume",
+        help="let a suspended schedule fire again; misfire coalesce fires once now for the latest instant skipped"
+        " (within --starting-deadline), skip fires nothing",
+        **examples("goald schedule resume nightly"),
+    )
+    srun = ssub.add_parser(
+        "run",
+        help="fire a schedule now, by hand (like kubectl create job --from=cronjob): one run marked manual;"
+        " the concurrency policy and a suspension do not apply, the next fire time stays",
+        **examples("goald schedule run nightly", "goald schedule run nightly --json"),
+    )
+    for p in (ssuspend, sresume, srun):
+        p.add_argument("schedule", help=SCHEDULE_HELP)
+        p.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _add_schedule_add(ssub: Subparsers) -> None:
     """``schedule add``: when it fires, and the goal each fire creates."""
-    sadd = ssub.add_parser("add", help="add (or update, by --key) a schedule that creates a goal")
+    sadd = ssub.add_parser(
+        "add",
+        help="add (or update, by --key) a schedule that creates a goal",
+        **examples(
+            "goald schedule add --cron '0 3 * * *' --timezone Europe/Berlin --key nightly 'Refresh the report'",
+            "goald schedule add --every 3600 --max-rounds 5 --max-cost 0.50 --max-wall 1800 'Triage new issues'",
+        ),
+    )
     trig = sadd.add_mutually_exclusive_group(required=True)
     trig.add_argument("--cron", help='5 fields, e.g. "0 3 * * *" (in --timezone)')
     trig.add_argument("--every", type=float, metavar="SECONDS", help="fire every SECONDS seconds")
@@ -297,8 +348,7 @@ def _add_schedule_add(ssub: Subparsers) -> None:
     sadd.add_argument("objective", help="the objective of each goal the schedule starts")
     sadd.add_argument("--title", help="the goals' title (default: the schedule's key or id and the fire time)")
     sadd.add_argument("--model", help="PROVIDER:MODEL (default: the configured default_model)")
-    sadd.add_argument("--max-rounds", type=int, metavar="N", help="rounds each goal may run")
-    sadd.add_argument("--max-tokens", type=int, metavar="TOKENS", help="total tokens each goal may use")
+    _add_budget_options(sadd)  # each goal's own budgets (--deadline: one instant, the same for each)
     sadd.add_argument("--verify", action="append", metavar="CMD", help="a verification command (repeatable)")
     sadd.add_argument("--tool", action="append", metavar="PATTERN", help="the goal's tool allowlist (repeatable)")
     _add_sandbox_options(sadd)

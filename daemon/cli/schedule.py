@@ -1,13 +1,16 @@
-"""The CLI's ``goald schedule add|list|rm|runs``.
+"""The CLI's ``goald schedule add|list|rm|runs|suspend|resume|run``.
 
 Times of a schedule are shown in the schedule's own zone (``--utc``: in UTC), to the second, with
 how far away they are ("in 1m20s"); ``schedule runs`` says how the goal each run started ended.
+``schedule list`` is a table under a header, as ``kubectl get cronjobs`` (with its SUSPEND column);
+every verb that changes something says what it changed, and an empty listing says it is empty.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -33,14 +36,42 @@ def _zone(name: str) -> ZoneInfo | None:
         return None
 
 
+#: The header of ``schedule list``'s table (its columns are separated by two spaces, as its rows).
+HEADER = "ID  KEY  TRIGGER  SUSPENDED  NEXT  LAST"
+
+
+def outcome_text(outcome: str | None, manual: bool = False) -> str:
+    """A run's outcome as shown: ``skipped (suspended)``, ``fired (manual)``..."""
+    if outcome is None:
+        return "-"
+    text = {"skipped_suspended": "skipped (suspended)", "skipped_concurrency": "skipped (concurrency)"}.get(
+        outcome, outcome
+    )
+    return f"{text} (manual)" if manual else text
+
+
 def _line(s: dict[str, Any]) -> str:
     trig = s["trigger"]
     tz = _zone(s["timezone"])
     what = trig.get("expr") or (f"every {trig['seconds']:g}s" if trig["kind"] == "interval" else "once")
     nxt = s.get("nextFireAt")
     next_text = f"{when(nxt, tz)} ({age(nxt)})" if nxt else "-"
-    last = f"{s.get('lastOutcome')} ({s.get('lastReason')})" if s.get("lastOutcome") else "never fired"
-    return f"{s['id']}  {s.get('key') or '-'}  {trig['kind']} {what} {s['timezone']}  next {next_text}  last {last}"
+    if s.get("suspendedAt"):
+        next_text = f"(suspended) {next_text}"
+    suspended = f"since {when(s['suspendedAt'], tz)}" if s.get("suspendedAt") else "no"
+    last = f"{outcome_text(s['lastOutcome'])} ({s.get('lastReason')})" if s.get("lastOutcome") else "never fired"
+    return (
+        f"{s['id']}  {s.get('key') or '-'}  {trig['kind']} {what} {s['timezone']}  {suspended}"
+        f"  next {next_text}  last {last}"
+    )
+
+
+def _name(s: dict[str, Any]) -> str:
+    return f"{s['id']} ({s['key']})" if s.get("key") else str(s["id"])
+
+
+def _run_line(r: dict[str, Any]) -> str:
+    return f"{when(r['scheduledFor'])}  {outcome_text(r['outcome'], r.get('manual', False))}  {r['reason']}"
 
 
 async def _ended(client: Connection, goal_id: str) -> str:
@@ -62,7 +93,14 @@ async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
             goal["title"] = args.title
         if args.model:
             goal["model"] = args.model
-        budgets = {k: v for k, v in (("max_rounds", args.max_rounds), ("max_tokens_total", args.max_tokens)) if v}
+        given = (
+            ("max_rounds", args.max_rounds),
+            ("max_tokens_total", args.max_tokens),
+            ("max_cost", args.max_cost),
+            ("max_wall_seconds", args.max_wall),
+            ("deadline", parse_deadline(args.deadline)),
+        )
+        budgets = {k: v for k, v in given if v is not None}
         if budgets:
             goal["budgets"] = budgets
         if args.verify:
@@ -89,20 +127,57 @@ async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
         result = await client.call("schedule/list")
         if args.json:
             print(json.dumps(result["schedules"], indent=2, sort_keys=True))
+        elif not result["schedules"]:
+            print("no schedules", file=sys.stderr)
         else:
+            print(HEADER)
             for s in result["schedules"]:
                 print(_line(s))
         return 0
     if action == "rm":
-        await client.call("schedule/remove", {"scheduleId": args.schedule})
+        removed = await client.call("schedule/remove", {"scheduleId": args.schedule})
+        if args.json:
+            print(json.dumps(removed, indent=2, sort_keys=True))
+        else:  # the answer of an older daemon is {}
+            print(f"removed schedule {_name(removed) if removed else args.schedule}; its runs and goals stay")
         return 0
     if action == "runs":
         result = await client.call("schedule/runs", {"scheduleId": args.schedule, "limit": args.limit})
         if args.json:
             print(json.dumps(result["runs"], indent=2, sort_keys=True))
+        elif not result["runs"]:
+            print(f"schedule {args.schedule} has no runs yet", file=sys.stderr)
         else:
             for r in result["runs"]:
                 goal_ref = f" -> {r['goalId']}: {await _ended(client, r['goalId'])}" if r.get("goalId") else ""
-                print(f"{when(r['scheduledFor'])}  {r['outcome']}  {r['reason']}{goal_ref}")
+                print(f"{_run_line(r)}{goal_ref}")
         return 0
-    raise UsageError("usage: goald schedule add|list|rm|runs")
+    if action in ("suspend", "resume", "run"):
+        return await _change(client, args)
+    raise UsageError("usage: goald schedule add|list|rm|runs|suspend|resume|run")
+
+
+async def _change(client: Connection, args: argparse.Namespace) -> int:
+    """``schedule suspend``, ``resume`` and ``run``: each says what it did."""
+    action = args.schedule_command
+    ref = {"scheduleId": args.schedule}
+    if action == "suspend":
+        s = out = await client.call("schedule/suspend", ref)
+        said = f"suspended schedule {_name(s)}: its instants are recorded 'skipped (suspended)' until it is resumed"
+    elif action == "resume":
+        answer = await client.call("schedule/resume", ref)
+        s, run = answer["schedule"], answer["run"]
+        out = answer
+        said = f"resumed schedule {_name(s)}"
+        if run is not None:
+            said += f"; {_run_line(run)}"
+        elif s.get("misfire") == "skip":
+            said += "; nothing fired for the instants skipped while suspended (misfire policy skip)"
+    else:
+        out = run = await client.call("schedule/run", ref)
+        said = f"schedule {args.schedule}: {_run_line(run)}"
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        print(said)
+    return 0

@@ -12,7 +12,7 @@
 ``daemon.sdk`` re-exports the SDK's public names (the documented import path).
 """
 
-from daemon.client.connection import Connection, DaemonUnavailable
+from daemon.client.connection import Connection, DaemonUnavailable, SocketPermissionDenied
 from daemon.client.interval import Interval, RunResult, RunUsage, SessionEvent, find_receipt
 from daemon.client.sdk import (
     AgentState,
@@ -40,6 +40,7 @@ __all__ = [
     "RunResult",
     "RunUsage",
     "SessionEvent",
+    "SocketPermissionDenied",
     "StatusChange",
     "StopStep",
     "find_receipt",

@@ -24,6 +24,10 @@ class DaemonUnavailable(DaemonError, ConnectionError):
     """No daemon answers on the socket."""
 
 
+class SocketPermissionDenied(DaemonUnavailable):
+    """The socket is there, and this user may not open it (the CLI's exit 77, ``EX_NOPERM``)."""
+
+
 class Connection:
     """A JSON-RPC connection to a running daemon (its socket, or a child daemon's stdio)."""
 
@@ -42,7 +46,7 @@ class Connection:
         try:
             reader, writer = await asyncio.open_unix_connection(str(path), limit=2**24)
         except PermissionError as exc:
-            raise DaemonUnavailable(
+            raise SocketPermissionDenied(
                 f"not allowed to use the goald socket {path}: {exc.strerror or exc}; the daemon's user and the"
                 " members of its socket_group may (ask to be added to that group)"
             ) from None

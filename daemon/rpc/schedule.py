@@ -1,4 +1,5 @@
-"""The ``schedule/*`` methods: add (or update by key), list, remove, and a schedule's runs."""
+"""The ``schedule/*`` methods: add (or update by key), list, remove, suspend, resume, run now, and a
+schedule's runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from daemon.checks import check_goal_input
 from daemon.rpc.context import HostPort, checked_sandbox, scheduler, taking_work
 from daemon.rpc.params import ScheduleAdd, ScheduleRef, ScheduleRuns
 from daemon.rpc.protocol import Dispatcher, Peer
-from daemon.rpc.views import Empty, JsonObject
+from daemon.rpc.views import JsonObject
 from daemon.schedule.model import ScheduleSpec
 from goals import SandboxSpec
 
@@ -24,6 +25,13 @@ class RunListing(TypedDict):
     """``schedule/runs``'s answer."""
 
     runs: list[JsonObject]
+
+
+class ResumeAnswer(TypedDict):
+    """``schedule/resume``'s answer: the schedule, and the run its misfire policy fired (or null)."""
+
+    schedule: JsonObject
+    run: JsonObject | None
 
 
 def checked_goal(host: HostPort, goal: Mapping[str, Any]) -> None:
@@ -67,9 +75,23 @@ def register(d: Dispatcher, host: HostPort) -> None:
         return {"schedules": [s.public() for s in await scheduler(host).list()]}
 
     @d.method("schedule/remove", ScheduleRef)
-    async def schedule_remove(p: ScheduleRef, peer: Peer) -> Empty:
-        await scheduler(host).remove(p.schedule_id)
-        return {}
+    async def schedule_remove(p: ScheduleRef, peer: Peer) -> JsonObject:
+        removed = await scheduler(host).remove(p.schedule_id)
+        return dict(removed.public())
+
+    @d.method("schedule/suspend", ScheduleRef)
+    async def schedule_suspend(p: ScheduleRef, peer: Peer) -> JsonObject:
+        return dict((await scheduler(host).suspend(p.schedule_id)).public())
+
+    @d.method("schedule/resume", ScheduleRef)
+    async def schedule_resume(p: ScheduleRef, peer: Peer) -> ResumeAnswer:
+        schedule, run = await scheduler(host).resume(p.schedule_id)
+        return {"schedule": schedule.public(), "run": run.public() if run is not None else None}
+
+    @d.method("schedule/run", ScheduleRef)
+    async def schedule_run(p: ScheduleRef, peer: Peer) -> JsonObject:
+        taking_work(host)
+        return dict((await scheduler(host).run_now(p.schedule_id)).public())
 
     @d.method("schedule/runs", ScheduleRuns)
     async def schedule_runs(p: ScheduleRuns, peer: Peer) -> RunListing:

@@ -44,7 +44,7 @@ from loguru import logger
 from agent import Store, Tx
 from daemon.errors import DaemonError
 from daemon.schedule.model import RunOutcome, Schedule, ScheduleRun
-from daemon.schedule.store import iso, record_runs
+from daemon.schedule.store import RunRow, iso, record_runs
 
 
 class FireTaken(DaemonError):
@@ -68,6 +68,10 @@ class FireClaim:
     note: str | None = None
     #: What the concurrency policy did before the fire (``"; cancelled the previous goal …"``).
     replaced: str = ""
+    #: Not one of the trigger's instants (``schedule run``, a resume's fire): the cursor stays.
+    off_trigger: bool = False
+    #: Asked for by a person (``goald schedule run``): the run row is marked ``manual``.
+    manual: bool = False
     run: ScheduleRun | None = field(default=None, init=False)
 
     def record(self, tx: Tx, goal_id: str) -> ScheduleRun:
@@ -76,8 +80,15 @@ class FireClaim:
         Raises:
             FireTaken: the instant is another's; the caller's transaction must roll back.
         """
-        reason = self._reason(f"created goal {goal_id}{self.replaced}")
-        runs = record_runs(tx, self.schedule, [(self.scheduled_for, RunOutcome.FIRED, reason, goal_id)])
+        made = f"created goal {goal_id}{self.replaced}"
+        reason = self._reason(f"run by hand (goald schedule run): {made}" if self.manual else made)
+        runs = record_runs(
+            tx,
+            self.schedule,
+            [(self.scheduled_for, RunOutcome.FIRED, reason, goal_id)],
+            off_trigger=self.off_trigger,
+            manual=self.manual,
+        )
         if not runs:
             raise FireTaken(f"schedule {self.schedule.id} at {iso(self.scheduled_for)} was already handled")
         run = runs[0]
@@ -96,8 +107,9 @@ class FireClaim:
 
     async def settle(self, outcome: RunOutcome, reason: str) -> ScheduleRun | None:
         """Claim the instant with an outcome that makes no goal; ``None`` if it was another's."""
+        rows: list[RunRow] = [(self.scheduled_for, outcome, self._reason(reason), None)]
         runs = await self.store.transact(
-            lambda tx: record_runs(tx, self.schedule, [(self.scheduled_for, outcome, self._reason(reason), None)])
+            lambda tx: record_runs(tx, self.schedule, rows, off_trigger=self.off_trigger, manual=self.manual)
         )
         if not runs:
             self.taken()

@@ -36,6 +36,8 @@ class RunOutcome(enum.StrEnum):
     FIRED = "fired"
     #: Not fired: the schedule's previous goal was still active or paused (concurrency ``forbid``).
     SKIPPED_CONCURRENCY = "skipped_concurrency"
+    #: Not fired: the schedule was suspended (``goald schedule suspend``) when the instant came due.
+    SKIPPED_SUSPENDED = "skipped_suspended"
     #: Not fired: due while goald was down (misfire ``skip``), or past the starting deadline.
     MISSED = "missed"
     #: Not fired on its own: folded into the run of a later instant (misfire ``coalesce``).
@@ -203,6 +205,8 @@ class Schedule(ScheduleSpec):
     next_fire_at: datetime | None = None
     last_outcome: RunOutcome | None = None
     last_reason: str | None = None
+    #: When the schedule was suspended (its instants are recorded ``skipped_suspended``); ``None``: not.
+    suspended_at: datetime | None = None
 
     def spec(self) -> ScheduleSpec:
         """What the schedule was added (or last updated) with."""
@@ -233,6 +237,8 @@ class ScheduleRun(_Model):
     recorded_at: datetime
     #: The node that recorded the run, on a PostgreSQL cluster (``None`` on SQLite: one daemon).
     node_id: str | None = None
+    #: Asked for by a person (``goald schedule run``), not at one of the trigger's instants.
+    manual: bool = False
 
     def public(self) -> dict[str, Any]:
         """The run as the control protocol shows it (camelCase, JSON-ready)."""

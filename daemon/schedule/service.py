@@ -73,6 +73,7 @@ from daemon.schedule.store import (
     resolve_schedule,
     save_schedule,
     schedule_timings,
+    set_suspended,
 )
 from daemon.schedule.timing import missed_runs, next_fire, prev_fire
 
@@ -225,6 +226,55 @@ class Scheduler:
         async with self._lock(schedule_id):
             return await self._fire_locked(schedule_id, scheduled_for, note)
 
+    async def suspend(self, ref: str) -> Schedule:
+        """Suspend a schedule: its job stays armed, and each instant that comes due (or came due
+        while goald was down) is recorded ``skipped_suspended`` instead of fired. Taken under the
+        schedule's lock: a fire in flight on this node ends first, and every later one is skipped."""
+        schedule_id = await self.store.read(lambda conn: resolve_schedule(conn, ref))
+        async with self._lock(schedule_id):
+            await self.store.transact(lambda tx: set_suspended(tx, schedule_id, True))
+        return await self.get(schedule_id)
+
+    async def resume(self, ref: str) -> tuple[Schedule, ScheduleRun | None]:
+        """Resume a suspended schedule, following its misfire policy for the instants skipped while
+        it was suspended (as Kubernetes does for a CronJob unsuspended): ``coalesce`` fires once now
+        for the latest of them, unless it is older than the starting deadline; ``skip`` fires
+        nothing. Returns the schedule and the run of that fire (``None``: none)."""
+        before, changed = await self.store.transact(lambda tx: set_suspended(tx, ref, False))
+        run = None
+        if changed and before.misfire == "coalesce":
+            async with self._lock(before.id):
+                latest = await self.runs(before.id, 1)
+                skipped = latest[0] if latest and latest[0].outcome == RunOutcome.SKIPPED_SUSPENDED else None
+                if skipped is not None:
+                    now = self.clock()
+                    late = (now - skipped.scheduled_for).total_seconds()
+                    deadline = before.starting_deadline_seconds
+                    if deadline is None or late <= deadline:
+                        sched = await self.store.read(lambda conn: load_schedule(conn, before.id))
+                        note = (
+                            f"resumed: fires once for {iso(skipped.scheduled_for)}, skipped while suspended"
+                            " (misfire policy coalesce)"
+                        )
+                        run = await self._attempt(FireClaim(self.store, sched, now, note, off_trigger=True))
+        return await self.get(before.id), run
+
+    async def run_now(self, ref: str) -> ScheduleRun:
+        """Fire a schedule now, by hand (``goald schedule run``; like ``kubectl create job
+        --from=cronjob``): one run row marked ``manual``, at this moment, not at one of the trigger's
+        instants, so the cursor and the next fire are unchanged. The concurrency policy does not
+        apply (it was asked for), nor does a suspension; the goal becomes the schedule's last, which
+        the next scheduled fire's concurrency policy sees."""
+        sched = await self.get(ref)
+        async with self._lock(sched.id):
+            sched = await self.store.read(lambda conn: load_schedule(conn, sched.id))
+            claim = FireClaim(self.store, sched, self.clock(), None, off_trigger=True, manual=True)
+            run = await self._attempt(claim, policy=False)
+        if run is None:  # the same microsecond claimed twice: not a person's doing
+            raise InvalidInput(f"schedule {sched.id}: a run at this instant exists already; try again")
+        logger.info("schedule {}: run by hand: {} ({})", sched.id, run.outcome.value, run.reason)
+        return run
+
     def planned(self) -> dict[str, datetime]:
         """The next wake-up of every APScheduler job, by schedule id (what timing is armed)."""
         if self._aps is None:
@@ -361,6 +411,11 @@ class Scheduler:
             sched.starting_deadline_seconds,
             gap=gap,
         )
+        if sched.suspended_at is not None:
+            plan = [
+                r._replace(outcome=RunOutcome.SKIPPED_SUSPENDED, reason=f"skipped {gap}: the schedule is suspended")
+                for r in plan
+            ]
         settled: list[RunRow] = [
             (r.scheduled_for, r.outcome, r.reason, None) for r in plan if r.outcome != RunOutcome.FIRED
         ]
@@ -395,6 +450,14 @@ class Scheduler:
                     self._poke.set()
                     due = current
                 if not due:
+                    return
+                if sched.suspended_at is not None:
+                    since = iso(sched.suspended_at)
+                    skipped: list[RunRow] = [
+                        (t, RunOutcome.SKIPPED_SUSPENDED, f"skipped: the schedule is suspended (since {since})", None)
+                        for t in due
+                    ]
+                    await self.store.transact(lambda tx: record_runs(tx, sched, skipped))
                     return
                 *earlier, last = due
                 settled: list[RunRow] = []
@@ -438,13 +501,13 @@ class Scheduler:
             logger.info("schedule {} at {}: {} ({})", schedule_id, iso(scheduled_for), run.outcome.value, run.reason)
         return run
 
-    async def _attempt(self, claim: FireClaim) -> ScheduleRun | None:
-        """Apply the concurrency policy and fire, claiming the instant; returns the run recorded
-        (``None``: the instant was another node's, and nothing was written)."""
+    async def _attempt(self, claim: FireClaim, *, policy: bool = True) -> ScheduleRun | None:
+        """Apply the concurrency policy (unless not ``policy``) and fire, claiming the instant;
+        returns the run recorded (``None``: the instant was another node's, and nothing was written)."""
         sched, scheduled_for = claim.schedule, claim.scheduled_for
         try:
             prev = sched.last_goal_id
-            if prev is not None and sched.concurrency != "allow":
+            if policy and prev is not None and sched.concurrency != "allow":
                 status = await self._goal_status(prev)
                 if status in _LIVE:
                     if sched.concurrency == "forbid":

@@ -73,6 +73,41 @@ CREATE INDEX schedule_runs_schedule ON schedule_runs(schedule_id, id);
         summary="the node that recorded each schedule run (PostgreSQL clusters; NULL for a daemon on SQLite)",
         sql="ALTER TABLE schedule_runs ADD COLUMN node_id TEXT;",
     ),
+    Migration(
+        version=4,
+        summary="a schedule may be suspended (suspended_at); a run may be skipped_suspended, or manual",
+        # SQLite cannot change a CHECK: the runs table is made again with the new outcome.
+        sql="""
+ALTER TABLE schedules ADD COLUMN suspended_at TEXT;
+ALTER TABLE schedule_runs RENAME TO schedule_runs_v3;
+DROP INDEX schedule_runs_schedule;
+DROP INDEX schedule_runs_instant;
+CREATE TABLE schedule_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    schedule_id TEXT NOT NULL,
+    scheduled_for TEXT NOT NULL,
+    outcome TEXT NOT NULL CHECK (outcome IN
+        ('fired', 'skipped_concurrency', 'skipped_suspended', 'missed', 'coalesced', 'error')),
+    reason TEXT NOT NULL,
+    goal_id TEXT,
+    recorded_at TEXT NOT NULL,
+    node_id TEXT,
+    manual INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO schedule_runs(id, schedule_id, scheduled_for, outcome, reason, goal_id, recorded_at, node_id)
+    SELECT id, schedule_id, scheduled_for, outcome, reason, goal_id, recorded_at, node_id FROM schedule_runs_v3;
+DROP TABLE schedule_runs_v3;
+CREATE INDEX schedule_runs_schedule ON schedule_runs(schedule_id, id);
+CREATE UNIQUE INDEX schedule_runs_instant ON schedule_runs(schedule_id, scheduled_for);
+""",
+        postgres="""
+ALTER TABLE schedules ADD COLUMN suspended_at TEXT;
+ALTER TABLE schedule_runs DROP CONSTRAINT schedule_runs_outcome_check;
+ALTER TABLE schedule_runs ADD CONSTRAINT schedule_runs_outcome_check CHECK (outcome IN
+    ('fired', 'skipped_concurrency', 'skipped_suspended', 'missed', 'coalesced', 'error'));
+ALTER TABLE schedule_runs ADD COLUMN manual BIGINT NOT NULL DEFAULT 0;
+""",
+    ),
 ]
 
 #: One run to record: the scheduled instant, its outcome, the reason and the goal it created.
@@ -122,7 +157,9 @@ def resolve_schedule(conn: Conn, ref: str) -> str:
     return str(rows[0]["id"])
 
 
-def record_runs(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun]:
+def record_runs(
+    tx: Tx, sched: Schedule, rows: list[RunRow], *, off_trigger: bool = False, manual: bool = False
+) -> list[ScheduleRun]:
     """Claim and record runs, emit their events, and move the schedule's cursor, in the caller's
     transaction; returns the runs recorded.
 
@@ -130,11 +167,17 @@ def record_runs(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun
     reads it) and without a row (the unique index of migration 2, met with ``ON CONFLICT DO
     NOTHING``: a failed statement would abort a PostgreSQL transaction). An instant another node
     (or an earlier pass) handled, or any instant of a removed schedule, is left out.
+
+    ``off_trigger``: runs at times that are not the trigger's instants (``schedule run``, a resume's
+    fire): the cursor is neither checked nor moved, only ``last_goal_id`` (the concurrency policy
+    of the next fire sees their goal). ``manual``: the runs were asked for by a person.
     """
     row = tx.one("SELECT last_fire_at FROM schedules WHERE id=?", (sched.id,))
     if row is None:
         return []
     handled = datetime.fromisoformat(row["last_fire_at"]) if row["last_fire_at"] is not None else None
+    if off_trigger:
+        handled = None
     # Which node handled the instant, where there can be several (as a turn names its node: agent.turns).
     node = tx.store.node_id if tx.store.kind == "postgresql" else None
     out = []
@@ -142,9 +185,9 @@ def record_runs(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun
         if handled is not None and scheduled_for <= handled:
             continue
         inserted = tx.one(
-            "INSERT INTO schedule_runs(schedule_id, scheduled_for, outcome, reason, goal_id, recorded_at, node_id)"
-            " VALUES (?,?,?,?,?,?,?) ON CONFLICT (schedule_id, scheduled_for) DO NOTHING RETURNING id",
-            (sched.id, iso(scheduled_for), outcome.value, reason, goal_id, tx.now, node),
+            "INSERT INTO schedule_runs(schedule_id, scheduled_for, outcome, reason, goal_id, recorded_at, node_id,"
+            " manual) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (schedule_id, scheduled_for) DO NOTHING RETURNING id",
+            (sched.id, iso(scheduled_for), outcome.value, reason, goal_id, tx.now, node, int(manual)),
         )
         if inserted is None:
             continue
@@ -158,6 +201,8 @@ def record_runs(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun
             data["goalId"] = goal_id
         if node is not None:
             data["node"] = node
+        if manual:
+            data["manual"] = True
         tx.emit(sched.session_id, SCHEDULE_RUN, data)
         notify_schedule_run(tx, sched.id, sched.key, outcome.value, reason, iso(scheduled_for))
         out.append(
@@ -170,9 +215,14 @@ def record_runs(tx: Tx, sched: Schedule, rows: list[RunRow]) -> list[ScheduleRun
                 goal_id=goal_id,
                 recorded_at=datetime.fromisoformat(tx.now),
                 node_id=node,
+                manual=manual,
             )
         )
-    if out:
+    if out and off_trigger:
+        goal_ids = [r.goal_id for r in out if r.goal_id is not None]
+        if goal_ids:
+            tx.execute("UPDATE schedules SET last_goal_id=?, updated_at=? WHERE id=?", (goal_ids[-1], tx.now, sched.id))
+    elif out:
         cursor = max(r.scheduled_for for r in out)
         goal_ids = [r.goal_id for r in out if r.goal_id is not None]
         tx.execute(
@@ -250,6 +300,21 @@ def delete_schedule(tx: Tx, ref: str) -> Schedule:
     return sched
 
 
+def set_suspended(tx: Tx, ref: str, suspended: bool) -> tuple[Schedule, bool]:
+    """Suspend (or resume) a schedule by id, unique id prefix or key; returns it as it was before
+    and whether anything changed (suspending a suspended schedule writes nothing)."""
+    sched = load_schedule(tx.conn, resolve_schedule(tx.conn, ref))
+    if (sched.suspended_at is not None) == suspended:
+        return sched, False
+    tx.execute(
+        "UPDATE schedules SET suspended_at=?, updated_at=? WHERE id=?",
+        (tx.now if suspended else None, tx.now, sched.id),
+    )
+    change = "suspended" if suspended else "resumed"
+    tx.emit(sched.session_id, SCHEDULE_CHANGED, {"scheduleId": sched.id, "change": change})
+    return sched, True
+
+
 def list_runs(conn: Conn, ref: str, limit: int) -> list[ScheduleRun]:
     """A schedule's runs, newest first, at most ``limit``."""
     sid = resolve_schedule(conn, ref)
@@ -274,4 +339,5 @@ __all__ = [
     "save_schedule",
     "schedule_from_row",
     "schedule_timings",
+    "set_suspended",
 ]

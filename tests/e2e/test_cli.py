@@ -224,7 +224,7 @@ async def test_schedule_add_list_runs_rm_plain_and_json(daemon: Daemon) -> None:
     assert code == 0, err
     nightly_id = out.split()[0]
     assert re.fullmatch(r"sch_[0-9A-Z]{26}", nightly_id)
-    assert "  nightly  cron 0 3 * * * Europe/Berlin  next 20" in out and out.rstrip().endswith("last never fired")
+    assert "  nightly  cron 0 3 * * * Europe/Berlin  no  next 20" in out and out.rstrip().endswith("last never fired")
 
     fast = await d.acli_json(
         "schedule", "add", "--every", "1", "--key", "fast", "--model", "test:worker", "--max-rounds", "3",
@@ -260,13 +260,14 @@ async def test_schedule_add_list_runs_rm_plain_and_json(daemon: Daemon) -> None:
     assert listed["nightly"]["nextFireAt"] is not None and listed["nightly"]["lastOutcome"] is None
     assert listed["fast"]["lastOutcome"] is not None
     code, out, _ = await d.acli("schedule", "list")
-    lines = out.splitlines()
+    header, *lines = out.splitlines()
+    assert header == "ID  KEY  TRIGGER  SUSPENDED  NEXT  LAST"
     assert len(lines) == 2 and {line.split()[0] for line in lines} == {nightly_id, fast["id"]}
     fast_line = next(line for line in lines if line.startswith(fast["id"]))
-    assert "  fast  interval every 1s UTC  " in fast_line and "last never fired" not in fast_line
+    assert "  fast  interval every 1s UTC  no  " in fast_line and "last never fired" not in fast_line
 
     code, out, err = await d.acli("schedule", "rm", "fast")
-    assert (code, out) == (0, ""), err
+    assert (code, out) == (0, f"removed schedule {fast['id']} (fast); its runs and goals stay\n"), err
     assert [s["key"] for s in await d.acli_json("schedule", "list")] == ["nightly"]
     for args in (("rm", "fast"), ("runs", fast["id"])):
         code, _, err = await d.acli("schedule", *args)
