@@ -39,7 +39,7 @@ from daemon.cli.parser import (
 )
 from daemon.cli.schedule import schedule_command
 from daemon.cli.session import send
-from daemon.cli.status import status
+from daemon.cli.status import reload, status
 from daemon.cli.store import backup, restore, store_command, vacuum
 from daemon.cli.web import web_command
 from daemon.client import Connection, DaemonUnavailable, SocketPermissionDenied
@@ -56,6 +56,7 @@ from daemon.web.tokens import TokenError
 #: The commands that talk to a running daemon, by name.
 COMMANDS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] = {
     "status": status,
+    "reload": reload,
     "goal": goal,
     "send": send,
     "schedule": schedule_command,

@@ -164,6 +164,13 @@ def _add_serve_parsers(sub: Subparsers) -> None:
     status = sub.add_parser("status", help="the daemon's health")
     status.add_argument("--json", action="store_true", help=JSON_HELP)
 
+    reload = sub.add_parser(
+        "reload",
+        help="re-read the goals file and apply its goals and schedules by key (as SIGHUP and systemctl reload do)",
+        **examples("goald reload", "goald reload --json"),
+    )
+    reload.add_argument("--json", action="store_true", help=JSON_HELP)
+
 
 def _add_goal_parser(sub: Subparsers) -> None:
     """``goal ACTION``: create, list, describe, change and move goals."""

@@ -98,3 +98,13 @@ def provider_line(name: str, snapshot: dict[str, Any]) -> str:
         if snapshot.get("lastError"):
             parts.append(f"last error: {str(snapshot['lastError'])[:120]}")
     return f"{name} {provider_words(snapshot)}" + (f"; {'; '.join(parts)}" if parts else "")
+
+
+async def reload(client: Connection, args: argparse.Namespace) -> int:
+    """``goald reload``: ``daemon/reload`` (what SIGHUP does), saying what it applied."""
+    done = await client.call("daemon/reload")
+    if args.json:
+        print_json(done)
+    else:
+        print(f"reloaded: {done['goals']} goal(s) and {done['schedules']} schedule(s) applied from the goals file")
+    return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from harness import Daemon
@@ -155,3 +156,20 @@ async def test_schedule_add_takes_every_budget_and_rm_says_what_it_removed(
     assert out == f"removed schedule {sched['id']} (nightly); its runs and goals stay\n"
     code, out, err = await d.acli("schedule", "list")
     assert (code, out) == (0, "") and "no schedules" in err
+
+
+async def test_goald_reload_applies_the_goals_file_through_the_socket(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    goals_file = tmp_path / "goals.toml"
+    goals_file.write_text("")
+    d = start_daemon(goals_file=str(goals_file))
+    goals_file.write_text(
+        '[[schedule]]\nkey = "nightly"\ntrigger = { kind = "cron", expr = "0 3 * * *" }\n'
+        '[schedule.goal]\nobjective = "Nightly"\n'
+    )
+    code, out, err = await d.acli("reload")
+    assert code == 0, err
+    assert out == "reloaded: 0 goal(s) and 1 schedule(s) applied from the goals file\n"
+    assert [s["key"] for s in await d.acli_json("schedule", "list")] == ["nightly"]
+    assert await d.acli_json("reload") == {"goals": 0, "schedules": 1}
