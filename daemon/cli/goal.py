@@ -198,14 +198,21 @@ def parse_since(raw: str | None, now: datetime | None = None) -> str | None:
 async def goal_list(client: Connection, args: argparse.Namespace) -> int:
     params = {"status": args.status, "schedule": args.schedule, "since": parse_since(args.since)}
     result = await client.call("goal/list", {k: v for k, v in params.items() if v is not None})
+    goals = result["goals"]
+    if args.limit is not None:
+        if args.limit < 1:
+            raise UsageError("--limit must be at least 1")
+        goals = goals[: args.limit]  # newest first: the latest N
     if args.json:
-        print_json(result["goals"])
+        print_json(goals)
         return EXIT_OK
-    if not result["goals"]:
+    if not goals:
         print("no goals", file=sys.stderr)
         return EXIT_OK
-    for line in goal_table(result["goals"]):
+    for line in goal_table(goals):
         print(line)
+    if len(goals) < len(result["goals"]):
+        print(f"({len(goals)} of {len(result['goals'])} goals shown: --limit {args.limit})", file=sys.stderr)
     return EXIT_OK
 
 

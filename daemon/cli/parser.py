@@ -196,6 +196,7 @@ def _add_goal_parser(sub: Subparsers) -> None:
     lst.add_argument(
         "--since", metavar="WHEN", help="only goals created since: an ISO 8601 instant, or an age such as 30m, 2h, 1d"
     )
+    lst.add_argument("--limit", type=int, metavar="N", help="only the newest N goals (the others are counted)")
     lst.add_argument("--json", action="store_true", help=JSON_HELP)
     show = gsub.add_parser("show", help="describe one goal: status and why, activity, budgets, last events")
     show.add_argument("goal", help=GOAL_HELP)

@@ -173,3 +173,17 @@ async def test_goald_reload_applies_the_goals_file_through_the_socket(
     assert out == "reloaded: 0 goal(s) and 1 schedule(s) applied from the goals file\n"
     assert [s["key"] for s in await d.acli_json("schedule", "list")] == ["nightly"]
     assert await d.acli_json("reload") == {"goals": 0, "schedules": 1}
+
+
+async def test_goal_list_limit_shows_the_newest_n(start_daemon: Callable[..., Daemon]) -> None:
+    d = start_daemon()
+    made = [
+        (await d.acli_json("goal", "add", "--model", "test:worker", f"Goal {i} [rounds=1 delay=0]"))["goalId"]
+        for i in range(3)
+    ]
+    listed = await d.acli_json("goal", "list", "--limit", "2")
+    assert [g["id"] for g in listed] == made[::-1][:2]
+    code, out, err = await d.acli("goal", "list", "--limit", "2")
+    assert code == 0 and len(out.splitlines()) == 3 and "(2 of 3 goals shown: --limit 2)" in err
+    code, _, err = await d.acli("goal", "list", "--limit", "0")
+    assert code == 2 and "--limit must be at least 1" in err
