@@ -219,11 +219,11 @@ def _without_daemon(settings: Settings, args: argparse.Namespace) -> int | None:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     """``goald serve``: the daemon in this process, each refusal to start mapped to its exit code."""
     setup_logging(args.log_level or settings.log_level, settings.log_format, journal_socket=settings.journal_socket)
-    logger.info(config_line(getattr(args, "config_in_use", None)))
     try:
         # An unusable state directory is one line and exit 78, before anything else is said.
         if (problem := state_dir_problem(settings.state_dir)) is not None:
             raise StateDirUnusable(problem)
+        logger.info(config_line(getattr(args, "config_in_use", None)))
         host = Host(settings)
         findings = config_findings(settings, host.models)
         for finding in findings:
