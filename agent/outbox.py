@@ -229,6 +229,9 @@ class Attempt:
     status: int | None = None
     error: str | None = None
     seconds: float = 0.0
+    #: A failure no retry can mend (a secret the configuration names has no value): recorded
+    #: ``failed`` at once and logged once, not retried for hours.
+    permanent: bool = False
 
 
 def record(tx: Tx, message_id: str, sink: str, attempt_no: int, outcome: Attempt, retry_at: datetime | None) -> None:

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 from agent import InvalidInput, ModelRegistry
 from agent.sandbox.base import DEFAULT_PATH
+from agent.secret import SecretSource
+from daemon.alerts.config import CommandSink, NtfySink, WebhookSink
 from daemon.models import ProviderNeedsRestart
 from daemon.rpc.protocol import InvalidField
 from daemon.sandbox_settings import network_findings
@@ -73,6 +75,9 @@ class Finding:
     #: Advice for ``goald config check`` only (the default layout's shared file system, say): a
     #: daemon does not repeat it at every start.
     advice: bool = False
+    #: ``goald serve`` refuses to start on it (exit 78), as ``config check --strict`` does: a
+    #: notification sink whose secret has no value would fail every notification.
+    refuses_start: bool = False
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}"
@@ -93,9 +98,35 @@ def config_findings(
         if spec is not None and (why := model_problem(settings, spec)) is not None:
             out.append(Finding(key, why))
     out += _path_findings(settings)
+    out += notify_findings(settings)
     if declared is not None and registry is not None:
         out += _declared_findings(settings, registry, declared)
     return out
+
+
+def notify_findings(settings: Settings) -> list[Finding]:
+    """Each secret of a notification sink (or the dead-man URL's) that has no value in this
+    environment, by field: every notification to that sink would fail."""
+    conf = settings.notify
+    named: list[tuple[str, str, SecretSource | None]] = [
+        ("notify.deadman_url_secret", "the dead-man URL", conf.deadman_url_secret)
+    ]
+    for i, sink in enumerate(conf.sinks):
+        where = f"notify.sinks[{i}]"
+        what = f"sink {sink.name!r}"
+        if isinstance(sink, WebhookSink | NtfySink):
+            named.append((f"{where}.url_secret", what, sink.url_secret))
+        if isinstance(sink, WebhookSink):
+            named.append((f"{where}.secret", what, sink.secret))
+        if isinstance(sink, NtfySink):
+            named.append((f"{where}.token", what, sink.token))
+        if isinstance(sink, CommandSink):
+            named += [(f"{where}.secrets.{name}", what, ref) for name, ref in sink.secrets.items()]
+    return [
+        Finding(key, f"{ref.describe()} has no value here: {what} could send no notification", refuses_start=True)
+        for key, what, ref in named
+        if ref is not None and not ref.read()
+    ]
 
 
 def _key_findings(settings: Settings) -> list[Finding]:

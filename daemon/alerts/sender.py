@@ -131,7 +131,7 @@ class Sender:
             outcome = Attempt(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
         attempt = d.attempts + 1
         retry_at = None
-        if not outcome.ok and attempt < self.conf.max_attempts:
+        if not outcome.ok and not outcome.permanent and attempt < self.conf.max_attempts:
             delay = min(self.conf.retry_max_seconds, self.conf.retry_first_seconds * 2 ** (attempt - 1))
             retry_at = self.clock() + timedelta(seconds=delay)
         await self.store.transact(lambda tx: record(tx, d.message.id, sink.name, attempt, outcome, retry_at))
@@ -148,6 +148,14 @@ class Sender:
                 attempt,
                 outcome.error,
                 retry_at.isoformat(timespec="seconds"),
+            )
+        elif outcome.permanent:
+            self.failed_attempts += 1
+            logger.error(
+                "notification {} to {}: failed, not retried (a configuration error: fix it and restart): {}",
+                d.message.id,
+                sink.name,
+                outcome.error,
             )
         else:
             self.failed_attempts += 1

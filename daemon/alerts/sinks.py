@@ -107,7 +107,7 @@ def _url(conf: WebhookSink | NtfySink, what: str) -> str | Attempt:
     if url:
         return url
     assert conf.url_secret is not None
-    return Attempt(ok=False, error=f"{what} has no value ({conf.url_secret.describe()})")
+    return Attempt(ok=False, error=f"{what} has no value ({conf.url_secret.describe()})", permanent=True)
 
 
 class Webhook:
@@ -129,7 +129,9 @@ class Webhook:
         if conf.secret is not None:
             key = conf.secret.read()
             if key is None:
-                return Attempt(ok=False, error=f"the signing key has no value ({conf.secret.describe()})")
+                return Attempt(
+                    ok=False, error=f"the signing key has no value ({conf.secret.describe()})", permanent=True
+                )
             headers["X-Goald-Signature"] = signature(key, body)
         return await _post(self.http.get(), url, body, headers, conf.timeout_seconds)
 
@@ -159,7 +161,7 @@ class Ntfy:
         if conf.token is not None:
             token = conf.token.read()
             if token is None:
-                return Attempt(ok=False, error=f"the ntfy token has no value ({conf.token.describe()})")
+                return Attempt(ok=False, error=f"the ntfy token has no value ({conf.token.describe()})", permanent=True)
             headers["Authorization"] = f"Bearer {token}"
         body = str(payload.get("summary", payload["kind"])).encode()
         return await _post(self.http.get(), url, body, headers, conf.timeout_seconds)
@@ -180,7 +182,7 @@ class Command:
         for name, ref in conf.secrets.items():
             value = ref.read()
             if value is None:
-                return Attempt(ok=False, error=f"secret {name} has no value ({ref.describe()})")
+                return Attempt(ok=False, error=f"secret {name} has no value ({ref.describe()})", permanent=True)
             secrets[name] = value
         text = json.dumps(payload, ensure_ascii=False)
         workdir = Path(tempfile.mkdtemp(prefix="goald-notify-"))

@@ -5,6 +5,8 @@ A past ``--deadline`` is refused at ``goal add`` and ``goal edit``, naming the f
 exhaust the goal at once); the deadline a goal already has is kept by an edit of another budget.
 ``goal export`` takes a goal key and an id prefix, as its help and every other goal verb do.
 A SIGHUP after ``goals_file`` was added to the configuration loads it, and the reload is logged.
+A webhook whose signing secret has no value fails ``config check --strict`` and ``serve``, naming
+the field; one whose secret goes away while serving fails each notification once, not for hours.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
+import subprocess
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
-from harness import TEST_MODELS, Daemon, toml_text, wait_goal
+from harness import TEST_MODELS, Daemon, child_env, goald_argv, toml_text, wait_goal
 
 pytestmark = pytest.mark.e2e
 
@@ -74,3 +80,70 @@ async def test_a_reload_that_adds_goals_file_loads_it_and_says_so(daemon: Daemon
     log = d.stderr()
     assert f"reload: goals_file is now {goals} (was None)" in log
     assert f"reload: applied {goals}: 1 goal(s), 0 schedule(s)" in log
+
+
+def webhook_config(d: Daemon, secret: dict[str, str]) -> None:
+    config = {"state_dir": str(d.state_dir), "log_level": "DEBUG", **TEST_MODELS}
+    config["notify"] = {"retry_first_seconds": 0.05, "retry_max_seconds": 0.2, "group_window_seconds": 0}
+    sink = '[[notify.sinks]]\ntype = "webhook"\nname = "ops"\nurl = "http://127.0.0.1:9/hook"\n'
+    secret_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in secret.items())
+    d.config_path.write_text(toml_text(config) + sink + f"secret = {{ {secret_toml} }}\n")
+
+
+def test_an_unset_signing_secret_fails_config_check_strict_and_serve(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "state")
+    try:
+        webhook_config(d, {"env": "GOALD_TEST_UNSET_SIGNING_KEY"})
+        env = child_env()
+        env.pop("GOALD_TEST_UNSET_SIGNING_KEY", None)
+        argv = [*goald_argv(), "--config", str(d.config_path)]
+        checked = subprocess.run([*argv, "config", "check"], env=env, capture_output=True, text=True, check=False)
+        assert checked.returncode == 0, checked.stderr  # a warning without --strict
+        assert (
+            "notify.sinks[0].secret: environment variable GOALD_TEST_UNSET_SIGNING_KEY has no value" in checked.stderr
+        )
+        strict = subprocess.run(
+            [*argv, "config", "check", "--strict"], env=env, capture_output=True, text=True, check=False
+        )
+        assert strict.returncode == 78 and "notify.sinks[0].secret" in strict.stderr, strict.stderr
+        served = subprocess.run([*argv, "serve"], env=env, capture_output=True, text=True, check=False, timeout=60)
+        assert served.returncode == 78, served.stderr
+        assert (
+            "invalid configuration: notify.sinks[0].secret: environment variable GOALD_TEST_UNSET_SIGNING_KEY"
+            in served.stderr
+        )
+        assert not d.socket_path.exists()
+    finally:
+        d.close()
+
+
+def deliveries(state: Path) -> list[tuple[str, int, str | None]]:
+    conn = sqlite3.connect(f"file:{state / 'goald.db'}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT state, attempts, last_error FROM outbox_deliveries").fetchall()
+    finally:
+        conn.close()
+
+
+async def test_a_signing_secret_gone_while_serving_fails_once_not_for_hours(tmp_path: Path) -> None:
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "signing").write_text("not-a-real-key")
+    d = Daemon(tmp_path / "state")
+    try:
+        webhook_config(d, {"credential": "signing"})
+        d.start(extra_env={"CREDENTIALS_DIRECTORY": str(creds)})
+        (creds / "signing").unlink()
+        goal = await d.acli_json("goal", "add", "x [rounds=1]", "--model", "test:worker")
+        await wait_goal(d.socket_path, goal["goalId"], {"completed"})
+        deadline = time.monotonic() + 30
+        while not (rows := deliveries(d.state_dir)) or any(state != "failed" for state, _, _ in rows):
+            assert time.monotonic() < deadline, rows  # old code: pending, retried for 16 hours
+            await asyncio.sleep(0.05)
+        for _state, attempts, error in rows:
+            assert attempts == 1 and error is not None and "credential 'signing'" in error, rows
+        log = d.stderr()
+        assert log.count("failed, not retried (a configuration error") == len(rows), log
+        assert "attempt 1 failed" not in log
+    finally:
+        d.close()
