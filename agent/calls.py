@@ -22,6 +22,7 @@ from agent.messages import Block
 from agent.models.base import ModelError
 from agent.spend import Usage
 from agent.store import Tx
+from agent.usage import ENDED_COLUMNS, add_ended_call
 
 
 class CallId(TypedId):
@@ -59,9 +60,10 @@ def settle_call(
     tx: Tx, call_id: str, usage: Usage, cost: float, *, error_class: str | None = None, error: str | None = None
 ) -> None:
     """Settle a reservation to the reported usage (zero if the attempt reported none)."""
-    tx.execute(
+    rows = tx.all(
         "UPDATE model_calls SET state='settled', input_tokens=?, output_tokens=?, cache_read_tokens=?,"
-        " cache_write_tokens=?, cost=?, error_class=?, error=?, ended_at=? WHERE id=? AND state='reserved'",
+        " cache_write_tokens=?, cost=?, error_class=?, error=?, ended_at=? WHERE id=? AND state='reserved'"
+        f" RETURNING {ENDED_COLUMNS}",
         (
             usage.input_tokens,
             usage.output_tokens,
@@ -74,6 +76,8 @@ def settle_call(
             call_id,
         ),
     )
+    for row in rows:  # none if it was no longer reserved
+        add_ended_call(tx, row)
 
 
 #: Appended to the row's error when its usage is the prompt's estimate (see :func:`failed_usage`).

@@ -204,4 +204,29 @@ CREATE TABLE outbox_attempts (
 );
 """,
     ),
+    Migration(
+        version=5,
+        # Monotonic totals for the metrics' counters: added to in the transaction that settles or
+        # charges a call, never lowered by retention (agent.usage). Started from the stored calls.
+        summary="model call totals that retention does not lower",
+        sql="""
+CREATE TABLE usage_totals (
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    error_class TEXT NOT NULL DEFAULT '',
+    calls INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    cost REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (provider, model, error_class)
+);
+INSERT INTO usage_totals(provider, model, error_class, calls, input_tokens, output_tokens,
+    cache_read_tokens, cache_write_tokens, cost)
+SELECT provider, model, COALESCE(error_class, ''), COUNT(*), SUM(input_tokens), SUM(output_tokens),
+    SUM(cache_read_tokens), SUM(cache_write_tokens), SUM(cost)
+FROM model_calls WHERE state != 'reserved' GROUP BY provider, model, COALESCE(error_class, '');
+""",
+    ),
 ]

@@ -20,6 +20,7 @@ from agent.inbox import Admitted, admit, has_waking, settle_idle
 from agent.messages import ToolUseBlock
 from agent.payloads import AgentStatus, AssistantMessage, EndReason, ToolResult, parse_payload
 from agent.store import Tx
+from agent.usage import ENDED_COLUMNS, add_ended_call
 
 OUTCOME_UNKNOWN = "interrupted: outcome unknown — verify before retrying"
 #: Text given to tool calls left without a result when a turn is cancelled or runs out of time.
@@ -133,9 +134,11 @@ def charge_open_reservations(
     rows = tx.all(
         "UPDATE model_calls SET state='charged_in_full', cost=reserved_cost, ended_at=?,"
         " error_class=COALESCE(error_class, ?) WHERE session_id=? AND state='reserved'"
-        " RETURNING id, reserved_tokens, reserved_cost",
+        f" RETURNING id, reserved_tokens, reserved_cost, {ENDED_COLUMNS}",
         (tx.now, error_class, session_id),
     )
+    for row in rows:
+        add_ended_call(tx, row)
     if rows:
         tx.emit(
             session_id,

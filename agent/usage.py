@@ -6,11 +6,16 @@ and model, so a caller can label them by something the runtime does not know (th
 started a goal) and still keep the label set bounded: the rows are one per guard and model, the
 labels the caller derives are few. What retention pruned is no longer counted (see
 :mod:`agent.retention`): these are sums over the calls still stored.
+
+``usage_totals`` holds the counters: every call is added, once, in the transaction that settles or
+charges it (:func:`add_ended_call`), by provider, model and error class; retention never lowers them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from agent.db import Conn
 
@@ -30,15 +35,6 @@ class GuardUsage:
     cost: float
 
 
-@dataclass(frozen=True)
-class CallCount:
-    """Stored model calls of one provider that ended with one error class (``None``: no error)."""
-
-    provider: str
-    error_class: str | None
-    calls: int
-
-
 def usage_by_guard(conn: Conn) -> list[GuardUsage]:
     """Tokens and cost of the stored model calls, by guard, provider and model (in a read)."""
     rows = conn.execute(
@@ -52,9 +48,66 @@ def usage_by_guard(conn: Conn) -> list[GuardUsage]:
     ]
 
 
-def call_counts(conn: Conn) -> list[CallCount]:
-    """Stored model calls by provider and error class (in a read)."""
+@dataclass(frozen=True)
+class UsageTotal:
+    """Every model call this store ever settled or charged, on one model with one error class
+    (``None``: no error): a counter, never lowered by retention."""
+
+    provider: str
+    model: str
+    error_class: str | None
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost: float
+
+
+#: Adds one ended call to its totals row (both databases take ``ON CONFLICT ... DO UPDATE``).
+_ADD = (
+    "INSERT INTO usage_totals(provider, model, error_class, calls, input_tokens, output_tokens,"
+    " cache_read_tokens, cache_write_tokens, cost) VALUES (?,?,?,1,?,?,?,?,?)"
+    " ON CONFLICT (provider, model, error_class) DO UPDATE SET calls = usage_totals.calls + 1,"
+    " input_tokens = usage_totals.input_tokens + excluded.input_tokens,"
+    " output_tokens = usage_totals.output_tokens + excluded.output_tokens,"
+    " cache_read_tokens = usage_totals.cache_read_tokens + excluded.cache_read_tokens,"
+    " cache_write_tokens = usage_totals.cache_write_tokens + excluded.cache_write_tokens,"
+    " cost = usage_totals.cost + excluded.cost"
+)
+
+
+def add_ended_call(tx: Any, row: Mapping[str, Any]) -> None:
+    """Count one call that just ended (settled or charged in full) into the totals, in the
+    transaction that ended it. ``row`` is the call's row as that write returned it."""
+    tx.execute(
+        _ADD,
+        (
+            row["provider"],
+            row["model"],
+            row["error_class"] or "",
+            int(row["input_tokens"]),
+            int(row["output_tokens"]),
+            int(row["cache_read_tokens"]),
+            int(row["cache_write_tokens"]),
+            float(row["cost"]),
+        ),
+    )
+
+
+#: The columns :func:`add_ended_call` reads, for the ending write's ``RETURNING``.
+ENDED_COLUMNS = "provider, model, error_class, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost"
+
+
+def usage_totals(conn: Conn) -> list[UsageTotal]:
+    """The totals of every call ever ended (in a read)."""
     rows = conn.execute(
-        "SELECT provider, error_class, COUNT(*) FROM model_calls GROUP BY provider, error_class"
+        "SELECT provider, model, error_class, calls, input_tokens, output_tokens, cache_read_tokens,"
+        " cache_write_tokens, cost FROM usage_totals"
     ).fetchall()
-    return [CallCount(str(r[0]), r[1], int(r[2])) for r in rows]
+    return [
+        UsageTotal(
+            str(r[0]), str(r[1]), str(r[2]) or None, int(r[3]), int(r[4]), int(r[5]), int(r[6]), int(r[7]), float(r[8])
+        )
+        for r in rows
+    ]

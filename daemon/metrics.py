@@ -19,8 +19,10 @@ schedule (the schedule's key, else its id; ``""`` for goals no schedule started)
 provider and error class (an enum); goals by status. The number of series grows with providers,
 models and schedules, which the operator configures, never with the number of goals.
 
-Figures read from the store are sums over the rows still stored, so they are gauges: retention
-(``[retention]``) prunes ended goals' model calls, which lowers them (a counter must never go down).
+Calls, tokens and cost are counters (``_total``): every call is added to ``usage_totals`` in the
+transaction that ends it (:mod:`agent.usage`), so retention pruning ended goals and restarts never
+lower them. Per schedule they are also given as sums over the calls still stored
+(``goald_stored_model_*``): gauges, which retention lowers.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from agent.db import Conn, database_errors, savepoint
 from agent.models.health import BreakerState, ProviderHealth
 from agent.outbox import backlog as outbox_backlog
 from agent.store import Store
-from agent.usage import call_counts, usage_by_guard
+from agent.usage import usage_by_guard, usage_totals
 from daemon import __version__
 from goals.model import GoalStatus
 from goals.stats import goal_facts
@@ -217,7 +219,7 @@ class _Stored:
 
     goals: list[Any]
     usage: list[Any]
-    calls: list[Any]
+    totals: list[Any]
     schedule_names: dict[str, str]
     runs: list[tuple[str, str, int]]
     backlog: Mapping[str, int] | None
@@ -261,7 +263,7 @@ class Metrics:
                     backlog = self.backlog(conn)
             except database_errors() as exc:  # an outbox not created yet
                 logger.debug("no notification backlog: {}", exc)
-        return _Stored(goal_facts(conn), usage_by_guard(conn), call_counts(conn), names, runs, backlog)
+        return _Stored(goal_facts(conn), usage_by_guard(conn), usage_totals(conn), names, runs, backlog)
 
     async def families(self) -> list[Family]:
         """Every family, read now."""
@@ -308,9 +310,13 @@ class Metrics:
             rounds.add(n, status=status)
 
         tokens = Family(
-            "goald_model_tokens", "Tokens of the stored model calls, by provider, model, schedule and kind."
+            "goald_stored_model_tokens",
+            "Tokens of the model calls still stored (retention lowers it), by provider, model, schedule and kind.",
         )
-        cost = Family("goald_model_cost", "Cost of the stored model calls, by provider, model and schedule.")
+        cost = Family(
+            "goald_stored_model_cost",
+            "Cost of the model calls still stored (retention lowers it), by provider, model and schedule.",
+        )
         sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
         for u in s.usage:
             key = (u.provider, u.model, schedule_of_guard.get(u.guard_id or "", ""))
@@ -322,21 +328,13 @@ class Metrics:
                 tokens.add(acc[i], provider=provider, model=model, schedule=schedule, kind=kind)
             cost.add(round(acc[4], 9), provider=provider, model=model, schedule=schedule)
 
-        calls = Family("goald_model_calls", "Stored model calls (attempts), by provider.")
-        errors = Family("goald_model_call_errors", "Stored model calls that failed, by provider and error class.")
-        per_provider: dict[str, int] = defaultdict(int)
-        for c in s.calls:
-            per_provider[c.provider] += c.calls
-            if c.error_class is not None:
-                errors.add(c.calls, provider=c.provider, **{"class": c.error_class})
-        for provider, n in sorted(per_provider.items()):
-            calls.add(n, provider=provider)
+        fams = [goals, rounds, *self._counters(s.totals), tokens, cost]
 
         runs = Family("goald_schedule_runs", "Recorded schedule runs, by schedule and outcome.")
         for schedule_id, outcome, n in sorted(s.runs):
             runs.add(n, schedule=s.schedule_names.get(schedule_id, schedule_id), outcome=outcome)
 
-        fams = [goals, rounds, tokens, cost, calls, errors, runs]
+        fams.append(runs)
         if s.backlog is not None:
             waiting = int(s.backlog.get("unsealed", 0)) + int(s.backlog.get("pending", 0))
             fams.append(
@@ -351,6 +349,35 @@ class Metrics:
                 states.add(n, state=state)
             fams.append(states)
         return fams
+
+    @staticmethod
+    def _counters(totals: list[Any]) -> list[Family]:
+        """The monotonic families: every call ever settled or charged (``agent.usage.usage_totals``)."""
+        calls = Family("goald_model_calls_total", "Model calls (attempts) ended, by provider.", "counter")
+        errors = Family(
+            "goald_model_call_errors_total", "Model calls that failed, by provider and error class.", "counter"
+        )
+        tokens = Family("goald_model_tokens_total", "Tokens of model calls, by provider, model and kind.", "counter")
+        cost = Family("goald_model_cost_total", "Cost of model calls, by provider and model.", "counter")
+        per_provider: dict[str, int] = defaultdict(int)
+        per_error: dict[tuple[str, str], int] = defaultdict(int)
+        per_model: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+        for t in totals:
+            per_provider[t.provider] += t.calls
+            if t.error_class is not None:
+                per_error[(t.provider, t.error_class)] += t.calls
+            acc = per_model[(t.provider, t.model)]
+            for i, v in enumerate((t.input_tokens, t.output_tokens, t.cache_read_tokens, t.cache_write_tokens, t.cost)):
+                acc[i] += v
+        for provider, n in sorted(per_provider.items()):
+            calls.add(n, provider=provider)
+        for (provider, error_class), n in sorted(per_error.items()):
+            errors.add(n, provider=provider, **{"class": error_class})
+        for (provider, model), acc in sorted(per_model.items()):
+            for i, kind in enumerate(("input", "output", "cache_read", "cache_write")):
+                tokens.add(acc[i], provider=provider, model=model, kind=kind)
+            cost.add(round(acc[4], 9), provider=provider, model=model)
+        return [calls, errors, tokens, cost]
 
     async def _cluster(self) -> list[Family]:
         if self.cluster is None:

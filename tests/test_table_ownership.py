@@ -48,6 +48,7 @@ EXPECTED_OWNERS = {
     "events": "agent",
     "guards": "agent",
     "model_calls": "agent",
+    "usage_totals": "agent",
     "schema_versions": "agent",
     "outbox": "agent",
     "outbox_deliveries": "agent",

@@ -94,10 +94,12 @@ async def test_1000_goals_give_the_series_60_goals_give(tmp_path: Path) -> None:
     many, db = await collect(tmp_path, 1000)
     stored = {"goald_database_bytes", "goald_metrics_collect_seconds"}
     assert {k for k in many if k[0] not in stored} == {k for k in few if k[0] not in stored}
-    assert len(many) < 120
+    assert len(many) < 160  # the counters by provider and model beside the stored sums by schedule
     values = {v for _, labels in many for _, v in labels}
     assert not any(v.startswith(("goal_", "ses_", "grd_", "turn_")) for v in values)
-    assert {v for name, labels in many if name == "goald_model_tokens" for k, v in labels if k == "schedule"} == {
+    assert {
+        v for name, labels in many if name == "goald_stored_model_tokens" for k, v in labels if k == "schedule"
+    } == {
         "",
         *SCHEDULES,
     }
@@ -111,21 +113,27 @@ async def test_1000_goals_give_the_series_60_goals_give(tmp_path: Path) -> None:
             got = [
                 v
                 for (name, labels), v in many.items()
-                if name == "goald_model_tokens" and ("provider", provider) in labels and ("model", model) in labels
+                if name == "goald_stored_model_tokens"
+                and ("provider", provider) in labels
+                and ("model", model) in labels
                 if ("kind", "input") in labels
             ]
             assert sum(got) == tokens_in
+            # The counters hold the same before any pruning (by provider and model, not schedule).
+            assert many[
+                ("goald_model_tokens_total", (("kind", "input"), ("model", model), ("provider", provider)))
+            ] == (tokens_in)
             paid = [
                 v
                 for (name, labels), v in many.items()
-                if name == "goald_model_cost" and ("provider", provider) in labels and ("model", model) in labels
+                if name == "goald_stored_model_cost" and ("provider", provider) in labels and ("model", model) in labels
             ]
             assert sum(paid) == pytest.approx(cost)
         for provider, error_class, n in conn.execute(
             "SELECT provider, error_class, COUNT(*) FROM model_calls WHERE error_class IS NOT NULL"
             " GROUP BY provider, error_class"
         ):
-            assert many[("goald_model_call_errors", (("class", error_class), ("provider", provider)))] == n
+            assert many[("goald_model_call_errors_total", (("class", error_class), ("provider", provider)))] == n
         for status, n, rounds in conn.execute("SELECT status, COUNT(*), SUM(rounds) FROM goals GROUP BY status"):
             assert many[("goald_goals", (("status", status),))] == n
             assert many[("goald_goal_rounds", (("status", status),))] == rounds
