@@ -258,6 +258,14 @@ async def goal_edit(client: Connection, args: argparse.Namespace) -> int:
         print_json(g)
     else:
         print(goal_line(g))
+    if g.get("status") == "exhausted" and _budgets(args) is not None:
+        # As systemctl after an edit of a unit: the change is saved, the next command is named.
+        ref = g.get("key") or g["id"]
+        print(
+            f"note: goal {ref} is still exhausted: an edit changes its budgets only;"
+            f" `goald goal resume {ref}` resumes it with them",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

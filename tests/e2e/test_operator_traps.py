@@ -147,3 +147,17 @@ async def test_a_signing_secret_gone_while_serving_fails_once_not_for_hours(tmp_
         assert "attempt 1 failed" not in log
     finally:
         d.close()
+
+
+async def test_goal_edit_of_an_exhausted_goal_names_the_next_command(daemon: Daemon) -> None:
+    d = daemon
+    made = await d.acli_json(
+        "goal", "add", "x [rounds=2]", "--model", "test:worker", "--key", "tight", "--max-rounds", "1"
+    )
+    await wait_goal(d.socket_path, made["goalId"], {"exhausted"})
+    code, _out, err = await d.acli("goal", "edit", "tight", "--max-rounds", "5")
+    assert code == 0, err
+    assert "note: goal tight is still exhausted" in err and "`goald goal resume tight`" in err, err
+    code, _out, err = await d.acli("goal", "resume", "tight")
+    assert code == 0, err
+    await wait_goal(d.socket_path, made["goalId"], {"completed"})
