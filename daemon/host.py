@@ -182,8 +182,9 @@ class Host:
         """Begin a graceful shutdown."""
         self._stop.set()
 
-    async def run(self, *, stdio: bool = False) -> int:
-        """Serve until stopped; returns the exit code.
+    async def run(self, *, stdio: bool = False, start_line: str | None = None) -> int:
+        """Serve until stopped; returns the exit code. ``start_line`` (the version and the
+        configuration in use) is logged once the locks are held, so a refusal stays one line.
 
         Raises:
             StateDirLocked: another process holds the state directory; nothing was written.
@@ -199,6 +200,8 @@ class Host:
         pg = self.settings.store
         lock = StateLock(state_dir, None if pg is not None else self.settings.database_path)
         lock.acquire()
+        if start_line is not None:
+            logger.info(start_line)
         try:
             return await self._serve(stdio=stdio)
         finally:

@@ -223,7 +223,6 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         # An unusable state directory is one line and exit 78, before anything else is said.
         if (problem := state_dir_problem(settings.state_dir)) is not None:
             raise StateDirUnusable(problem)
-        logger.info(config_line(getattr(args, "config_in_use", None)))
         host = Host(settings)
         findings = config_findings(settings, host.models)
         for finding in findings:
@@ -231,7 +230,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
                 logger.warning("configuration: {}", finding)
         if refusing := [f for f in findings if f.refuses_start]:
             raise ConfigError("; ".join(str(f) for f in refusing))
-        return asyncio.run(host.run(stdio=args.stdio))
+        start_line = config_line(getattr(args, "config_in_use", None))
+        return asyncio.run(host.run(stdio=args.stdio, start_line=start_line))
     except StateDirLocked as exc:  # nothing was written: the other daemon's state is untouched
         print(f"goald: {exc}", file=sys.stderr)
         return EXIT_LOCKED
