@@ -55,6 +55,18 @@ def idle_after(kind: str, match: Callable[[dict[str, Any]], bool]) -> Callable[[
     return done
 
 
+def at_rest_after(kind: str, match: Callable[[dict[str, Any]], bool]) -> Callable[[list[dict[str, Any]]], bool]:
+    """Whether an event of ``kind`` for which ``match`` holds came, and the session is idle now (its
+    last status event says idle): a pause that lands mid-turn is followed by that turn's idle, one that
+    lands between the idle and the next round's admission by none."""
+
+    def done(events: list[dict[str, Any]]) -> bool:
+        statuses = [e["data"]["status"] for e in events if e["type"] == "status"]
+        return any(e["type"] == kind and match(e) for e in events) and bool(statuses) and statuses[-1] == "idle"
+
+    return done
+
+
 async def test_a_goal_without_verification_completes_unverified_and_says_so(daemon: Daemon) -> None:
     d = daemon
     gid, _, note = await add_goal(d, "Deploy the website [rounds=1]")
@@ -130,7 +142,7 @@ async def test_send_to_a_paused_goal_runs_one_turn_charged_not_a_round(daemon: D
     await asyncio.to_thread(d.calls.wait, "worker round=2 step=0")
     code, _, err = await d.acli("goal", "pause", gid)
     assert code == 0, err
-    await wait_events(d, sid, idle_after("goal/changed", lambda e: e["data"]["status"] == "paused"))
+    await wait_events(d, sid, at_rest_after("goal/changed", lambda e: e["data"]["status"] == "paused"))
     paused = await wait_counted(d, gid, sid)
     assert paused["status"] == "paused"
 
