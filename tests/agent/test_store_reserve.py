@@ -5,11 +5,11 @@ before (StorageUnavailable). On a real tmpfs of a few MiB (needs root to mount; 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from diskkit import fill, mounted_tmpfs
 
 from agent import StorageUnavailable, Tx
 from agent.storage import StoreReserve, is_disk_full
@@ -20,31 +20,9 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    """An 8 MiB tmpfs (skips unless root and mount works)."""
+    with mounted_tmpfs(tmp_path / "small", 8, "0700") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(path: Path) -> None:
-    """Write ``path`` until the file system is full."""
-    block = b"\0" * 65536
-    with open(path, "wb", buffering=0) as fh:
-        for size in (65536, 4096, 512, 1):
-            while True:
-                try:
-                    fh.write(block[:size])
-                except OSError:
-                    break
 
 
 def insert(blob: bytes) -> Callable[[Tx], None]:

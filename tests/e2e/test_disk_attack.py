@@ -21,15 +21,14 @@ Needs root (to mount the tmpfs) and bubblewrap; skips with the reason otherwise.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from clusterkit import until
+from diskkit import mounted_tmpfs
 from harness import Daemon, all_events, rpc, wait_events
 
 LIMIT = 90.0
@@ -43,21 +42,10 @@ CONFIG: dict[str, Any] = {
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs mounted for the test (skips unless root and mount works); unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
     if shutil.which("bwrap") is None:
         pytest.skip("the attack runs through the sandbox: bubblewrap is not installed")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", 64, "0755") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _results(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,15 +11,14 @@ advances again by itself (no command) and the health clears.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
-import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from clusterkit import until
+from diskkit import fill, mounted_tmpfs
 from harness import TEST_MODELS, Daemon, rpc
 
 from daemon.client import RpcError
@@ -30,39 +29,8 @@ LIMIT = 60.0
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs mounted for the test (skips unless root and mount works); unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", 4, "0700") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(path: Path) -> int:
-    """Write ``path`` until the file system is full; returns the bytes written."""
-    written = 0
-    block = b"\0" * 65536
-    with open(path, "wb", buffering=0) as fh:
-        while True:
-            try:
-                written += fh.write(block)
-            except OSError:
-                break
-        # The last pages: as small as the file system takes.
-        for size in (4096, 512, 1):
-            while True:
-                try:
-                    written += fh.write(block[:size])
-                except OSError:
-                    break
-    return written
 
 
 async def test_a_full_disk_holds_the_goal_refuses_input_and_clears_by_itself(small_tmpfs: Path, tmp_path: Path) -> None:
