@@ -20,7 +20,8 @@ DeepSeek, OpenRouter, Ollama, vLLM, the llama.cpp server): only ``base_url`` dif
   its last chunk, is a dropped connection.)
 * The stream is read as raw server-sent events (see :mod:`agent.models._http`): each chunk is
   plain JSON checked where it is read; an ``{"error": ...}`` in place of a chunk is classified as
-  the SDK would have raised it.
+  the SDK would have raised it: by its ``code`` as an HTTP status, else a server error (never a
+  dropped connection: the server answered, then failed its answer), and counted so by the breaker.
 * Error messages never carry the API key, whatever the server echoes back.
 * The SDK is imported when a provider is constructed, never at ``import agent``.
 """
@@ -474,16 +475,23 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
             )
         if not isinstance(exc, StreamErrorItem):
             return ModelError(ModelErrorKind.SERVER, self._redact(f"{self.provider} failed: {exc}")[:1000], usage=usage)
-        # An error reported inside the stream ({"error": {...}} in place of a chunk).
+        # An error reported inside the stream ({"error": {...}} in place of a chunk): the server
+        # answered and then failed its answer (llama-server's 500 when the model's output leaves the
+        # tool-call format). A server fault, not a dropped connection: retried, and counted against
+        # the breaker as a server error (``server``, whatever its ``code``, when it states none).
         code = exc.body.get("code") if isinstance(exc.body, dict) else None
         code_status: int | None = None
         if isinstance(code, int):
             code_status = code
         elif isinstance(code, str) and code.isdigit():
             code_status = int(code)
+        said = f"error {code_status}" if code_status is not None else "an error"
         return ModelError(
             status_kind(code_status) if code_status is not None else ModelErrorKind.SERVER,
-            self._redact(f"{self.provider} reported an error mid-stream: {exc.message}")[:1000],
+            self._redact(
+                f"{self.provider} failed its answer: HTTP 200, then {said} inside the stream"
+                f" (a server fault, not a dropped connection): {exc.message}"
+            )[:1000],
             usage=usage,
             status=code_status,
         )

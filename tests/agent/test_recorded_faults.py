@@ -22,7 +22,8 @@ written by hand and one captured from a real ``llama-server`` (``*.captured.*``,
 * a server that sends no usage is charged estimates at the model's running ratio of the calls that
   did report usage, and an answer's estimate never exceeds the call's ``max_tokens``;
 * llama-server's error event inside a 200 stream (the model's output left the tool-call format,
-  captured) is a failed attempt that is retried, and the retry's answer ends the turn.
+  captured) is a failed attempt that is retried, a server fault (never a dropped connection) that
+  counts against the provider's breaker, its message in plain words; the retry's answer ends the turn.
 """
 
 from __future__ import annotations
@@ -340,15 +341,30 @@ async def test_llama_server_s_error_event_inside_a_200_stream_is_a_failed_attemp
         Respond.stream(recorded_frames("llama_server_format_error_in_stream.captured.sse")),
         Respond.stream(openai_text(["fine"], usage=oa_usage(40, 1))),
     )
-    model = llama_server(server, "format-error", context_window=8192)
+    # A breaker that opens at the first server fault (and lets a probe through at once): the error
+    # event must count as one, where an empty or malformed answer would not.
+    changes: list[str] = []
+    health = ProviderHealth("local", failure_threshold=1, cooldown=0.0)
+    health.breaker.on_change = lambda old, new, *_: changes.append(f"{old}->{new}")
+    model = GuardedModel(llama_server(server, "format-error", context_window=8192), health)
     try:
         events = await _session(db_path, model, "write a.txt")
     finally:
         await model.aclose()
     assert len(server.requests) == 2
     [error] = [e.data for e in events if e.type == EventType.MODEL_ERROR]
-    assert (error["kind"], error["retrying"]) == ("server", True)
-    assert "does not match the expected peg-native format" in error["message"]
+    # A server fault, not a dropped connection (``connection``) nor a malformed answer.
+    assert (error["kind"], error["retrying"]) == ("server", True), error
+    # In plain words: what the server did, and its own message.
+    assert error["message"] == (
+        "openai failed its answer: HTTP 200, then error 500 inside the stream (a server fault, not a dropped"
+        " connection): The model produced output that does not match the expected peg-native format"
+    )
+    # Counted against the provider's breaker as a server failure: it opened, and the retry (its
+    # probe) closed it; the provider's last error is the same words.
+    assert changes == ["closed->open", "open->half_open", "half_open->closed"], changes
+    assert (health.failures, health.breaker.consecutive_failures, health.state) == (1, 0, "closed")
+    assert health.last_error == f"server: {error['message']}"
     # The answer had begun without usage: the prompt's likely size is charged, the cut answer nothing.
     usage = Usage.model_validate(error["usage"])
     assert error["estimated"] and usage.input_tokens > 0 and usage.output_tokens == 0
