@@ -260,7 +260,7 @@ class Host:
             finally:
                 self._set_state(RunState.STOPPING)
                 # First: a work-directory walk (a goal's idle, a goal/create in flight) ends now, and
-                # nothing of the shutdown waits for one (goals.verify.Fingerprinter).
+                # nothing of the shutdown waits for one (goals.measure.Fingerprinter).
                 engine.fingerprinter.stop()
                 self._notifier.stopping()
                 services.stop_first()

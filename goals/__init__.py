@@ -25,6 +25,7 @@ from goals.continuation import quote, render, stable_part
 from goals.engine import GoalEngine
 from goals.errors import GoalConflict, GoalError, GoalNotFound, InvalidGoal, InvalidGoalTransition, StaleDecision
 from goals.facts import interval_facts
+from goals.fingerprint_limits import FingerprintLimits, size_text
 from goals.locks import check_nesting, claim_workdir, workdir_holder
 from goals.model import (
     Budgets,
@@ -95,16 +96,8 @@ from goals.tools import (
     policy_for_session,
     tools_for_goal_sessions,
 )
-from goals.verify import (
-    CommandRunner,
-    FingerprintLimits,
-    fingerprint,
-    progress_digest,
-    run_all,
-    run_command,
-    sandboxed_runner,
-    size_text,
-)
+from goals.verify import CommandRunner, progress_digest, run_all, run_command, sandboxed_runner
+from goals.workdir_fingerprint import fingerprint
 
 __all__ = [
     "GOAL_BLOCKED",

@@ -59,7 +59,8 @@ from goals.decision import Decision, DecisionKind, PolicyInput
 from goals.errors import GoalError, InvalidGoal, StaleDecision
 from goals.evaluations import EvaluationRuns
 from goals.facts import interval_facts
-from goals.measure import Measured, measure
+from goals.fingerprint_limits import FingerprintLimits, WalkStats, WalkStopped
+from goals.measure import Fingerprinter, Measured, measure
 from goals.model import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopReason, VerifyCommand
 from goals.operations import (
     change_status,
@@ -91,7 +92,7 @@ from goals.store import (
 )
 from goals.timers import GoalTimers, due_of
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
-from goals.verify import CommandRunner, Fingerprinter, FingerprintLimits, WalkStats, WalkStopped, run_command, within
+from goals.verify import CommandRunner, run_command, within
 
 #: How often a goal held back (:attr:`GoalEngine.hold`) is looked at again, in seconds.
 HOLD_RECHECK_SECONDS = 5.0

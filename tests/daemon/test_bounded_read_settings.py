@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from daemon.settings import ConfigError, load_settings
-from goals.verify import MAX_FINGERPRINT_BYTES, MAX_FINGERPRINT_SECONDS
+from goals.fingerprint_limits import MAX_FINGERPRINT_BYTES, MAX_FINGERPRINT_SECONDS
 
 
 def test_the_fingerprint_bounds_default_to_256_mib_and_2_s(tmp_path: Path) -> None:

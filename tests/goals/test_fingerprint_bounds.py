@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-import goals.verify as verify
+import goals.workdir_fingerprint as fingerprinting
 from agent import ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry
 from goals import (
     GOAL_FINGERPRINT,
@@ -37,7 +37,9 @@ from goals import (
     PolicyInput,
     tools_for_goal_sessions,
 )
-from goals.verify import Fingerprinter, WalkStats, WalkStopped, fingerprint
+from goals.fingerprint_limits import WalkStats, WalkStopped
+from goals.measure import Fingerprinter
+from goals.workdir_fingerprint import fingerprint
 
 MIB = 1024 * 1024
 SPARSE_FILES = 1000
@@ -62,15 +64,15 @@ def walk(workdir: Path, **kw: Any) -> tuple[str | None, WalkStats]:
 
 @pytest.fixture(autouse=True)
 def fresh_cache() -> Iterator[None]:
-    verify._CACHE.clear()
+    fingerprinting._CACHE.clear()
     yield
-    verify._CACHE.clear()
+    fingerprinting._CACHE.clear()
 
 
 @pytest.fixture
 def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every file as if written long ago: its digest is cached at once (no "racy" window)."""
-    monkeypatch.setattr(verify, "_RACY_NS", 0)
+    monkeypatch.setattr(fingerprinting, "_RACY_NS", 0)
 
 
 def test_a_thousand_sparse_files_cost_their_blocks_not_their_size(tmp_path: Path, settled: None) -> None:
@@ -117,7 +119,7 @@ def test_content_past_the_byte_budget_counts_by_size_and_times_and_the_digest_is
     # The same choice at every walk, cached or not: the digest of an unchanged tree stays.
     again, stats = walk(work, **limits)
     assert again == first and stats.files_read == 0
-    verify._CACHE.clear()
+    fingerprinting._CACHE.clear()
     assert walk(work, **limits)[0] == first
 
     # Within the budget a file counts by content (the same bytes rewritten: no change); past it,
@@ -140,7 +142,7 @@ def test_reading_stops_at_the_time_bound_and_the_next_walks_go_on_from_the_cache
     for i in range(4):
         dense(work / f"f{i}.bin", 4096, bytes([ord("a") + i]))
     whole = fingerprint(work)
-    verify._CACHE.clear()
+    fingerprinting._CACHE.clear()
 
     # A deadline that has always passed: each walk reads one file (at least one, so walks that
     # keep being cut still progress), says it was cut, and caches what it read.
@@ -162,7 +164,7 @@ def test_a_file_system_that_reports_no_holes_stops_at_the_byte_budget(
     work = tmp_path / "work"
     sparse_tree(work, count=8, size=1 * MIB)
     # As if SEEK_DATA were not supported: every byte of every file is "data", zeros read and hashed.
-    monkeypatch.setattr(verify, "_data_extents", lambda fd, size: iter([(0, size)]))
+    monkeypatch.setattr(fingerprinting, "_data_extents", lambda fd, size: iter([(0, size)]))
     _, stats = walk(work, max_bytes=3 * MIB)
     assert stats.cut == "bytes" and stats.bytes_read <= 3 * MIB
     assert "reading stopped at 3 MiB" in stats.summary()
@@ -171,14 +173,14 @@ def test_a_file_system_that_reports_no_holes_stops_at_the_byte_budget(
 def _slow_reads(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Make reading slow (16-byte chunks); the returned event is set once reading has begun."""
     begun = threading.Event()
-    real = verify._data_extents
+    real = fingerprinting._data_extents
 
     def extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
         begun.set()
         yield from real(fd, size)
 
-    monkeypatch.setattr(verify, "_CHUNK", 16)
-    monkeypatch.setattr(verify, "_data_extents", extents)
+    monkeypatch.setattr(fingerprinting, "_CHUNK", 16)
+    monkeypatch.setattr(fingerprinting, "_data_extents", extents)
     return begun
 
 
@@ -204,7 +206,7 @@ async def test_a_stop_ends_a_walk_between_chunks(tmp_path: Path, monkeypatch: py
     for thread in _walk_threads():
         await asyncio.to_thread(thread.join, 2)
     assert not _walk_threads()
-    monkeypatch.setattr(verify, "_CHUNK", 1024 * 1024)
+    monkeypatch.setattr(fingerprinting, "_CHUNK", 1024 * 1024)
     assert (await walker.walk(work)).known is not None  # a walk asked for after the stop runs
 
 
@@ -221,7 +223,7 @@ async def test_a_walk_stuck_in_a_system_call_does_not_hold_the_stop(
         release.wait(30)  # a hung network file system, say
         yield 0, size
 
-    monkeypatch.setattr(verify, "_data_extents", hung)
+    monkeypatch.setattr(fingerprinting, "_data_extents", hung)
     walker = Fingerprinter()
     task = asyncio.create_task(walker.walk(work))
     try:
@@ -315,7 +317,7 @@ async def test_stopping_the_engine_does_not_wait_for_a_walk_and_decides_nothing(
     work.mkdir()
     dense(work / "f.bin", 4096)
     hold, entered, release = threading.Event(), threading.Event(), threading.Event()
-    real = verify._data_extents
+    real = fingerprinting._data_extents
 
     def extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
         if hold.is_set():
@@ -323,7 +325,7 @@ async def test_stopping_the_engine_does_not_wait_for_a_walk_and_decides_nothing(
             release.wait(30)
         yield from real(fd, size)
 
-    monkeypatch.setattr(verify, "_data_extents", extents)
+    monkeypatch.setattr(fingerprinting, "_data_extents", extents)
     decisions: list[Decision] = []
     try:
         async with _engine_runtime(db_path, delay=0.5) as (_rt, engine):

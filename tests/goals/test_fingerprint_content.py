@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from harness import Daemon, rpc, wait_goal
 
-import goals.verify as verify
-from goals.verify import WalkStats, fingerprint
+import goals.workdir_fingerprint as fingerprinting
+from goals.fingerprint_limits import WalkStats
+from goals.workdir_fingerprint import fingerprint
 
 
 def replace_with(path: Path, data: bytes) -> None:
@@ -80,7 +81,7 @@ def test_an_unchanged_tree_costs_no_reads(tmp_path: Path, monkeypatch: pytest.Mo
     assert n == 100
     assert reads(work) == (first, 100)
 
-    monkeypatch.setattr(verify, "_RACY_NS", 0)  # as if every file had been written long ago
+    monkeypatch.setattr(fingerprinting, "_RACY_NS", 0)  # as if every file had been written long ago
     assert reads(work) == (first, 100)
     assert reads(work) == (first, 0)
     replace_with(work / "a" / "f3", b"xxx")  # same bytes, new inode: read once, same digest
@@ -116,7 +117,7 @@ def test_a_fifo_is_never_opened(tmp_path: Path) -> None:
 
 
 def test_the_digest_cache_is_bounded() -> None:
-    cache = verify._DigestCache(limit=5)
+    cache = fingerprinting._DigestCache(limit=5)
     key = (0, 0, 0, 0, 0)
     cache.put(b"/w1", {b"a": (key, b"1"), b"b": (key, b"2")})
     cache.put(b"/w2", {b"a": (key, b"1"), b"b": (key, b"2")})
