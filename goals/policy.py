@@ -33,6 +33,8 @@ even when a person's follow-up superseded the continuation in the same interval.
    call in an interval that is not a round (a person's follow-up) counts too; a round without one
    ends the streak.
 7. A budget spent (rounds, tokens, cost, wall time, deadline, or the guard refused a call): exhausted.
+   A turn whose first call the guard refused is not a round (the model did no work); a token
+   budget smaller than that one call's reservation is exhausted ``token_budget_too_small``, not spent.
 8. **Infrastructure trouble is not the goal's.** The interval's last turn was interrupted (the
    daemon died or stopped, a lease moved, the store went away), or failed before any model answer
    with an error the provider's breaker counts (unreachable, refused, timed out, overloaded,
@@ -81,7 +83,7 @@ from goals.continuation import render
 from goals.decision import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput
 from goals.fingerprint_limits import size_text
 from goals.model import Goal, GoalStatus, PendingClaim, StopReason, VerifyResult
-from goals.why import WAIT_INTERRUPTED, WAIT_PROVIDER
+from goals.why import TOKEN_BUDGET_TOO_SMALL, WAIT_INTERRUPTED, WAIT_PROVIDER, call_reservation
 
 #: The error kind of a turn whose request cannot be made to fit the model's window (agent.step): the
 #: goal pauses with the error as its reason, ``context_too_small: ...`` with the figures.
@@ -224,7 +226,7 @@ def _bookkeep(g: Goal, inp: PolicyInput) -> tuple[Goal, list[str]]:
             "evaluated_seq": max(g.evaluated_seq, iv.end_seq),
             "wall_used": wall,
             "active_since": active_since,
-            "rounds": g.rounds + (1 if admitted and not infra else 0),
+            "rounds": g.rounds + (1 if admitted and not infra and not _refused_unstarted(iv) else 0),
             "infra_streak": g.infra_streak + 1 if infra else (0 if admitted else g.infra_streak),
             "infra_rounds": g.infra_rounds + (1 if infra and admitted else 0),
             "interrupted_tokens": g.interrupted_tokens + iv.interrupted_tokens,
@@ -232,6 +234,11 @@ def _bookkeep(g: Goal, inp: PolicyInput) -> tuple[Goal, list[str]]:
         }
     )
     return g, new_notes
+
+
+def _refused_unstarted(iv: Interval) -> bool:
+    """The spend guard refused the turn's first call: the model did no work, so it is not a round."""
+    return iv.last_end_reason == "budget" and iv.answers == 0 and iv.tokens == 0
 
 
 @dataclass(frozen=True)
@@ -366,7 +373,11 @@ def _exhausted(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
         return None
     # The guard's refusal says what the call would have cost and what was left: the goal's cause.
     cause = iv.last_error if iv.last_end_reason == "budget" else None
-    return Decision(DecisionKind.EXHAUST, with_status(g, GoalStatus.EXHAUSTED, spent, now, cause=cause))
+    reason: str = spent
+    budget, reserves = g.budgets.max_tokens_total, call_reservation(cause)
+    if spent is StopReason.TOKEN_BUDGET and budget is not None and reserves is not None and reserves > budget:
+        reason = TOKEN_BUDGET_TOO_SMALL  # not spent: no call could ever be paid for
+    return Decision(DecisionKind.EXHAUST, with_status(g, GoalStatus.EXHAUSTED, reason, now, cause=cause))
 
 
 def _infrastructure(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:

@@ -15,6 +15,7 @@ everywhere at once. An active goal has a why only while it waits (its ``not_befo
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from goals.model import Goal, GoalStatus, StopReason
@@ -24,6 +25,12 @@ from goals.model import Goal, GoalStatus, StopReason
 WAIT_PROVIDER = "provider"
 #: The code of a wait after turns interrupted in a row (the daemon died or stopped, a lease moved).
 WAIT_INTERRUPTED = "interrupted"
+#: Exhausted because the whole token budget is smaller than one call's reservation (the prompt's
+#: upper bound plus the call's max_tokens): no call could ever be made, so nothing was spent.
+TOKEN_BUDGET_TOO_SMALL = "token_budget_too_small"
+
+#: The spend guard's refusal of a call the tokens left cannot pay for (:meth:`agent.spend.SpendGuard.check`).
+_TOKEN_REFUSAL = re.compile(r"token budget: this call may take (\d+) tokens")
 
 #: How each stored reason reads (one wording everywhere; older spellings map to the same words).
 REASON_TEXT = {
@@ -37,6 +44,7 @@ REASON_TEXT = {
     "stalled": "stalled: no progress",
     "round_limit": "round limit reached",
     "token_budget": "token budget spent",
+    TOKEN_BUDGET_TOO_SMALL: "token budget too small for one call",
     "cost_budget": "cost budget spent",
     "deadline": "deadline passed",
     "wall_time": "wall time used up",
@@ -56,6 +64,23 @@ def reason_text(reason: str | None) -> str:
     if sep and head in REASON_TEXT:
         return f"{head.replace('_', ' ')}: {rest}"
     return reason
+
+
+def call_reservation(refusal: str | None) -> int | None:
+    """The tokens one call reserved when the spend guard refused it for the token budget (its
+    prompt's upper bound plus its max_tokens), read from the guard's refusal; ``None`` otherwise."""
+    found = _TOKEN_REFUSAL.match(refusal or "")
+    return int(found.group(1)) if found else None
+
+
+def too_small_for_one_call(budget: int, reserves: int, *, at_least: bool = False) -> str:
+    """Why a token budget of ``budget`` cannot pay for a single call that reserves ``reserves``
+    tokens (``at_least``: a lower bound, as known before the first call), with the fix."""
+    up_to = "at least" if at_least else "up to"
+    return (
+        f"token budget of {budget:,} cannot pay for one call, which reserves {up_to} {reserves:,} tokens"
+        f" (the prompt's upper bound plus the model's max_tokens): give --max-tokens {reserves:,} or more"
+    )
 
 
 def duration(seconds: float) -> str:
@@ -153,6 +178,11 @@ def _exhausted(goal: Goal) -> str | None:
         case StopReason.ROUND_LIMIT:
             used = f"{goal.rounds} of {b.max_rounds}" if b.max_rounds is not None else f"{goal.rounds}"
             return f"{used} rounds used; raise --max-rounds to resume it"
+        case "token_budget_too_small":
+            reserves = call_reservation(cause)
+            if b.max_tokens_total is None or reserves is None:
+                return cause or REASON_TEXT[TOKEN_BUDGET_TOO_SMALL]
+            return f"{too_small_for_one_call(b.max_tokens_total, reserves)}, then resume it"
         case StopReason.TOKEN_BUDGET:
             limit = f" of {b.max_tokens_total:,}" if b.max_tokens_total is not None else ""
             return f"{cause or f'{goal.tokens:,}{limit} tokens used'}; raise --max-tokens to resume it"
@@ -175,4 +205,14 @@ def _exhausted(goal: Goal) -> str | None:
             return cause or goal.status_reason
 
 
-__all__ = ["REASON_TEXT", "WAIT_INTERRUPTED", "WAIT_PROVIDER", "duration", "reason_text", "why"]
+__all__ = [
+    "REASON_TEXT",
+    "TOKEN_BUDGET_TOO_SMALL",
+    "WAIT_INTERRUPTED",
+    "WAIT_PROVIDER",
+    "call_reservation",
+    "duration",
+    "reason_text",
+    "too_small_for_one_call",
+    "why",
+]

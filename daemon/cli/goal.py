@@ -171,6 +171,8 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
             "note: no --verify command: the goal will complete unverified (its completion is the model's word)",
             file=sys.stderr,
         )
+    for warning in created.get("warnings", []):  # the daemon's: what the goal as given cannot do
+        print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK
 
 

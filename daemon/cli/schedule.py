@@ -122,6 +122,8 @@ async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
         }
         created = await client.call("schedule/add", params)
         print(json.dumps(created, indent=2, sort_keys=True) if args.json else _line(created))
+        for warning in created.get("warnings", []):  # the daemon's: what each fire's goal cannot do
+            print(f"warning: {warning}", file=sys.stderr)
         return 0
     if action == "list":
         result = await client.call("schedule/list")

@@ -15,6 +15,9 @@ import os
 from datetime import UTC, datetime
 from typing import TypedDict
 
+from agent.models.registry import ModelRegistry
+from agent.spend import estimator_for
+from agent.step import output_limit
 from daemon.checks import check_goal_input
 from daemon.rpc.activity import activities, describe, nodes
 from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
@@ -22,14 +25,16 @@ from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalR
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject, goal_view
 from goals import Budgets, Goal, GoalId, GoalSpec, SandboxSpec, StopRules, VerifyCommand
+from goals.why import too_small_for_one_call
 
 
 class GoalCreated(TypedDict):
-    """``goal/create``'s answer."""
+    """``goal/create``'s answer: with ``warnings``, what the goal as given cannot do (the CLI prints them)."""
 
     goalId: str
     sessionId: str
     workdir: str | None
+    warnings: list[str]
 
 
 class GoalListing(TypedDict):
@@ -98,6 +103,18 @@ def _spec_of(host: HostPort, p: GoalCreate) -> GoalSpec:
     )
 
 
+def one_call_warning(models: ModelRegistry, model: str, objective: str, budgets: Budgets) -> str | None:
+    """A warning when the token budget cannot pay for a single call: each call reserves its
+    prompt's upper bound plus its output limit, and the prompt holds the objective at least (the
+    system prompt and tools add to it, so the figure is a lower bound). ``None`` when it can."""
+    budget = budgets.max_tokens_total
+    if budget is None:
+        return None
+    m = models.get(model)
+    reserves = output_limit(m.max_tokens, m.context_window) + estimator_for(m.spec).bound(len(objective.encode()))
+    return too_small_for_one_call(budget, reserves, at_least=True) if reserves > budget else None
+
+
 async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
     """``goal/create``: check the spec (model, commands, cost cap, sandbox) before anything is
     written, resolve the work directory, and create the goal."""
@@ -132,7 +149,9 @@ async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
             with contextlib.suppress(OSError):
                 os.rmdir(spec.workdir)
         raise
-    return {"goalId": goal.id, "sessionId": goal.session_id, "workdir": goal.workdir}
+    warning = one_call_warning(host.models, goal.model or host.settings.default_model, goal.objective, goal.budgets)
+    warnings = [warning] if warning is not None else []
+    return {"goalId": goal.id, "sessionId": goal.session_id, "workdir": goal.workdir, "warnings": warnings}
 
 
 def _resumed_all(done: list[tuple[str, Goal | Exception]]) -> ResumedAll:

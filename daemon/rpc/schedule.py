@@ -8,11 +8,12 @@ from typing import Any, TypedDict
 
 from daemon.checks import check_goal_input
 from daemon.rpc.context import HostPort, checked_sandbox, scheduler, taking_work
+from daemon.rpc.goal import one_call_warning
 from daemon.rpc.params import ScheduleAdd, ScheduleRef, ScheduleRuns
 from daemon.rpc.protocol import Dispatcher, Peer
 from daemon.rpc.views import JsonObject
 from daemon.schedule.model import ScheduleSpec
-from goals import SandboxSpec
+from goals import Budgets, SandboxSpec
 
 
 class ScheduleListing(TypedDict):
@@ -68,7 +69,14 @@ def register(d: Dispatcher, host: HostPort) -> None:
         checked_goal(host, spec.goal)
         checked_sandbox(host, SandboxSpec.model_validate(spec.goal.get("sandbox") or {}))
         schedule = await scheduler(host).add(spec)
-        return dict(schedule.public())
+        g = spec.goal
+        warning = one_call_warning(
+            host.models,
+            g.get("model") or host.settings.default_model,
+            str(g.get("objective", "")),
+            Budgets.model_validate(g.get("budgets") or {}),
+        )
+        return {**schedule.public(), "warnings": [warning] if warning is not None else []}
 
     @d.method("schedule/list")
     async def schedule_list(peer: Peer) -> ScheduleListing:

@@ -355,7 +355,7 @@ def test_completed_verified_after_an_interrupted_turn_shows_no_interruption() ->
 def test_an_active_goal_with_tokens_left_shows_no_old_budget_refusal() -> None:
     life = Life(start())
     life.set(budgets=Budgets(max_tokens_total=5_000))
-    refusal = "token budget: this call may take 5269 tokens, 3000 left"
+    refusal = "token budget: this call may take 3269 tokens, 3000 left"
     life.decide(last_end_reason="budget", last_error=refusal)
     assert life.goal.status is GoalStatus.EXHAUSTED and refusal in (why(life.goal, life.now) or "")
     life.set(budgets=Budgets(max_tokens_total=life.goal.tokens + 7_299))
@@ -366,7 +366,7 @@ def test_an_active_goal_with_tokens_left_shows_no_old_budget_refusal() -> None:
     assert g.budgets.max_tokens_total - g.tokens == 7_299 - 100
     assert why(g, life.now) is None
     for view, text in views(g, life.now).items():
-        assert "5269" not in text and "3000 left" not in text, view
+        assert "3269" not in text and "3000 left" not in text, view
 
 
 def test_a_goal_exhausted_by_its_round_limit_shows_no_old_401() -> None:

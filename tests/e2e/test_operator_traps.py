@@ -7,12 +7,15 @@ exhaust the goal at once); the deadline a goal already has is kept by an edit of
 A SIGHUP after ``goals_file`` was added to the configuration loads it, and the reload is logged.
 A webhook whose signing secret has no value fails ``config check --strict`` and ``serve``, naming
 the field; one whose secret goes away while serving fails each notification once, not for hours.
+A token budget smaller than one call's reservation is said so (at ``goal add`` and ``schedule add``
+as a warning naming the figure and the fix, and as the exhausted goal's reason), and counts no round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sqlite3
 import subprocess
@@ -161,3 +164,48 @@ async def test_goal_edit_of_an_exhausted_goal_names_the_next_command(daemon: Dae
     code, _out, err = await d.acli("goal", "resume", "tight")
     assert code == 0, err
     await wait_goal(d.socket_path, made["goalId"], {"completed"})
+
+
+async def test_a_token_budget_below_one_call_says_so_and_counts_no_round(daemon: Daemon) -> None:
+    d = daemon
+    code, _out, err = await d.acli(
+        "goal", "add", "x [rounds=1]", "--model", "test:worker", "--key", "tiny", "--max-tokens", "500"
+    )  # fmt: skip
+    assert code == 0, err
+    warned = re.search(r"warning: token budget of 500 cannot pay for one call, which reserves at least ([\d,]+)", err)
+    assert warned is not None and int(warned.group(1).replace(",", "")) > 500, err
+    assert f"give --max-tokens {warned.group(1)} or more" in err, err
+    code, _out, err = await d.acli(
+        "schedule", "add", "--cron", "0 3 1 1 *", "--key", "yearly", "--model", "test:worker", "--max-tokens", "500",
+        "Yearly [rounds=1]",
+    )  # fmt: skip
+    assert code == 0 and "warning: token budget of 500 cannot pay for one call" in err, err
+
+    # 3,000 is above the lower bound known at add time (no warning), below the first call's reservation.
+    code, out, err = await d.acli(
+        "goal", "add", "x [rounds=1]", "--model", "test:worker", "--key", "small", "--max-tokens", "3000"
+    )  # fmt: skip
+    assert code == 0 and "warning" not in err, err
+    goal = await wait_goal(d.socket_path, out.split()[0], {"exhausted"})
+    assert goal["statusReason"] == "token_budget_too_small", goal
+    assert goal["rounds"] == 0 and goal["tokens"] == 0, goal  # no call was made: not a round
+    why = re.fullmatch(
+        r"token budget of 3,000 cannot pay for one call, which reserves up to ([\d,]+) tokens \(the prompt's upper"
+        r" bound plus the model's max_tokens\): give --max-tokens \1 or more, then resume it",
+        goal["why"],
+    )
+    assert why is not None and int(why.group(1).replace(",", "")) > 3000, goal["why"]
+    code, out, err = await d.acli("goal", "show", "small")
+    assert code == 0, err
+    assert "status:     exhausted (token budget too small for one call)" in out, out
+    assert "token budget spent" not in out, out
+    code, out, err = await d.acli("goal", "list")
+    assert code == 0 and "token budget too small for one call" in out, out
+
+    # The fix the words name works: the figure they give pays for the call.
+    code, _out, err = await d.acli("goal", "edit", "small", "--max-tokens", why.group(1).replace(",", ""))
+    assert code == 0, err
+    code, _out, err = await d.acli("goal", "resume", "small")
+    assert code == 0, err
+    ended = await wait_goal(d.socket_path, goal["id"], {"completed", "exhausted"})
+    assert ended["tokens"] > 0 and ended["rounds"] >= 1, ended

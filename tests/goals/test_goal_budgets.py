@@ -318,7 +318,7 @@ async def test_cost_budget_with_the_price_table_of_the_daemon_config(tmp_path: P
     assert unpriced_changed["reason"] == "cost_budget"
     assert chat.call_count == 0 and unpriced_calls == []
     assert unpriced_end["reason"] == "budget" and "no price" in unpriced_end["error"]
-    assert unpriced_final.cost == 0 and unpriced_final.rounds == 1
+    assert unpriced_final.cost == 0 and unpriced_final.rounds == 0  # refused before its first call: no round
 
 
 # -- the deadline and wall time ---------------------------------------------------------------------
