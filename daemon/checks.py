@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent import InvalidInput, ModelRegistry
+from agent.sandbox import SandboxUnavailable, sandbox_user
 from agent.sandbox.base import DEFAULT_PATH
+from agent.sandbox.identity import reach_problem
 from agent.secret import SecretSource
 from daemon.alerts.config import CommandSink, NtfySink, WebhookSink
 from daemon.models import ProviderNeedsRestart
@@ -194,6 +196,7 @@ def _path_findings(settings: Settings) -> list[Finding]:
     if settings.database is not None and not settings.database.expanduser().parent.is_dir():
         out.append(Finding("database", f"directory {settings.database.expanduser().parent} does not exist"))
     out += _shared_disk_findings(settings)
+    out += _sandbox_reach_findings(settings)
     for index, path in enumerate(settings.sandbox_read_only_paths):
         if not path.exists():
             out.append(Finding(f"sandbox_read_only_paths[{index}]", f"{path} does not exist"))
@@ -228,6 +231,46 @@ def _shared_disk_findings(settings: Settings) -> list[Finding]:
                     " fills it leaves the store no room (the [storage] watermark and reserve soften this);"
                     " put workdir_roots on another file system",
                     advice=True,
+                )
+            )
+    return out
+
+
+def _sandbox_reach_findings(settings: Settings) -> list[Finding]:
+    """A root daemon's commands run as the sandbox user, and bwrap, as that user, must pass through
+    every directory above a work-directory root and a read-only path to bind them: one that does
+    not let it through (or will not: a missing one ``goald serve`` makes under its umask 077) fails
+    every command there with ``Can't find source path``. Said beforehand, naming the directory."""
+    if os.geteuid() != 0 or settings.sandbox != "bwrap":
+        return []
+    try:
+        user = sandbox_user(settings.sandbox_user, create=False)
+    except SandboxUnavailable:
+        user = None  # made at the first start: a new system user, passing by the others' bits only
+    ids = user.ids if user is not None else (-1, -1)
+    name = user.name if user is not None else settings.sandbox_user
+    state = settings.state_dir.expanduser()
+    places: list[tuple[str, Path, str]] = []
+    for root in settings.roots:
+        if root.is_relative_to(state) and root != state:  # serve lets the sandbox user through the state directory
+            places.append(("state_dir", state, "the state directory, which holds the work directories"))
+        else:
+            places.append(("workdir_roots", root, "the work directories under it"))
+    for path in settings.sandbox_read_only_paths:
+        places.append(("sandbox_read_only_paths", path.expanduser(), "the read-only path"))
+    out: list[Finding] = []
+    for key, path, what in dict.fromkeys(places):
+        problem = reach_problem(path, ids, name=name, what=what, setting=key)
+        if problem is not None:
+            out.append(Finding(key, problem))
+            continue
+        missing = next((p for p in reversed(path.parents) if not p.exists()), None)
+        if key != "sandbox_read_only_paths" and missing is not None:
+            out.append(
+                Finding(
+                    key,
+                    f"{missing} does not exist: goald serve would make it 0700 (its umask), and the sandbox user"
+                    f" {name!r} could not pass through it to {path}; make it yourself with mode 0711",
                 )
             )
     return out

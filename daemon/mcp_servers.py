@@ -51,8 +51,8 @@ async def build_mcp_servers(settings: Settings) -> McpServers:
         home = s.state_dir.expanduser() / "mcp" / name
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         if user is not None:  # bwrap, as the sandbox user, passes through to the server's home
-            prepare_root(s.state_dir.expanduser(), user)
-            prepare_root(home.parent, user)
+            prepare_root(s.state_dir.expanduser(), user, setting="state_dir")
+            prepare_root(home.parent, user, setting="state_dir")
             hand_over(home, user)
         box = None
         if bwrap is not None:

@@ -19,11 +19,13 @@ and nobody else can list or enter it (:func:`prepare_root`).
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import pwd
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,34 +103,92 @@ def _make(name: str) -> None:
     logger.info("made the system user {!r}: a root daemon's sandboxed commands run as it", name)
 
 
-def prepare_root(root: Path, user: SandboxUser | None) -> None:
+def prepare_root(root: Path, user: SandboxUser | None, *, setting: str = "workdir_roots") -> None:
     """Make a work-directory root reachable by the sandbox user and nobody else: ``0710``, its group
     the sandbox user's. Its parents must let that user through (their search bit for others, or
-    the same group); one that does not is said in a warning, and commands there cannot start."""
+    the same group); one that does not is said in a warning (:func:`reach_problem`; ``setting`` is
+    the configuration key that places ``root``), and commands there cannot start."""
     if user is None:
         return
     with contextlib.suppress(FileExistsError):
         root.mkdir(parents=True, mode=0o700)
     os.chown(root, 0, user.gid)
     os.chmod(root, 0o710)
-    for parent in root.parents:
+    problem = reach_problem(root, user.ids, name=user.name, what="what is under it", setting=setting)
+    if problem is not None:
+        logger.warning("{}; commands there cannot start", problem)
+
+
+def blocker(path: Path, uid: int, gids: Iterable[int]) -> tuple[Path, os.stat_result] | None:
+    """The first directory on the way to ``path`` (its parents, from ``/`` down) that ``uid`` with the
+    groups ``gids`` may not pass through (no search permission for it), with its status; ``None`` when
+    every one lets it through, or cannot be read (then nothing can be said). Root passes everywhere.
+
+    The kernel's rule: the owner's bits for the owner, else the group's for a member, else the others'
+    (access control lists aside: a directory one grants passage to is reported as a blocker)."""
+    if uid == 0:
+        return None
+    groups = set(gids)
+    for parent in reversed(Path(os.path.normpath(path)).parents):
         try:
             st = parent.stat()
         except OSError:
-            continue
-        if st.st_mode & stat.S_IXOTH or (st.st_gid == user.gid and st.st_mode & stat.S_IXGRP):
-            continue
-        logger.warning(
-            "the sandbox user {!r} cannot pass through {} (mode {:o}) to reach the work directories under {}: "
-            "give it search permission (chgrp {} {} && chmod g+x {}), or use another work-directory root",
-            user.name,
-            parent,
-            stat.S_IMODE(st.st_mode),
-            root,
-            user.gid,
-            parent,
-            parent,
-        )
+            return None
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid in groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return parent, st
+    return None
+
+
+def reach_problem(
+    path: Path,
+    ids: tuple[int, int],
+    *,
+    name: str | None = None,
+    what: str | None = None,
+    setting: str = "workdir_roots",
+    groups: Iterable[int] | None = None,
+) -> str | None:
+    """In plain words, why the user ``ids`` (``(uid, gid)``, no other group: how bwrap runs for a root
+    daemon; negative: a user not made yet, who passes by the others' bits only) cannot reach
+    ``path``, and how to fix it; ``None`` when it can.
+
+    ``what`` names what lies at ``path`` (default: the path itself); ``setting`` is the configuration
+    key that places it (the other fix: set it to a directory the user can reach); ``groups`` all the
+    groups the user passes with (default: ``gid`` only)."""
+    uid, gid = ids
+    found = blocker(path, uid, [gid] if groups is None else groups)
+    if found is None:
+        return None
+    where, st = found
+    if uid < 0:  # the user is made at the first start: nothing owns anything of it yet
+        who, group = f"the sandbox user {name!r} (made at the daemon's first start)", name or DEFAULT_USER
+    else:
+        who = f"the sandbox user {name!r} (uid {uid})" if name is not None else f"the sandbox user (uid {uid})"
+        group = str(gid)
+    target = f"{what} ({path})" if what is not None else str(path)
+    return (
+        f"{who} cannot reach {target}: {where} (mode {stat.S_IMODE(st.st_mode):04o}, owner {_owner(st)}) "
+        f"does not let it through; give that directory search permission (chmod o+x {where}, or "
+        f"chgrp {group} {where} && chmod g+x {where}), or set {setting} to a directory it can reach"
+    )
+
+
+def _owner(st: os.stat_result) -> str:
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{user}:{group}"
 
 
 def hand_over(workdir: Path, user: SandboxUser | None, *, tree: bool = False) -> None:

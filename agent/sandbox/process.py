@@ -25,17 +25,20 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from agent import workdirs
 from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
-from agent.sandbox import seccomp
+from agent.sandbox import identity, seccomp
 from agent.sandbox.base import DEFAULT_PATH, SandboxResult, SandboxUnavailable
 from agent.sandbox.capture import Capture, pump
 
@@ -83,6 +86,9 @@ async def run(
     stopped = code in (-31, seccomp.SIGSYS_EXIT) or out.saw(seccomp.SHELL_SAYS) or err.saw(seccomp.SHELL_SAYS)
     if info is not None and not timed_out and stopped:
         verdict = seccomp.VIOLATION if verdict is None else f"{verdict}; {seccomp.VIOLATION}"
+    if info is not None and code == 1 and (problem := _unreachable(sandbox, err.text(redactor))) is not None:
+        logger.error("a sandboxed command could not start: {}", problem)
+        raise SandboxUnavailable(problem)
     return SandboxResult(
         exit_code=None if timed_out else (128 - code if code < 0 else code),
         stdout=out.text(redactor),
@@ -162,6 +168,37 @@ async def _start(
             await asyncio.shield(group.remove())
         raise
     return proc, group, started
+
+
+#: bwrap's words when the user it runs as may not pass through a directory on the way to a path it
+#: binds (the work directory, bound from ``/proc/self/fd/N``, or a read-only path).
+_NO_SOURCE = re.compile(r"^bwrap: Can't find source path (/.*): Permission denied$", re.MULTILINE)
+
+
+def _unreachable(sandbox: Sandbox, stderr: str) -> str | None:
+    """Why bwrap could not bind a path, in plain words, when its ``stderr`` says it was refused one and
+    a directory on the way to it does not let the user bwrap runs as through; ``None`` otherwise
+    (the command's own output that only looks like it included)."""
+    found = _NO_SOURCE.search(stderr)
+    if found is None:
+        return None
+    source = found.group(1)
+    if source.startswith("/proc/self/fd/"):
+        path, what, setting = sandbox.workdir, "the work directory", "workdir_roots"
+    else:
+        path, what, setting = Path(source), "the read-only path", "sandbox_read_only_paths"
+    if sandbox.run_as is not None:
+        uid, gid = sandbox.run_as
+        groups = [gid]
+        try:
+            name: str | None = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = None
+    else:
+        uid, gid = os.geteuid(), os.getegid()
+        groups = [gid, *os.getgroups()]
+        name = None
+    return identity.reach_problem(path, (uid, gid), name=name, what=what, setting=setting, groups=groups)
 
 
 def _filter_pipe() -> int:
