@@ -15,54 +15,31 @@ grace period to reach a safe point, else end ``interrupted`` → the store close
 SIGHUP reloads declared goals and schedules by ``key``. The configured MCP servers start before the
 store opens (sessions' tool lists are built from their listings) and stop after it closes.
 
-The host is the lifecycle and the session resolver; its parts live beside it: the run state
-(:mod:`daemon.run_state`), the start-up checks (:mod:`daemon.startup`), the MCP servers' sandboxes
-(:mod:`daemon.mcp_servers`) and the services started after ``READY=1``
-(:mod:`daemon.ready_services`). ``RunState``, ``transition_run_state`` and ``build_mcp_servers``
-are re-exported here.
+The host is the lifecycle; its parts live beside it: the session resolver and the sandboxes of
+shell calls and goal commands (:mod:`daemon.host_sessions`), what it reports about itself
+(:mod:`daemon.host_status`), the run state (:mod:`daemon.run_state`), the start-up checks
+(:mod:`daemon.startup`), the MCP servers' sandboxes (:mod:`daemon.mcp_servers`) and the services
+started after ``READY=1`` (:mod:`daemon.ready_services`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import io
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from agent import (
-    DEFAULT_MAX_DEPTH,
-    AgentConfig,
-    AgentStatus,
-    Delegate,
     McpServers,
     ModelRegistry,
     Runtime,
-    Sandbox,
     SandboxProfile,
-    SandboxUnavailable,
-    SessionRow,
-    SessionSetup,
-    Shell,
-    ToolContext,
-    ToolRegistry,
-    file_tools,
-    session_chain,
 )
-from agent.db import Conn, pg_errors
-from agent.errors import StorageUnavailable
-from agent.ids import SessionId
 from agent.models.health import ProviderHealth
-from agent.sandbox.base import CommandRefused
-from agent.sandbox.proxy import Report
-from daemon import __version__
 from daemon.alerts import Alerts
 from daemon.alerts.rpc import register as register_notify
 from daemon.backup import upgrade_store
@@ -70,7 +47,9 @@ from daemon.cluster import LeaseManager
 from daemon.cluster.node import join
 from daemon.declared import GoalsFileError, apply_declared
 from daemon.disk import StoreDisk
-from daemon.goal_sandbox import goal_disk_limit, goal_policy, goal_redactor
+from daemon.goal_sandbox import goal_disk_limit
+from daemon.host_sessions import HostSessions
+from daemon.host_status import HostStatus, dump_tasks
 from daemon.lock import StateLock
 from daemon.mcp_servers import build_mcp_servers
 from daemon.metrics import LoopLag, Metrics, MetricsService, SlotSemaphore
@@ -93,30 +72,12 @@ from daemon.startup import (
 )
 from daemon.web.listen import bind_listeners
 from daemon.workdirs import Workdirs
-from goals import MIGRATIONS as GOAL_MIGRATIONS
 from goals import (
-    CommandRunner,
     FingerprintLimits,
-    Goal,
     GoalEngine,
-    SandboxSpec,
     goal_counts,
-    live_goal_of_chain,
-    live_goal_sandboxes_with_secrets,
-    policy_for_session,
     sandboxed_runner,
-    tools_for_goal_sessions,
 )
-
-
-def dump_tasks() -> None:
-    """Log every asyncio task with its stack (SIGUSR1): what a stuck daemon is waiting for."""
-    tasks = asyncio.all_tasks()
-    logger.warning("{} asyncio task(s):", len(tasks))
-    for task in tasks:
-        stack = io.StringIO()
-        task.print_stack(limit=12, file=stack)
-        logger.warning("{}\n{}", task.get_name(), stack.getvalue())
 
 
 async def _step(what: str, done: Awaitable[object]) -> None:
@@ -127,13 +88,7 @@ async def _step(what: str, done: Awaitable[object]) -> None:
     logger.debug("daemon stopping: {} stopped in {:.2f}s", what, time.monotonic() - start)
 
 
-def _chain_and_goal(conn: Conn, session_id: str) -> tuple[list[SessionId], Goal | None]:
-    """A session's chain (itself, its parents, its root last) and the live goal that decides its sandbox."""
-    chain = session_chain(conn, session_id)
-    return chain, live_goal_of_chain(conn, chain)
-
-
-class Host:
+class Host(HostSessions, HostStatus):
     """One daemon process. ``await Host(settings).run()`` serves until stopped."""
 
     def __init__(self, settings: Settings, *, models: ModelRegistry | None = None) -> None:
@@ -475,159 +430,3 @@ class Host:
             except Exception:
                 await scheduler.stop()
                 raise
-
-    # -- sessions --------------------------------------------------------------------------
-
-    def _check_model(self, spec: str | None) -> None:
-        self.models.get(spec)
-
-    def _resolve(self, row: SessionRow) -> SessionSetup:
-        model = self.models.get(row.model)
-        tools = ToolRegistry(
-            list(file_tools())
-            + tools_for_goal_sessions(row.config)
-            # A subagent started by ``delegate`` runs with its parent's tools and under the parent's
-            # slot (agent.subagents); this resolver serves only sessions loaded on their own.
-            + ([Delegate()] if row.depth < DEFAULT_MAX_DEPTH else [])
-            + self.mcp.tools(),
-            policy=policy_for_session(row.config, self.settings.tool_policy),
-            redactor=self.sandboxing.redactor,
-        )
-        if self.sandboxing.unavailable is None:
-            tools.add(Shell(self._sandbox_for, default_timeout=self.settings.shell_timeout_seconds))
-        else:
-            tools.unavailable["shell"] = self.sandboxing.unavailable
-        agent_config = {
-            "min_call_seconds": self.settings.model_call_min_seconds,
-            "max_parallel_tools": self.settings.max_parallel_tools,
-            "context": {
-                "compact_at": self.settings.context_compact_at,
-                "compact_to": self.settings.context_compact_to,
-                "summary_share": self.settings.context_summary_share,
-            },
-            **row.config.get("agent", {}),
-        }
-        config = AgentConfig.model_validate(agent_config)
-        summary = self.models.get(self.settings.summary_model) if self.settings.summary_model else None
-        return SessionSetup(model=model, tools=tools, config=config, slot=lambda: self._slots, summary_model=summary)
-
-    def _refuse_when_low(self) -> None:
-        """No sandboxed command starts while the disk holding the store is under its watermark.
-
-        Raises:
-            CommandRefused: saying so (the tool's result reads ``not run: ...``).
-        """
-        why = self.disk.low()
-        if why is not None:
-            raise CommandRefused(why)
-
-    async def _sandbox_for(self, ctx: ToolContext) -> Sandbox:
-        """One shell call's sandbox: the session's work directory, under its live goal's network and secrets.
-
-        A subagent's call runs in its own child session, which has no goal: the goal is looked up
-        through the ``parent_session_id`` chain, and the topmost session's live goal decides, so a
-        child gets exactly its root goal's sandbox (never the daemon-wide default, which may allow
-        more, e.g. the network). Every command of a goal (its sessions' calls, parallel ones
-        included, and its verification and progress commands) runs in the goal's one cgroup, under
-        its caps for all of them together; a session of no goal has one of its own (its root's).
-        """
-        if ctx.workdir is None:
-            raise SandboxUnavailable("this session has no work directory")
-        self._refuse_when_low()
-        assert self.rt is not None
-        chain, goal = await self.rt.store.read(lambda conn: _chain_and_goal(conn, ctx.session_id))
-        report = self._network_report(ctx.session_id, toolUseId=ctx.call_id, turnId=ctx.turn_id)
-        if goal is None:
-            group = chain[-1] if chain else ctx.session_id
-            return self.sandboxing.sandbox(ctx.workdir, limits_group=group, report=report)
-        policy = goal_policy(self.sandboxing, goal)
-        return self.sandboxing.sandbox(ctx.workdir, policy=policy, limits_group=goal.id, report=report)
-
-    def _network_report(self, session_id: str, **context: str | None) -> Report | None:
-        """Where a command's attempts through the network proxy go: ``sandbox/network`` events of
-        ``session_id`` (the log before the store is open)."""
-        return None if self.network_events is None else self.network_events.reporter(session_id, **context)
-
-    def _goal_runner(self, goal: Goal) -> CommandRunner:
-        """Where ``goal``'s verification and progress commands run: its own sandbox and cgroup, as its shell."""
-        policy = goal_policy(self.sandboxing, goal)
-        report = self._network_report(goal.session_id, goalId=goal.id)
-
-        def sandbox_for(workdir: Path) -> Sandbox:
-            self._refuse_when_low()
-            return self.sandboxing.sandbox(workdir, policy=policy, limits_group=goal.id, report=report)
-
-        return sandboxed_runner(sandbox_for, goal_redactor(self.sandboxing, goal.sandbox))
-
-    def learn_secrets(self, spec: SandboxSpec) -> None:
-        """Redact the secrets ``spec`` names from every tool's output of sessions resolved from now on
-        (a goal's own session is resolved after the goal is created)."""
-        if spec.secrets:
-            self.sandboxing = dataclasses.replace(self.sandboxing, redactor=goal_redactor(self.sandboxing, spec))
-
-    async def _learn_live_goal_secrets(self, rt: Runtime) -> None:
-        await rt.store.migrate("goals", GOAL_MIGRATIONS)  # what the engine's start does first (idempotent)
-        for sandbox in await rt.store.read(live_goal_sandboxes_with_secrets):
-            self.learn_secrets(sandbox)
-
-    # -- observation -----------------------------------------------------------------------
-
-    def uptime(self) -> float:
-        """Seconds since the process started serving."""
-        return time.monotonic() - self.started
-
-    async def goal_counts(self) -> dict[str, int]:
-        """Goals by status."""
-        assert self.rt is not None
-        return await self.rt.store.read(goal_counts)
-
-    def sessions_running(self) -> int:
-        """Live sessions whose status is running."""
-        if self.rt is None:
-            return 0
-        return sum(1 for a in self.rt.live_agents.values() if a.status is AgentStatus.RUNNING)
-
-    def status_line(self, *, live: int | None = None) -> str:
-        """The one-line status for systemd's ``STATUS=`` (``live``: the live goals, when the engine
-        has not loaded them yet)."""
-        engine = self.engine
-        if live is None:
-            live = engine.live_goal_count if engine is not None else 0
-        return f"{self.state.value}; {live} live goal(s); {self.sessions_running()} session(s) running"
-
-    async def _goal_counts_now(self) -> dict[str, int]:
-        if self.rt is None:
-            return {}
-        try:
-            return await self.goal_counts()
-        except StorageUnavailable:  # unreachable (PostgreSQL): "storage" says so, the health still answers
-            return {}
-
-    async def health(self) -> dict[str, Any]:
-        """The ``daemon/health`` answer."""
-        return {
-            "status": self.state.value,
-            "version": __version__,
-            "uptimeSeconds": round(self.uptime(), 3),
-            "goals": await self._goal_counts_now(),
-            "sessionsRunning": self.sessions_running(),
-            # Turn slots (max_concurrent_turns): taken, and turns waiting for one.
-            "slots": self._slots.snapshot(),
-            "providers": {name: h.snapshot() for name, h in self.healths.items()},
-            # Whether the store can write; if not, the error and what to do (cleared by the next write).
-            "storage": self.rt.store.storage_health() if self.rt is not None else {"ok": True},
-            "time": datetime.now(UTC).isoformat(),
-            # A node of a cluster (PostgreSQL): this node, and every node with its leases.
-            "cluster": await self._cluster_view(),
-        }
-
-    async def _cluster_view(self) -> dict[str, Any] | None:
-        if self.leases is None:
-            return None
-        view = self.leases.snapshot()
-        try:
-            view["nodes"] = await self.leases.nodes()
-        except pg_errors() as exc:  # unreachable: "storage" says so; this node's own view stands
-            view["nodes"] = None
-            view["error"] = view["error"] or str(exc).strip().splitlines()[0]
-        return view

@@ -19,7 +19,7 @@ import daemon
 import goals
 from agent import AgentError, InvalidTransition, NotFound
 from daemon.errors import DaemonError, InvalidRunState
-from daemon.host import RunState, transition_run_state
+from daemon.run_state import RunState, transition_run_state
 
 BASES: dict[str, type[BaseException]] = {"agent": AgentError, "goals": goals.GoalError, "daemon": DaemonError}
 

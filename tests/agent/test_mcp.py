@@ -19,7 +19,7 @@ from agent import EventType, Reply, ScriptedModel, ToolContext, ToolRegistry
 from agent.sandbox import Sandbox, SandboxUnavailable, detect_bwrap
 from agent.tools.mcp import McpServer, McpServers, McpTool, tool_name
 from daemon.client import Connection as Client
-from daemon.host import build_mcp_servers
+from daemon.mcp_servers import build_mcp_servers
 from daemon.settings import ConfigError, load_settings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "mcp_fixture_server.py"

@@ -1,6 +1,6 @@
 """An MCP server runs under the daemon's process and memory caps, in a group of its own (real bwrap).
 
-The daemon's :func:`daemon.host.build_mcp_servers` starts a real stdio server in its sandbox with
+The daemon's :func:`daemon.mcp_servers.build_mcp_servers` starts a real stdio server in its sandbox with
 ``sandbox_max_processes`` / ``sandbox_max_memory_mb`` (or the server's own ``max_processes`` /
 ``max_memory_mb``): the server's process, found by its command line in the host's ``/proc``, is in
 a group (read from ``/proc/PID/cgroup``) whose process and memory limits are the configured ones;
@@ -20,7 +20,7 @@ import pytest
 
 from agent import SandboxUnavailable, ToolContext, ToolRegistry, detect_bwrap
 from agent.limits import MIB, Mechanism, limiter
-from daemon.host import build_mcp_servers
+from daemon.mcp_servers import build_mcp_servers
 from daemon.settings import ConfigError, load_settings
 
 #: The server's interpreter: the system's, which every sandbox shows (the server needs only the
