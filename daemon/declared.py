@@ -31,6 +31,7 @@ from daemon.ports import HostPort
 from daemon.schedule.model import DateTrigger, ScheduleSpec
 from daemon.settings import ConfigError
 from goals import Budgets, GoalSpec, VerifyCommand, goal_by_key, live_goals
+from goals.model import field_loc
 
 #: The discriminator tags pydantic puts in an error's location (not fields anyone wrote).
 _TAGS = ("cron", "interval", "date")
@@ -90,7 +91,7 @@ def _entry_name(kind: str, index: int, raw: Any) -> str:
 
 def _validation(path: Path, where: str, exc: ValidationError) -> GoalsFileError:
     first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"] if p not in _TAGS)
+    field = field_loc(tuple(p for p in first["loc"] if p not in _TAGS))
     msg = "unknown key" if first["type"] == "extra_forbidden" else str(first["msg"]).removeprefix("Value error, ")
     return _problem(path, where, field or None, msg)
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Annotated, Any, assert_never
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from agent import ToolPolicy, TypedId
 from agent.sandbox.network import NetworkSetting
@@ -116,10 +117,22 @@ class StopReason(enum.StrEnum):
     DISK_LIMIT = "disk_limit"
 
 
+#: The goal's shape is also its wire shape: camelCase on the control protocol (``maxRounds``),
+#: snake_case accepted as well (a config file, a stored row, a caller in process). ``model_dump()``
+#: keeps the field names (the store's JSON columns); ``model_dump(by_alias=True)`` is the wire.
+WIRE = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+def field_loc(loc: tuple[int | str, ...]) -> str:
+    """An error's location by field names (``budgets.max_rounds``, as a config file or a schedule's
+    stored template writes it), from the wire names pydantic reports (``budgets.maxRounds``)."""
+    return ".".join(_FIELD_NAMES.get(p, p) if isinstance(p, str) else str(p) for p in loc)
+
+
 class Budgets(BaseModel):
     """What a goal may spend. ``None`` means no limit of that kind."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = WIRE
 
     max_rounds: int | None = Field(default=None, ge=1)
     max_tokens_total: int | None = Field(default=None, ge=1)
@@ -138,7 +151,7 @@ class Budgets(BaseModel):
 class VerifyCommand(BaseModel):
     """One verification command, run in the goal's work directory; exit 0 passes."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = WIRE
 
     cmd: str = Field(min_length=1)
     timeout: float = Field(default=300.0, gt=0, le=86_400)
@@ -170,7 +183,7 @@ class SandboxSpec(BaseModel):
     the names both allow), the smaller of two caps wins, read-only paths and secrets are the union
     (the config's value of a secret named on both sides)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = WIRE
 
     #: The network of this goal's commands: ``"off"``, ``{"allow": [names]}`` (through the daemon's
     #: proxy) or ``"host"`` (unsafe); ``true``/``false`` are read as ``"host"``/``"off"``
@@ -223,7 +236,7 @@ class SandboxSpec(BaseModel):
 class StopRules(BaseModel):
     """Thresholds of the engine's stop rules for one goal."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = WIRE
 
     stall_rounds: int = Field(default=3, ge=1)
     max_refused_claims: int = Field(default=3, ge=1)
@@ -238,9 +251,11 @@ class StopRules(BaseModel):
 
 
 class GoalSpec(BaseModel):
-    """What a caller gives to create a goal (validated before anything is written)."""
+    """What a caller gives to create a goal (validated before anything is written): the one
+    declaration of a goal's settings. It is the wire model of ``goal/create`` too (camelCase, see
+    :data:`WIRE`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = WIRE
 
     objective: str
     title: str | None = None
@@ -286,6 +301,15 @@ class GoalSpec(BaseModel):
         if self.title is not None and not self.title.strip():
             raise ValueError("title must not be blank")
         return self
+
+
+#: Wire name -> field name of every field of the goal's shape (see :func:`field_loc`).
+_FIELD_NAMES = {
+    to_camel(name): name
+    for model in (Budgets, VerifyCommand, SandboxSpec, StopRules, GoalSpec)
+    for name in model.model_fields
+    if to_camel(name) != name
+}
 
 
 class VerifyResult(BaseModel):

@@ -24,7 +24,7 @@ from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, sched
 from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalResume, GoalResumeAll, GoalUpdate
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject, goal_view
-from goals import Budgets, Goal, GoalId, GoalSpec, SandboxSpec, StopRules, VerifyCommand
+from goals import Budgets, Goal, GoalId
 from goals.why import too_small_for_one_call
 
 
@@ -80,29 +80,6 @@ def refuse_past_deadline(budgets: Budgets | None, current: Budgets | None = None
         )
 
 
-def _spec_of(host: HostPort, p: GoalCreate) -> GoalSpec:
-    """The goal spec of a ``goal/create`` request (its work directory is resolved apart)."""
-    return GoalSpec(
-        objective=p.objective,
-        title=p.title,
-        key=p.key,
-        budgets=p.budgets.to_budgets() if p.budgets else Budgets(),
-        verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify],
-        model=p.model or host.settings.default_model,
-        workdir=None,
-        tools=p.tools,
-        session_id=p.session_id,
-        idempotency_key=p.idempotency_key,
-        rules=StopRules(
-            **{k: v for k, v in (("stall_rounds", p.stall_rounds), ("infra_retries", p.infra_retries)) if v is not None}
-        ),
-        progress=VerifyCommand.model_validate(p.progress.model_dump()) if p.progress is not None else None,
-        sandbox=p.sandbox.to_spec() if p.sandbox is not None else SandboxSpec(),
-        keep_workdir=p.keep_workdir,
-        node_label=p.node_label,
-    )
-
-
 def one_call_warning(models: ModelRegistry, model: str, objective: str, budgets: Budgets) -> str | None:
     """A warning when the token budget cannot pay for a single call: each call reserves its
     prompt's upper bound plus its output limit, and the prompt holds the objective at least (the
@@ -121,7 +98,8 @@ async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
     taking_work(host)
     eng = engine(host)
     goal_id = GoalId.new()
-    spec = _spec_of(host, p)
+    # Its work directory is resolved apart, below.
+    spec = p.spec(host.settings.default_model).model_copy(update={"workdir": None})
     refuse_past_deadline(spec.budgets)
     # Refused now, naming the field, rather than at the first call or the first claim.
     check_goal_input(
@@ -211,7 +189,7 @@ def register(d: Dispatcher, host: HostPort) -> None:
     @d.method("goal/resume", GoalResume)
     async def goal_resume(p: GoalResume, peer: Peer) -> JsonObject:
         taking_work(host)
-        budgets = p.budgets.to_budgets() if p.budgets else None
+        budgets = p.budgets
         if budgets is not None:
             refuse_past_deadline(budgets, (await engine(host).get(p.goal_id)).budgets)
         return goal_view(await engine(host).resume(p.goal_id, budgets, caller=peer.caller))
@@ -222,7 +200,7 @@ def register(d: Dispatcher, host: HostPort) -> None:
 
     @d.method("goal/update", GoalUpdate)
     async def goal_update(p: GoalUpdate, peer: Peer) -> JsonObject:
-        budgets = p.budgets.to_budgets() if p.budgets else None
+        budgets = p.budgets
         if budgets is not None:
             refuse_past_deadline(budgets, (await engine(host).get(p.goal_id)).budgets)
         goal = await engine(host).update(
@@ -230,7 +208,7 @@ def register(d: Dispatcher, host: HostPort) -> None:
             objective=p.objective,
             title=p.title,
             budgets=budgets,
-            verify=[VerifyCommand.model_validate(v.model_dump()) for v in p.verify] if p.verify is not None else None,
+            verify=p.verify,
             caller=peer.caller,
         )
         return goal_view(goal)

@@ -9,14 +9,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
-from pydantic_core import ErrorDetails
 
 from agent import MessageId, SessionId
-from agent.sandbox.network import NetworkSetting
-from agent.secret import SecretSource
-from goals import Budgets, GoalStatus, SandboxSpec
+from goals import Budgets, GoalSpec, GoalStatus, VerifyCommand
 
 
 class Params(BaseModel):
@@ -24,68 +21,6 @@ class Params(BaseModel):
 
     # Built on first use, not at import: most methods are never called before READY=1.
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", defer_build=True)
-
-
-class BudgetsIn(Params):
-    """Goal budgets on the wire."""
-
-    max_rounds: int | None = Field(default=None, ge=1)
-    max_tokens_total: int | None = Field(default=None, ge=1)
-    max_cost: float | None = Field(default=None, gt=0)
-    max_wall_seconds: float | None = Field(default=None, gt=0)
-    deadline: datetime | None = None
-
-    def to_budgets(self) -> Budgets:
-        """As the goal model's budgets."""
-        return Budgets.model_validate(self.model_dump())
-
-
-class VerifyIn(Params):
-    """One verification command on the wire."""
-
-    cmd: str = Field(min_length=1)
-    timeout: float = Field(default=300.0, gt=0, le=86_400)
-
-
-class SandboxIn(Params):
-    """A goal's own sandbox settings on the wire (merged with ``[goal_sandbox.<key>]``; see the README)."""
-
-    #: ``"off"``, ``{"allow": [names]}`` or ``"host"``; ``true``/``false`` as ``"host"``/``"off"``.
-    network: NetworkSetting | None = None
-    read_only_paths: list[str] = []
-    max_processes: int | None = None
-    max_memory_mb: int | None = None
-    max_disk_mb: int | None = None
-    #: Where the daemon reads each secret (never its value).
-    secrets: dict[str, SecretSource] = {}
-
-    def to_spec(self) -> SandboxSpec:
-        """As the goal model's sandbox spec."""
-        return SandboxSpec.model_validate(self.model_dump(exclude_unset=True))
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _valid(cls, data: Any, handler: ModelWrapValidatorHandler[SandboxIn]) -> SandboxIn:
-        """Every check of the goal model's sandbox spec, answered as its first failure; a secret's own
-        checks (:class:`SecretSource`'s) are answered the same way."""
-        try:
-            model = handler(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            if first["type"] != "value_error" or first["loc"][:1] != ("secrets",):
-                raise
-            raise ValueError(_said(first)) from None
-        try:
-            model.to_spec()
-        except ValidationError as exc:
-            raise ValueError(_said(exc.errors()[0])) from None
-        return model
-
-
-def _said(error: ErrorDetails) -> str:
-    """A spec's validation error as one line naming its camelCase field."""
-    where = ".".join(to_camel(str(p)) if isinstance(p, str) else str(p) for p in error["loc"])
-    return f"{where + ': ' if where else ''}{error['msg'].removeprefix('Value error, ')}"
 
 
 class NoParams(Params):
@@ -171,30 +106,34 @@ class EventsPage(Params):
     limit: int = Field(default=200, ge=1, le=10_000)
 
 
-class GoalCreate(Params):
-    """``goal/create``."""
+class GoalCreate(GoalSpec):
+    """``goal/create``: a :class:`~goals.GoalSpec` as the wire carries it (its fields, camelCase),
+    with the wire's shorthands: ``stallRounds`` and ``infraRetries`` at the top level (into
+    ``rules``), a ``null`` ``budgets`` or ``sandbox`` for the defaults, and an unset ``model`` for
+    the daemon's default."""
 
-    objective: str
-    title: str | None = None
-    key: str | None = None
-    budgets: BudgetsIn | None = None
-    verify: list[VerifyIn] = []
-    model: str | None = None
-    workdir: str | None = None
-    tools: list[str] | None = None
+    model_config = ConfigDict(defer_build=True)
+
     session_id: SessionId | None = None
-    idempotency_key: str | None = None
     stall_rounds: int | None = Field(default=None, ge=1)
     #: Rounds re-run in a row for the infrastructure's trouble before the goal tries only once every
     #: ``error_backoff_max_seconds`` (default 20).
     infra_retries: int | None = Field(default=None, ge=1)
-    #: A command whose changed output counts as the goal's progress (run in its sandbox).
-    progress: VerifyIn | None = None
-    sandbox: SandboxIn | None = None
-    #: Keep the work directory goald makes for the goal after it ends.
-    keep_workdir: bool = False
-    #: In a cluster, only a node with this label runs the goal.
-    node_label: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (data.get("budgets", 0) is None or data.get("sandbox", 0) is None):
+            return {k: v for k, v in data.items() if not (k in ("budgets", "sandbox") and v is None)}
+        return data
+
+    def spec(self, default_model: str) -> GoalSpec:
+        """The goal spec it asks for (the shorthands folded in, the model defaulted)."""
+        fields = {name: getattr(self, name) for name in GoalSpec.model_fields}
+        shorthands = {"stall_rounds": self.stall_rounds, "infra_retries": self.infra_retries}
+        fields["rules"] = self.rules.model_copy(update={k: v for k, v in shorthands.items() if v is not None})
+        fields["model"] = self.model or default_model
+        return GoalSpec.model_construct(self.model_fields_set & set(GoalSpec.model_fields) | {"model"}, **fields)
 
 
 class GoalRef(Params):
@@ -206,7 +145,7 @@ class GoalRef(Params):
 class GoalResume(GoalRef):
     """``goal/resume``."""
 
-    budgets: BudgetsIn | None = None
+    budgets: Budgets | None = None
 
 
 class GoalUpdate(GoalRef):
@@ -214,8 +153,8 @@ class GoalUpdate(GoalRef):
 
     objective: str | None = None
     title: str | None = None
-    budgets: BudgetsIn | None = None
-    verify: list[VerifyIn] | None = None
+    budgets: Budgets | None = None
+    verify: list[VerifyCommand] | None = None
 
 
 class GoalList(Params):

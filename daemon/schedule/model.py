@@ -18,6 +18,7 @@ from agent import TypedId
 from daemon.rpc.protocol import InvalidField
 from daemon.schedule.cron import parse_cron
 from goals import GoalSpec
+from goals.model import field_loc
 
 Misfire = Literal["coalesce", "skip"]
 Concurrency = Literal["forbid", "replace", "allow"]
@@ -139,7 +140,7 @@ def validate_template(raw: dict[str, Any]) -> dict[str, Any]:
 def _first_errors(exc: ValidationError) -> str:
     msgs = []
     for err in exc.errors()[:3]:
-        where = ".".join(str(p) for p in err["loc"] if p not in ("cron", "interval", "date"))
+        where = field_loc(tuple(p for p in err["loc"] if p not in ("cron", "interval", "date")))
         msg = str(err["msg"]).removeprefix("Value error, ")
         msgs.append(f"{where}: {msg}" if where else msg)
     return "; ".join(msgs)

@@ -11,7 +11,7 @@ import pytest
 from agent.sandbox import Network
 from daemon.cli.goal import sandbox_params
 from daemon.cli.parser import UsageError, build_parser
-from daemon.rpc.params import SandboxIn
+from daemon.rpc.params import GoalCreate
 from daemon.sandbox_settings import network_findings
 from daemon.settings import ConfigError, Settings, load_settings
 
@@ -72,13 +72,13 @@ def test_the_findings_name_what_host_exposes_and_the_old_booleans() -> None:
     ],
 )
 def test_a_goals_own_network_on_the_wire(wire: dict[str, Any], spec: Any) -> None:
-    network = SandboxIn.model_validate(wire).to_spec().network
+    network = GoalCreate.model_validate({"objective": "o", "sandbox": wire}).spec("m").sandbox.network
     assert (network.model_dump() if hasattr(network, "model_dump") else network) == spec
 
 
 def test_a_goals_own_network_on_the_wire_is_refused_saying_why() -> None:
     with pytest.raises(ValueError, match='"allow" needs the names'):
-        SandboxIn.model_validate({"network": "allow"})
+        GoalCreate.model_validate({"objective": "o", "sandbox": {"network": "allow"}})
 
 
 @pytest.mark.parametrize(
