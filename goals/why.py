@@ -29,12 +29,19 @@ WAIT_INTERRUPTED = "interrupted"
 #: upper bound plus the call's max_tokens): no call could ever be made, so nothing was spent.
 TOKEN_BUDGET_TOO_SMALL = "token_budget_too_small"
 
+#: Paused by an operator who gave the reason in words (``goald goal pause KEY --reason TEXT``): the
+#: stored reason is ``by_operator: TEXT`` and reads ``paused (by operator: TEXT)``.
+BY_OPERATOR = "by_operator"
+#: The longest reason an operator may give with a pause.
+MAX_OPERATOR_REASON = 500
+
 #: The spend guard's refusal of a call the tokens left cannot pay for (:meth:`agent.spend.SpendGuard.check`).
 _TOKEN_REFUSAL = re.compile(r"token budget: this call may take (\d+) tokens")
 
 #: How each stored reason reads (one wording everywhere; older spellings map to the same words).
 REASON_TEXT = {
     "by_request": "by request",
+    BY_OPERATOR: "by operator",
     "cancelled by request": "by request",
     "verified": "verified",
     "no_verification": "unverified: no verification",
@@ -64,6 +71,26 @@ def reason_text(reason: str | None) -> str:
     if sep and head in REASON_TEXT:
         return f"{head.replace('_', ' ')}: {rest}"
     return reason
+
+
+def operator_reason(text: str | None) -> str:
+    """The stored reason of a person's pause: ``by_operator: TEXT`` with their words (one line,
+    trimmed), ``by_request`` without.
+
+    Raises:
+        ValueError: blank words, a line break or a control character, or over
+            :data:`MAX_OPERATOR_REASON` characters, named.
+    """
+    if text is None:
+        return StopReason.BY_REQUEST
+    words = text.strip()
+    if not words:
+        raise ValueError("the reason is blank: say why the goal is paused, or leave --reason out")
+    if any(ord(c) < 32 or ord(c) == 127 for c in words):
+        raise ValueError("the reason must be one line of text (no line breaks or control characters)")
+    if len(words) > MAX_OPERATOR_REASON:
+        raise ValueError(f"the reason is {len(words)} characters long: at most {MAX_OPERATOR_REASON}")
+    return f"{BY_OPERATOR}: {words}"
 
 
 def call_reservation(refusal: str | None) -> int | None:
@@ -139,8 +166,8 @@ def _paused(goal: Goal) -> str | None:
     reason = goal.status_reason or ""
     code, _, detail = reason.partition(": ")
     match code:
-        case StopReason.BY_REQUEST | "cancelled by request" | "":
-            return None
+        case StopReason.BY_REQUEST | "cancelled by request" | "" | "by_operator":
+            return None  # the status says it all (an operator's words are in it)
         case StopReason.AUTH_ERROR:
             text = goal.memory.cause or "the provider refused the credentials"
             return f"{text}: fix the provider's key, then resume the goal"
@@ -206,12 +233,15 @@ def _exhausted(goal: Goal) -> str | None:
 
 
 __all__ = [
+    "BY_OPERATOR",
+    "MAX_OPERATOR_REASON",
     "REASON_TEXT",
     "TOKEN_BUDGET_TOO_SMALL",
     "WAIT_INTERRUPTED",
     "WAIT_PROVIDER",
     "call_reservation",
     "duration",
+    "operator_reason",
     "reason_text",
     "too_small_for_one_call",
     "why",

@@ -235,6 +235,8 @@ def _status_change(method: str) -> Callable[[Connection, argparse.Namespace], Aw
         params: dict[str, Any] = {"goalId": args.goal}
         if method == "goal/resume":
             params["budgets"] = await _changed_budgets(client, args)
+        if method == "goal/pause" and args.reason is not None:
+            params["reason"] = args.reason  # the operator's words, kept with the pause
         g = await client.call(method, params)
         if args.json:
             print_json(g)

@@ -221,11 +221,19 @@ def _add_goal_transitions(gsub: Subparsers) -> None:
         a = gsub.add_parser(action, help=f"{action} a goal")
         a.add_argument("goal", nargs="?" if action == "resume" else None, help=GOAL_HELP)
         a.add_argument("--json", action="store_true", help=JSON_HELP)
+        if action == "pause":
+            a.add_argument(
+                "--reason",
+                metavar="TEXT",
+                help="why you pause it, in your words: kept with the pause and shown as 'paused (by operator: TEXT)'",
+            )
         if action == "resume":
             _add_budget_options(a)
             a.add_argument("--all", action="store_true", help="resume every paused goal (see --reason)")
             a.add_argument(
-                "--reason", metavar="REASON", help="with --all: only goals paused for this reason, e.g. auth_error"
+                "--reason",
+                metavar="REASON",
+                help="with --all: only goals paused for this reason, e.g. auth_error or by_operator (a filter)",
             )
 
 

@@ -25,7 +25,7 @@ from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalR
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject, goal_view
 from goals import Budgets, Goal, GoalId
-from goals.why import too_small_for_one_call
+from goals.why import operator_reason, too_small_for_one_call
 
 
 class GoalCreated(TypedDict):
@@ -35,6 +35,13 @@ class GoalCreated(TypedDict):
     sessionId: str
     workdir: str | None
     warnings: list[str]
+
+
+class GoalPause(GoalRef):
+    """``goal/pause``: ``reason``, the operator's words, kept with the pause (its status reason and
+    event: ``paused (by operator: TEXT)``); without it the pause is ``by request``."""
+
+    reason: str | None = None
 
 
 class GoalListing(TypedDict):
@@ -182,9 +189,13 @@ def register(d: Dispatcher, host: HostPort) -> None:
         taking_work(host)
         return _resumed_all(await engine(host).resume_all(p.reason, caller=peer.caller))
 
-    @d.method("goal/pause", GoalRef)
-    async def goal_pause(p: GoalRef, peer: Peer) -> JsonObject:
-        return goal_view(await engine(host).pause(p.goal_id, caller=peer.caller))
+    @d.method("goal/pause", GoalPause)
+    async def goal_pause(p: GoalPause, peer: Peer) -> JsonObject:
+        try:
+            reason = operator_reason(p.reason)
+        except ValueError as exc:
+            raise InvalidField(f"reason: {exc}", field="reason") from None
+        return goal_view(await engine(host).pause(p.goal_id, reason, caller=peer.caller))
 
     @d.method("goal/resume", GoalResume)
     async def goal_resume(p: GoalResume, peer: Peer) -> JsonObject:
