@@ -111,7 +111,7 @@ from agent.sessions import (
 )
 from agent.setup import SessionSetup
 from agent.spend import Limits, Price, PromptEstimator, Refusal, SpendGuard, Usage, estimator_for
-from agent.store import Durability, SessionState, Store, Tx
+from agent.store import Durability, Store
 from agent.subagents import DEFAULT_MAX_DEPTH, Delegate
 from agent.tools import (
     FunctionTool,
@@ -127,6 +127,7 @@ from agent.tools import (
     file_tools,
 )
 from agent.turns import OUTCOME_UNKNOWN, take_or_idle
+from agent.tx import SessionState, Tx
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",

@@ -37,8 +37,8 @@ from agent.messages import Content
 from agent.models.base import Model, ModelError, ModelRequest, ModelResponse
 from agent.payloads import EndReason
 from agent.spend import Refusal, Reservation, Usage
-from agent.store import Tx
 from agent.turns import OpenedTurn, TurnEnd, charge_open_reservations, close_open_tool_calls
+from agent.tx import Tx
 from agent.writer import DriverWriter
 
 if TYPE_CHECKING:

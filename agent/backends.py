@@ -35,6 +35,7 @@ import aiosqlite
 
 from agent.db import Conn, PgConn, psycopg_module
 from agent.errors import StorageUnavailable
+from agent.storage import owner_only
 
 #: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII).
 WRITER_LOCK = 0x676F616C64
@@ -49,6 +50,31 @@ class SqliteBackend:
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
+
+    @classmethod
+    async def connect(cls, path: Path, *, full: bool) -> SqliteBackend:
+        """Open (creating if needed) the SQLite file at ``path`` in WAL mode, owner only (``full``:
+        ``synchronous=FULL``, else ``NORMAL``)."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        conn = await aiosqlite.connect(str(path), isolation_level=None)
+        try:
+            # Every prompt and tool output is in here: owner only, whatever the umask. SQLite creates
+            # the WAL and SHM files with the database file's mode, so this comes before WAL mode.
+            owner_only(path)
+            # A new database frees pages back to the file system in bounded steps (retention's
+            # ``incremental_vacuum``); the mode can only be chosen before the first table exists
+            # (an older database switches with the offline ``goald store vacuum``).
+            if (await (await conn.execute("PRAGMA page_count")).fetchone() or (0,))[0] == 0:
+                await conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute(f"PRAGMA synchronous={'FULL' if full else 'NORMAL'}")
+            await conn.execute("PRAGMA busy_timeout=5000")
+            await conn.execute("PRAGMA foreign_keys=OFF")
+        except BaseException:
+            await conn.close()
+            raise
+        conn.row_factory = sqlite3.Row
+        return cls(conn)
 
     def raw(self) -> sqlite3.Connection:
         """The connection (on the store thread only)."""

@@ -21,7 +21,7 @@ from agent.ids import TypedId
 from agent.messages import Block
 from agent.models.base import ModelError
 from agent.spend import Usage
-from agent.store import Tx
+from agent.tx import Tx
 from agent.usage import ENDED_COLUMNS, add_ended_call
 
 

@@ -57,8 +57,8 @@ from agent.models.base import (
 )
 from agent.payloads import ContextCompacted, EndReason
 from agent.spend import Usage, estimator_for
-from agent.store import Tx
 from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd
+from agent.tx import Tx
 
 _T = TypeVar("_T")
 

@@ -58,10 +58,11 @@ from agent.models.base import ConvMessage, FinishReason, Model, WireCache
 from agent.payloads import AgentStatus, EndReason, MessageQueued, StatusChanged
 from agent.spend import SpendGuard
 from agent.step import ModelStep
-from agent.store import SessionState, Store
+from agent.store import Store
 from agent.toolcalls import ToolCalls
 from agent.tools.base import ToolRegistry
 from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd, end_turn, take_or_idle
+from agent.tx import SessionState
 from agent.writer import DriverWriter
 
 

@@ -17,7 +17,7 @@ from agent.calls import usage_of_guard
 from agent.errors import NotFound
 from agent.ids import GuardId
 from agent.spend import Limits, SpendGuard
-from agent.store import Tx
+from agent.tx import Tx
 
 
 def create_guard(tx: Tx, limits: Limits, guard_id: GuardId | None = None) -> GuardId:

@@ -33,7 +33,7 @@ from agent.messages import (
     transition_fate,
 )
 from agent.payloads import AgentStatus
-from agent.store import Tx
+from agent.tx import Tx
 
 _WAKING = (Delivery.FOLLOWUP.value, Delivery.STEER.value)
 

@@ -41,7 +41,8 @@ from typing import Any
 
 from agent.db import Conn
 from agent.ids import TypedId
-from agent.store import Store, Tx
+from agent.store import Store
+from agent.tx import Tx
 
 #: How many notification payloads a grouped message carries in full (the ids and count are all there).
 GROUP_PAYLOADS = 20

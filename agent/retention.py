@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent.db import Conn, is_postgres
 from agent.payloads import AgentStatus
-from agent.store import Tx
+from agent.tx import Tx
 
 #: SQLite's ``auto_vacuum`` modes, by the number ``PRAGMA auto_vacuum`` answers.
 AUTO_VACUUM_MODES = {0: "none", 1: "full", 2: "incremental"}

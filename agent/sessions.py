@@ -18,7 +18,7 @@ from agent.db import Conn
 from agent.errors import NotFound
 from agent.events import EventType
 from agent.ids import SessionId
-from agent.store import Tx
+from agent.tx import Tx
 
 #: How far :func:`session_chain` follows ``parent_session_id`` (a guard against a corrupt loop).
 MAX_CHAIN = 64

@@ -14,14 +14,17 @@ blocks beside the database that the store gives back when a write meets a full d
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
 from agent.errors import StorageUnavailable
+from agent.tx import utcnow
 
 
 def owner_only(path: Path) -> None:
@@ -115,3 +118,58 @@ def storage_failure(exc: BaseException, path: Path) -> StorageUnavailable | None
         case _:
             hint = f"check the disk and file system of {where} (dmesg); goald retries by itself"
     return StorageUnavailable(str(exc), hint)
+
+
+class StorageHealth:
+    """Whether the store writes, as its writes and reads find it: the failure that stops them (with
+    when it began) or none. Changed on the store's thread; :meth:`wait_writable` waits on the loop.
+
+    An outage is expected and handled (writes wait, new input is refused, it clears by itself): one
+    warning when it begins, one info line when it ends, no traceback.
+    """
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        #: The storage failure that stopped the last write (``None``: writable), and when it began.
+        self.failure: StorageUnavailable | None = None
+        self.since: str | None = None
+        self._loop = asyncio.get_running_loop()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def failed(self, failure: StorageUnavailable) -> None:
+        """A write (or, on PostgreSQL, a read) met ``failure`` (on the store thread)."""
+        if self.failure is None:
+            logger.warning("the store cannot write: {} ({}); {}", failure.message, self.location, failure.hint)
+        elif self.failure.message != failure.message:
+            logger.debug("the store still cannot write: {}", failure.message)
+        if self.failure is None:
+            self.since = utcnow()
+            self._loop.call_soon_threadsafe(self._writable.clear)
+        self.failure = failure
+
+    def recovered(self) -> None:
+        """A write committed (or the database answered) after a failure (on the store thread)."""
+        logger.info("the store writes again (it could not since {}: {})", self.since, self.failure)
+        self.failure, self.since = None, None
+        self._loop.call_soon_threadsafe(self._writable.set)
+
+    def report(self) -> dict[str, Any]:
+        """``{"ok": True}``, or the failure that stops writes: ``error``, ``hint`` and ``since``."""
+        failure, since = self.failure, self.since
+        if failure is None:
+            return {"ok": True}
+        return {"ok": False, "error": failure.message, "hint": failure.hint, "since": since}
+
+    async def wait_writable(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a write to succeed after a storage failure; ``True`` if the
+        store writes (again)."""
+        if self._writable.is_set():
+            await asyncio.sleep(0)
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await self._writable.wait()
+        except TimeoutError:
+            return False
+        return True

@@ -1,18 +1,9 @@
-"""The durable store: one SQLite file in WAL mode behind one long-lived aiosqlite connection.
+"""The durable store: a SQLite file in WAL mode behind one long-lived aiosqlite connection, or a
+PostgreSQL database (:mod:`agent.backends`), with every unit of work run on the store's one thread.
 
-Why transactions run as whole functions on the connection's thread: every state change in goald
-is a small transaction of a few statements (an inbox row and its event, a goal decision and its
-continuation). Sending each statement across the thread boundary would cost a hop apiece; a
-transaction function costs one hop in all and can make decisions from what it reads without an
-``await`` in between. The functions are synchronous and receive a :class:`Tx`; they compose, so a
-package above (the goal engine) can enqueue a message and update its own rows in **one**
-transaction.
-
-Sequence numbers and each session's status are cached on the connection's thread and only
-changed by transaction functions, which that thread runs one at a time; a transaction's changes
-to the cache are applied only after its ``COMMIT``. Committed events are handed to the event loop
-in commit order from the same thread, before the caller's ``await`` returns. Reading stored events
-is :mod:`agent.eventlog`'s.
+Transactions are whole synchronous functions that receive a :class:`~agent.tx.Tx` (:mod:`agent.tx`
+says why). Committed events are handed to the event loop in commit order from the store's thread,
+before the caller's ``await`` returns. Reading stored events is :mod:`agent.eventlog`'s.
 
 Storage failures (the disk full, an I/O error, a read-only file system) are told apart from
 every other database error (:mod:`agent.storage`): a transaction that meets one rolls back and
@@ -30,133 +21,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import aiosqlite
 from loguru import logger
 
 from agent.backends import Backend, PgBackend, SqliteBackend, masked, pg_failure
 from agent.db import Conn, PgConn, database_errors, is_dsn
-from agent.errors import NotFound, NotSupported, StorageUnavailable, StoreClosed
+from agent.errors import NotSupported, StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
-from agent.events import Event, EventHub, EventType
+from agent.events import Event, EventHub
 from agent.migrate import apply_migrations, backup_into
-from agent.payloads import AgentStatus
 from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, follow, payloads, relay, stored_top
 from agent.schema import MIGRATIONS, Migration
-from agent.storage import StoreReserve, is_disk_full, owner_only, storage_failure
+from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
+from agent.tx import SessionState, Tx, load_session_state
 
 T = TypeVar("T")
 Durability = Literal["normal", "full"]
-
-
-def utcnow() -> str:
-    """Now, in UTC, as an ISO 8601 string with microseconds (sorts as text)."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-@dataclasses.dataclass
-class SessionState:
-    """What the store thread knows of a session between transactions."""
-
-    last_seq: int
-    status: AgentStatus
-    status_seq: int
-    open_turn: str | None
-
-
-def _dumps(data: dict[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-class Tx:
-    """One open transaction on the store thread. Only transaction functions receive one."""
-
-    def __init__(self, store: Store, conn: Conn) -> None:
-        self.store = store
-        self.conn = conn
-        self.now = utcnow()
-        self.events: list[Event] = []
-        self._states: dict[str, SessionState] = {}
-        self._after: list[Callable[[], None]] = []
-        self._committed: list[Callable[[], None]] = []
-        self._fenced: set[str] = set()
-
-    def fence(self, session_id: str) -> None:
-        """Refuse this transaction unless this process may drive ``session_id`` (the store's
-        :attr:`Store.fence` check, once per session and transaction; nothing to check on one node).
-
-        The writes that *drive* a session call it — the driver's (:class:`agent.writer.DriverWriter`)
-        and a goal's decision — so that a node that lost the session's lease adds nothing to it;
-        what any node may do (enqueue, cancel a queued message, a goal's pause) does not."""
-        check = self.store.fence
-        if check is None or session_id in self._fenced:
-            return
-        check(self.conn, session_id)
-        self._fenced.add(session_id)
-
-    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
-        """Run one statement (a cursor: ``rowcount``, ``fetchone``, ``fetchall``)."""
-        return self.conn.execute(sql, params)
-
-    def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
-        """Run a query and return its first row (``None``: no row)."""
-        return self.conn.execute(sql, params).fetchone()
-
-    def all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run a query and return every row."""
-        rows: list[Any] = self.conn.execute(sql, params).fetchall()
-        return rows
-
-    def state(self, session_id: str) -> SessionState:
-        """The session's cached state as this transaction sees it (changes apply at commit)."""
-        st = self._states.get(session_id)
-        if st is None:
-            base = self.store._states.get(session_id) if self.store._cache_states else None
-            if base is None:
-                base = self.store._load_state(self.conn, session_id)
-            st = dataclasses.replace(base)
-            self._states[session_id] = st
-        return st
-
-    def emit(self, session_id: str, type: str, data: dict[str, Any]) -> Event:
-        """Append an event to the session's sequence (published after commit)."""
-        st = self.state(session_id)
-        st.last_seq += 1
-        event = Event(session_id=session_id, seq=st.last_seq, type=type, data=data, at=self.now)
-        self.conn.execute(
-            "INSERT INTO events(session_id, seq, type, data, at) VALUES (?,?,?,?,?)",
-            (session_id, event.seq, type, _dumps(data), self.now),
-        )
-        self.events.append(event)
-        return event
-
-    def set_status(self, session_id: str, status: AgentStatus, **extra: Any) -> Event | None:
-        """Record a status transition (a no-op when the status is unchanged)."""
-        st = self.state(session_id)
-        if st.status == status:
-            return None
-        event = self.emit(session_id, EventType.STATUS, {"status": status, **extra})
-        st.status = status
-        st.status_seq = event.seq
-        return event
-
-    def on_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on the store thread right after this transaction commits, before any
-        later transaction runs (state that the next transaction function must see)."""
-        self._committed.append(callback)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on the event loop after this transaction commits."""
-        self._after.append(callback)
 
 
 class Store:
@@ -190,11 +77,8 @@ class Store:
         self._loop = asyncio.get_running_loop()
         self._states: dict[str, SessionState] = {}
         self._closed = False
-        #: The storage failure that stopped the last write, with when it began (``None``: writable).
-        self._failure: StorageUnavailable | None = None
-        self._failing_since: str | None = None
-        self._writable = asyncio.Event()
-        self._writable.set()
+        #: The storage failure that stops writes, if any (logged as it begins and ends).
+        self.health = StorageHealth(self.location)
         #: What the transaction just run on the store thread committed, for the loop (see _work).
         self._delivery: tuple[list[Event], list[Callable[[], None]]] | None = None
         #: Blocks kept beside the SQLite file for a write that meets a full disk (set by the daemon).
@@ -212,27 +96,12 @@ class Store:
         if is_dsn(path):
             return await cls._open_pg(str(path), durability)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        conn = await aiosqlite.connect(str(path), isolation_level=None)
+        backend = await SqliteBackend.connect(path, full=durability == "full")
         try:
-            # Every prompt and tool output is in here: owner only, whatever the umask. SQLite creates
-            # the WAL and SHM files with the database file's mode, so this comes before WAL mode.
-            owner_only(path)
-            # A new database frees pages back to the file system in bounded steps (retention's
-            # ``incremental_vacuum``); the mode can only be chosen before the first table exists
-            # (an older database switches with the offline ``goald store vacuum``).
-            if (await (await conn.execute("PRAGMA page_count")).fetchone() or (0,))[0] == 0:
-                await conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
-            sync = "FULL" if durability == "full" else "NORMAL"
-            await conn.execute("PRAGMA journal_mode=WAL")
-            await conn.execute(f"PRAGMA synchronous={sync}")
-            await conn.execute("PRAGMA busy_timeout=5000")
-            await conn.execute("PRAGMA foreign_keys=OFF")
-            conn.row_factory = sqlite3.Row
-            store = cls(path, SqliteBackend(conn), durability)
+            store = cls(path, backend, durability)
             await store.migrate("agent", MIGRATIONS)
         except BaseException:
-            await conn.close()
+            await backend.close()
             raise
         return store
 
@@ -466,10 +335,10 @@ class Store:
             failure = self._failure_of(exc)
             if failure is None:
                 raise
-            self._storage_failed(failure)
+            self.health.failed(failure)
             raise failure from exc
-        if self._failure is not None:
-            self._storage_recovered()
+        if self.health.failure is not None:
+            self.health.recovered()
         if self._cache_states:
             self._states.update(tx._states)
         for mark in tx._committed:
@@ -478,44 +347,16 @@ class Store:
             self._delivery = (tx.events, tx._after)  # delivered with the result (see _work)
         return result
 
-    # -- storage health (on the store thread; the event lives on the loop) ---------------------
-
-    def _storage_failed(self, failure: StorageUnavailable) -> None:
-        # An outage is expected and handled (writes wait, new input is refused, it clears by itself):
-        # one warning when it begins, one info line when it ends (_storage_recovered), no traceback.
-        if self._failure is None:
-            logger.warning("the store cannot write: {} ({}); {}", failure.message, self.location, failure.hint)
-        elif self._failure.message != failure.message:
-            logger.debug("the store still cannot write: {}", failure.message)
-        if self._failure is None:
-            self._failing_since = utcnow()
-            self._loop.call_soon_threadsafe(self._writable.clear)
-        self._failure = failure
-
-    def _storage_recovered(self) -> None:
-        logger.info("the store writes again (it could not since {}: {})", self._failing_since, self._failure)
-        self._failure, self._failing_since = None, None
-        self._loop.call_soon_threadsafe(self._writable.set)
+    # -- storage health (agent.storage.StorageHealth) ---------------------------------------
 
     def storage_health(self) -> dict[str, Any]:
         """``{"ok": True}``, or the failure that stops writes: ``error``, ``hint`` and ``since``."""
-        failure, since = self._failure, self._failing_since
-        if failure is None:
-            return {"ok": True}
-        return {"ok": False, "error": failure.message, "hint": failure.hint, "since": since}
+        return self.health.report()
 
     async def wait_writable(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for a write to succeed after a storage failure; ``True`` if the
         store writes (again). Retrying writers call this between their attempts."""
-        if self._writable.is_set():
-            await asyncio.sleep(0)
-            return True
-        try:
-            async with asyncio.timeout(seconds):
-                await self._writable.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await self.health.wait_writable(seconds)
 
     def _deliver(self, events: list[Event], after: list[Callable[[], None]]) -> None:
         self.hub.publish(events)
@@ -542,10 +383,10 @@ class Store:
                 if failure is None:
                     raise
                 # An unreachable database stops reads as well as writes: the same condition.
-                self._storage_failed(failure)
+                self.health.failed(failure)
                 raise failure from exc
-            if self._failure is not None and self.kind == "postgresql":
-                self._storage_recovered()  # the database answers again
+            if self.health.failure is not None and self.kind == "postgresql":
+                self.health.recovered()  # the database answers again
             return result
 
         return await self._call(run)
@@ -565,33 +406,13 @@ class Store:
 
     # -- session state ---------------------------------------------------------------------
 
-    def _load_state(self, conn: Conn, session_id: str) -> SessionState:
-        row = conn.execute("SELECT seq_watermark FROM sessions WHERE id=?", (session_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no session {session_id}")
-        last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id=?", (session_id,))
-        # Retention may have pruned the newest stored events' predecessors (or, with no status event
-        # kept, all of them): the watermark is the highest number ever given, so numbering goes on.
-        last_seq = max(int(last.fetchone()[0]), int(row["seq_watermark"]))
-        status_row = conn.execute(
-            "SELECT seq, data FROM events WHERE session_id=? AND type=? ORDER BY seq DESC LIMIT 1",
-            (session_id, EventType.STATUS.value),
-        ).fetchone()
-        status, status_seq = AgentStatus.IDLE, 0
-        if status_row is not None:
-            status, status_seq = AgentStatus(json.loads(status_row["data"])["status"]), int(status_row["seq"])
-        turn = conn.execute(
-            "SELECT id FROM turns WHERE session_id=? AND end_reason IS NULL LIMIT 1", (session_id,)
-        ).fetchone()
-        return SessionState(last_seq, status, status_seq, turn["id"] if turn else None)
-
     async def session_state(self, session_id: str) -> SessionState:
         """A copy of the session's state as of the last commit."""
 
         def run() -> SessionState:
             st = self._states.get(session_id) if self._cache_states else None
             if st is None:
-                st = self._load_state(self._raw(), session_id)
+                st = load_session_state(self._raw(), session_id)
                 if self._cache_states:
                     self._states[session_id] = st
             if self.kind == "postgresql":

@@ -52,8 +52,9 @@ from agent.inbox import cancel_all, enqueue
 from agent.interval import watch_interval
 from agent.messages import Content, Source, SourceKind, parse_content
 from agent.payloads import AssistantMessage, EndReason, ModelCharged, ModelFailed, TurnEnded, parse_payload
-from agent.store import Store, Tx
+from agent.store import Store
 from agent.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry
+from agent.tx import Tx
 
 if TYPE_CHECKING:
     from agent.runtime import Runtime

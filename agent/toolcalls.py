@@ -20,9 +20,10 @@ from agent.events import EventType
 from agent.history import History
 from agent.messages import ToolResultBlock, ToolUseBlock
 from agent.models.base import ConvMessage
-from agent.store import Store, Tx
+from agent.store import Store
 from agent.tools.base import ToolContext, ToolRegistry
 from agent.turns import OpenedTurn
+from agent.tx import Tx
 from agent.writer import DriverWriter
 
 

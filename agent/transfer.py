@@ -16,7 +16,7 @@ from typing import Any
 
 from agent.db import Conn, is_postgres
 from agent.errors import Conflict, InvalidInput
-from agent.store import Tx
+from agent.tx import Tx
 
 #: The runtime's tables a session tree has rows in, in the order they are written back.
 TABLES = ("guards", "sessions", "inbox", "turns", "events", "model_calls")

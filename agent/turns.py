@@ -19,7 +19,7 @@ from agent.ids import TurnId
 from agent.inbox import Admitted, admit, has_waking, settle_idle
 from agent.messages import ToolUseBlock
 from agent.payloads import AgentStatus, AssistantMessage, EndReason, ToolResult, parse_payload
-from agent.store import Tx
+from agent.tx import Tx
 from agent.usage import ENDED_COLUMNS, add_ended_call
 
 OUTCOME_UNKNOWN = "interrupted: outcome unknown — verify before retrying"

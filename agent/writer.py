@@ -27,7 +27,8 @@ from typing import TypeVar
 from loguru import logger
 
 from agent.errors import StorageUnavailable
-from agent.store import Store, Tx
+from agent.store import Store
+from agent.tx import Tx
 
 #: First and longest wait between attempts of a write the store refused for lack of storage.
 STORAGE_RETRY_FIRST = 0.5

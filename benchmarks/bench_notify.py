@@ -34,7 +34,8 @@ from loguru import logger
 import goals.store
 from agent import ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry
 from agent.outbox import put
-from agent.store import Store, Tx
+from agent.store import Store
+from agent.tx import Tx
 from daemon.alerts import NotifySettings
 from daemon.alerts.sender import Sender
 from daemon.alerts.sinks import HttpClient, build_sinks

@@ -20,7 +20,8 @@ from loguru import logger
 
 from agent.events import EventType
 from agent.sandbox.proxy import Attempt, Omitted, Report
-from agent.store import Store, Tx
+from agent.store import Store
+from agent.tx import Tx
 
 
 def event_data(item: Attempt | Omitted, context: dict[str, str]) -> dict[str, Any]:

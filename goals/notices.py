@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.outbox import NotificationId, put
-from agent.store import Tx
+from agent.tx import Tx
 from goals.model import Goal, GoalStatus, StopReason
 from goals.why import why
 

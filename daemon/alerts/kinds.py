@@ -16,7 +16,7 @@ import enum
 from typing import Any
 
 from agent.outbox import NotificationId, put
-from agent.store import Tx
+from agent.tx import Tx
 
 
 class NotificationKind(enum.StrEnum):

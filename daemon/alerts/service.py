@@ -29,7 +29,8 @@ from agent import Runtime, SandboxPolicy, SandboxProfile
 from agent.models.health import BreakerState, ProviderHealth
 from agent.outbox import Message, NotificationId, put
 from agent.sandbox import Sandbox
-from agent.store import Store, Tx, utcnow
+from agent.store import Store
+from agent.tx import Tx, utcnow
 from daemon.alerts.config import NotifySettings
 from daemon.alerts.kinds import NotificationKind, breaker_notice
 from daemon.alerts.payload import payload_of

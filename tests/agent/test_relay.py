@@ -27,7 +27,8 @@ from agent.ids import MessageId
 from agent.inbox import enqueue
 from agent.messages import parse_content
 from agent.sessions import create_session
-from agent.store import Store, Tx
+from agent.store import Store
+from agent.tx import Tx
 
 
 @pytest.fixture

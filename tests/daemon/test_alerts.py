@@ -20,7 +20,8 @@ from webhook_server import WebhookServer, fail_first
 
 from agent.models.health import CircuitBreaker
 from agent.outbox import attempts, backlog, put
-from agent.store import Store, Tx
+from agent.store import Store
+from agent.tx import Tx
 from daemon.alerts import Alerts, NotifySettings, UnknownSink
 from daemon.alerts.kinds import breaker_notice
 from daemon.alerts.payload import verify

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from agent import AgentStatus
-from agent.store import SessionState
+from agent.tx import SessionState
 from daemon.display import describe_lines, goal_table, reason_text
 from daemon.rpc.activity import activity_of, describe_answer
 from daemon.rpc.views import goal_view

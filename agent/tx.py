@@ -1,0 +1,153 @@
+"""A transaction on the store's thread (:class:`Tx`) and the session state it keeps.
+
+Why transactions run as whole functions on the connection's thread: every state change in goald
+is a small transaction of a few statements (an inbox row and its event, a goal decision and its
+continuation). Sending each statement across the thread boundary would cost a hop apiece; a
+transaction function costs one hop in all and can make decisions from what it reads without an
+``await`` in between. The functions are synchronous and receive a :class:`Tx`; they compose, so a
+package above (the goal engine) can enqueue a message and update its own rows in **one**
+transaction. :class:`agent.store.Store` runs them (:meth:`~agent.store.Store.transact`).
+
+Sequence numbers and each session's status are cached on the connection's thread and only
+changed by transaction functions, which that thread runs one at a time; a transaction's changes
+to the cache are applied only after its ``COMMIT``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from agent.db import Conn
+from agent.errors import NotFound
+from agent.events import Event, EventType
+from agent.payloads import AgentStatus
+
+if TYPE_CHECKING:
+    from agent.store import Store
+
+
+def utcnow() -> str:
+    """Now, in UTC, as an ISO 8601 string with microseconds (sorts as text)."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclasses.dataclass
+class SessionState:
+    """What the store thread knows of a session between transactions."""
+
+    last_seq: int
+    status: AgentStatus
+    status_seq: int
+    open_turn: str | None
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def load_session_state(conn: Conn, session_id: str) -> SessionState:
+    """The session's state as stored: its last sequence number, its status and open turn."""
+    row = conn.execute("SELECT seq_watermark FROM sessions WHERE id=?", (session_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no session {session_id}")
+    last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id=?", (session_id,))
+    # Retention may have pruned the newest stored events' predecessors (or, with no status event
+    # kept, all of them): the watermark is the highest number ever given, so numbering goes on.
+    last_seq = max(int(last.fetchone()[0]), int(row["seq_watermark"]))
+    status_row = conn.execute(
+        "SELECT seq, data FROM events WHERE session_id=? AND type=? ORDER BY seq DESC LIMIT 1",
+        (session_id, EventType.STATUS.value),
+    ).fetchone()
+    status, status_seq = AgentStatus.IDLE, 0
+    if status_row is not None:
+        status, status_seq = AgentStatus(json.loads(status_row["data"])["status"]), int(status_row["seq"])
+    turn = conn.execute(
+        "SELECT id FROM turns WHERE session_id=? AND end_reason IS NULL LIMIT 1", (session_id,)
+    ).fetchone()
+    return SessionState(last_seq, status, status_seq, turn["id"] if turn else None)
+
+
+class Tx:
+    """One open transaction on the store thread. Only transaction functions receive one."""
+
+    def __init__(self, store: Store, conn: Conn) -> None:
+        self.store = store
+        self.conn = conn
+        self.now = utcnow()
+        self.events: list[Event] = []
+        self._states: dict[str, SessionState] = {}
+        self._after: list[Callable[[], None]] = []
+        self._committed: list[Callable[[], None]] = []
+        self._fenced: set[str] = set()
+
+    def fence(self, session_id: str) -> None:
+        """Refuse this transaction unless this process may drive ``session_id`` (the store's
+        :attr:`Store.fence` check, once per session and transaction; nothing to check on one node).
+
+        The writes that *drive* a session call it — the driver's (:class:`agent.writer.DriverWriter`)
+        and a goal's decision — so that a node that lost the session's lease adds nothing to it;
+        what any node may do (enqueue, cancel a queued message, a goal's pause) does not."""
+        check = self.store.fence
+        if check is None or session_id in self._fenced:
+            return
+        check(self.conn, session_id)
+        self._fenced.add(session_id)
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """Run one statement (a cursor: ``rowcount``, ``fetchone``, ``fetchall``)."""
+        return self.conn.execute(sql, params)
+
+    def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """Run a query and return its first row (``None``: no row)."""
+        return self.conn.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        """Run a query and return every row."""
+        rows: list[Any] = self.conn.execute(sql, params).fetchall()
+        return rows
+
+    def state(self, session_id: str) -> SessionState:
+        """The session's cached state as this transaction sees it (changes apply at commit)."""
+        st = self._states.get(session_id)
+        if st is None:
+            base = self.store._states.get(session_id) if self.store._cache_states else None
+            if base is None:
+                base = load_session_state(self.conn, session_id)
+            st = dataclasses.replace(base)
+            self._states[session_id] = st
+        return st
+
+    def emit(self, session_id: str, type: str, data: dict[str, Any]) -> Event:
+        """Append an event to the session's sequence (published after commit)."""
+        st = self.state(session_id)
+        st.last_seq += 1
+        event = Event(session_id=session_id, seq=st.last_seq, type=type, data=data, at=self.now)
+        self.conn.execute(
+            "INSERT INTO events(session_id, seq, type, data, at) VALUES (?,?,?,?,?)",
+            (session_id, event.seq, type, _dumps(data), self.now),
+        )
+        self.events.append(event)
+        return event
+
+    def set_status(self, session_id: str, status: AgentStatus, **extra: Any) -> Event | None:
+        """Record a status transition (a no-op when the status is unchanged)."""
+        st = self.state(session_id)
+        if st.status == status:
+            return None
+        event = self.emit(session_id, EventType.STATUS, {"status": status, **extra})
+        st.status = status
+        st.status_seq = event.seq
+        return event
+
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the store thread right after this transaction commits, before any
+        later transaction runs (state that the next transaction function must see)."""
+        self._committed.append(callback)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the event loop after this transaction commits."""
+        self._after.append(callback)
