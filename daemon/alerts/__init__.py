@@ -7,8 +7,35 @@ What changes writes its notification in its own transaction (:mod:`agent.outbox`
 The name is not ``notify``: :mod:`daemon.notify` is systemd's notify protocol.
 """
 
-from daemon.alerts.config import NotifySettings
-from daemon.alerts.kinds import NotificationKind
-from daemon.alerts.service import Alerts, UnknownSink
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daemon.alerts.config import NotifySettings
+    from daemon.alerts.kinds import NotificationKind
+    from daemon.alerts.service import Alerts, UnknownSink
+
+#: Where each name lives, imported on first use: the settings read ``[notify]`` without loading the
+#: sender and the outbox.
+_HOMES: dict[str, str] = {
+    "Alerts": "daemon.alerts.service",
+    "NotificationKind": "daemon.alerts.kinds",
+    "NotifySettings": "daemon.alerts.config",
+    "UnknownSink": "daemon.alerts.service",
+}
+
+if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
+    import importlib
+
+    def __getattr__(name: str) -> object:
+        """A re-exported name, imported from its home on first use (PEP 562) and kept."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'daemon.alerts' has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = ["Alerts", "NotificationKind", "NotifySettings", "UnknownSink"]

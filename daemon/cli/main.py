@@ -7,23 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import select
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from loguru import logger
-
-from agent import SchemaTooNew
-from agent.schema import MigrationFailed
 from daemon import __version__
-from daemon.checks import StateDirUnusable, config_findings, state_dir_problem
-from daemon.cli.completion import completion_script
-from daemon.cli.goal import goal
-from daemon.cli.node import node_command
-from daemon.cli.notify import notify_command
 from daemon.cli.parser import (
     EXIT_CONFIG,
     EXIT_CONFLICT,
@@ -37,33 +30,40 @@ from daemon.cli.parser import (
     UsageError,
     build_parser,
 )
-from daemon.cli.schedule import schedule_command
-from daemon.cli.session import send
-from daemon.cli.status import reload, status
-from daemon.cli.store import backup, restore, store_command, vacuum
-from daemon.cli.web import web_command
-from daemon.client import Connection, DaemonUnavailable, SocketPermissionDenied
-from daemon.declared import check_declared
-from daemon.demo import run_demo
-from daemon.host import Host
-from daemon.lock import StateDirLocked
+from daemon.client.connection import Connection, DaemonUnavailable, SocketPermissionDenied
 from daemon.logs import setup_logging
-from daemon.oneshot import RunOptions, read_text, run_oneshot
 from daemon.rpc.protocol import ErrorCode, RpcError
-from daemon.settings import ConfigError, Settings, load_settings
-from daemon.web.tokens import TokenError
 
-#: The commands that talk to a running daemon, by name.
-COMMANDS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int]]] = {
-    "status": status,
-    "reload": reload,
-    "goal": goal,
-    "send": send,
-    "schedule": schedule_command,
-    "store": store_command,
-    "node": node_command,
-    "notify": notify_command,
+if TYPE_CHECKING:
+    from daemon.settings import Settings
+
+# Only what every command needs is imported above: the parser and the connection to a daemon. The
+# rest (the settings' models, the host, the store, the sandbox, the demo) is imported by the command
+# that uses it, so that ``goald goal list`` starts in a fraction of the time ``goald serve`` takes
+# to import (tests/daemon/test_cli_imports.py counts what a command loads).
+
+Handler = Callable[[Connection, argparse.Namespace], Awaitable[int]]
+
+#: The commands that talk to a running daemon: name → (module, function), imported when called.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "status": ("daemon.cli.status", "status"),
+    "reload": ("daemon.cli.status", "reload"),
+    "goal": ("daemon.cli.goal", "goal"),
+    "send": ("daemon.cli.session", "send"),
+    "schedule": ("daemon.cli.schedule", "schedule_command"),
+    "store": ("daemon.cli.store", "store_command"),
+    "node": ("daemon.cli.node", "node_command"),
+    "notify": ("daemon.cli.notify", "notify_command"),
 }
+
+
+def command_handler(cmd: str) -> Handler | None:
+    """The function that runs ``cmd`` against a daemon (its module imported now), or ``None``."""
+    where = COMMANDS.get(cmd)
+    if where is None:
+        return None
+    handler: Handler = getattr(importlib.import_module(where[0]), where[1])
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +138,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     discover = args.command != "run" and not (
         args.command == "store" and getattr(args, "store_command", None) == "vacuum"
     )
+    from daemon.settings import load_settings
+
     args.config_in_use = find_config(args, discover=discover, serve=args.command == "serve")
     return load_settings(args.config_in_use)
 
@@ -159,6 +161,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     local = _without_settings(args)
     if local is not None:
         return local
+    from daemon.settings import ConfigError
+
     try:
         settings = _settings(args)
     except ConfigError as exc:
@@ -172,7 +176,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or "WARNING")
     socket_path = args.socket or settings.socket_path
 
-    handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] | None = COMMANDS.get(cmd)
+    handler = command_handler(cmd)
     if handler is None:
         raise UsageError(f"unknown command {cmd}")
     return asyncio.run(_with_client(socket_path, handler, args))
@@ -182,11 +186,15 @@ def _without_settings(args: argparse.Namespace) -> int | None:
     """The exit code of a command that reads its own settings (or none), else ``None``."""
     cmd = args.command
     if cmd == "demo":
+        from daemon.demo import run_demo
+
         setup_logging(args.log_level or "WARNING")
         return asyncio.run(run_demo(args.state_dir, sys.stdout, plain=args.plain))
     if cmd == "config":
         return _config_check(args)
     if cmd == "completion":
+        from daemon.cli.completion import completion_script
+
         print(completion_script(build_parser(), args.shell), end="")
         return EXIT_OK
     if cmd == "acp":
@@ -200,24 +208,37 @@ def _without_daemon(settings: Settings, args: argparse.Namespace) -> int | None:
     if cmd == "run":
         return _run(settings, args)
     if cmd == "web":  # the token file itself: no daemon needed
+        from daemon.cli.web import web_command
+        from daemon.web.tokens import TokenError
+
         try:
             return web_command(settings, args)
         except TokenError as exc:
             print(f"goald: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    if cmd == "store" and args.store_command == "vacuum":
-        return vacuum(settings)
-    if cmd == "store" and args.store_command == "backup":
+    if cmd == "store" and args.store_command in ("vacuum", "backup", "restore"):
+        from daemon.cli.store import backup, restore, vacuum
+
+        if args.store_command == "vacuum":
+            return vacuum(settings)
         setup_logging(args.log_level or "WARNING")
-        return backup(settings, args.socket or settings.socket_path, args.path)
-    if cmd == "store" and args.store_command == "restore":
-        setup_logging(args.log_level or "WARNING")
+        if args.store_command == "backup":
+            return backup(settings, args.socket or settings.socket_path, args.path)
         return restore(settings, args.path, replace=args.replace)
     return None
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     """``goald serve``: the daemon in this process, each refusal to start mapped to its exit code."""
+    from loguru import logger
+
+    from agent.errors import SchemaTooNew
+    from agent.schema import MigrationFailed
+    from daemon.checks import StateDirUnusable, config_findings, state_dir_problem
+    from daemon.host import Host
+    from daemon.lock import StateDirLocked
+    from daemon.settings import ConfigError
+
     setup_logging(args.log_level or settings.log_level, settings.log_format, journal_socket=settings.journal_socket)
     try:
         # An unusable state directory is one line and exit 78, before anything else is said.
@@ -295,6 +316,7 @@ def _acp(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the ACP SDK takes about half a second to import, and only
     # ``goald acp`` needs it (every other command would pay for it).
     from daemon.acp import acp_settings, claim_stdio, run_acp
+    from daemon.settings import ConfigError
 
     path = args.config or (Path(os.environ["GOALD_CONFIG"]) if os.environ.get("GOALD_CONFIG") else None)
     try:
@@ -309,6 +331,7 @@ def _acp(args: argparse.Namespace) -> int:
 
 
 def _run(settings: Settings, args: argparse.Namespace) -> int:
+    from daemon.oneshot import RunOptions, read_text, run_oneshot
 
     setup_logging(args.log_level or "WARNING")
     for name in ("max_tokens", "max_steps"):
@@ -335,6 +358,10 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _config_check(args: argparse.Namespace) -> int:
+    from daemon.checks import config_findings
+    from daemon.declared import check_declared
+    from daemon.host import Host
+    from daemon.settings import ConfigError, load_settings
 
     if args.config_command != "check":
         raise UsageError("usage: goald config check [--config FILE] [--strict]")

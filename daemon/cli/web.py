@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from daemon.settings import Settings
-from daemon.web.tokens import TokenFile
+if TYPE_CHECKING:  # (the parser imports this module: the settings and the web package stay unloaded)
+    from daemon.settings import Settings
 
 
 def add_web_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,6 +39,8 @@ def web_command(settings: Settings, args: argparse.Namespace) -> int:
     Raises:
         TokenError: the name is invalid, taken, or unknown (nothing was written).
     """
+    from daemon.web.tokens import TokenFile
+
     tokens = TokenFile(settings.web.tokens_path(settings.state_dir))
     match args.token_command:
         case "add":

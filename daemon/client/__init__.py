@@ -12,19 +12,59 @@
 ``daemon.sdk`` re-exports the SDK's public names (the documented import path).
 """
 
-from daemon.client.connection import Connection, DaemonUnavailable, SocketPermissionDenied
-from daemon.client.interval import Interval, RunResult, RunUsage, SessionEvent, find_receipt
-from daemon.client.sdk import (
-    AgentState,
-    Client,
-    MessageIdReused,
-    Notification,
-    Notifications,
-    RunIncomplete,
-    StatusChange,
-    StopStep,
-)
-from daemon.rpc.protocol import RpcError
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daemon.client.connection import Connection, DaemonUnavailable, SocketPermissionDenied
+    from daemon.client.interval import Interval, RunResult, RunUsage, SessionEvent, find_receipt
+    from daemon.client.sdk import (
+        AgentState,
+        Client,
+        MessageIdReused,
+        Notification,
+        Notifications,
+        RunIncomplete,
+        StatusChange,
+        StopStep,
+    )
+    from daemon.rpc.protocol import RpcError
+
+#: Where each name lives, imported on first use: the CLI needs the connection only, not the SDK
+#: (which loads the whole daemon to run one in its process).
+_HOMES: dict[str, str] = {
+    "AgentState": "daemon.client.sdk",
+    "Client": "daemon.client.sdk",
+    "Connection": "daemon.client.connection",
+    "DaemonUnavailable": "daemon.client.connection",
+    "Interval": "daemon.client.interval",
+    "MessageIdReused": "daemon.client.sdk",
+    "Notification": "daemon.client.sdk",
+    "Notifications": "daemon.client.sdk",
+    "RpcError": "daemon.rpc.protocol",
+    "RunIncomplete": "daemon.client.sdk",
+    "RunResult": "daemon.client.interval",
+    "RunUsage": "daemon.client.interval",
+    "SessionEvent": "daemon.client.interval",
+    "SocketPermissionDenied": "daemon.client.connection",
+    "StatusChange": "daemon.client.sdk",
+    "StopStep": "daemon.client.sdk",
+    "find_receipt": "daemon.client.interval",
+}
+
+if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
+    import importlib
+
+    def __getattr__(name: str) -> object:
+        """A re-exported name, imported from its home on first use (PEP 562) and kept."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'daemon.client' has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = [
     "AgentState",

@@ -7,7 +7,32 @@ runs. Why leases and not a consensus protocol of goald's own: PostgreSQL already
 ``SKIP LOCKED`` and ``LISTEN``/``NOTIFY``, and a replication story operators know.
 """
 
-from daemon.cluster.leases import LeaseManager
-from daemon.cluster.settings import ClusterSettings
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daemon.cluster.leases import LeaseManager
+    from daemon.cluster.settings import ClusterSettings
+
+#: Where each name lives, imported on first use: the settings read ``[cluster]`` without loading the
+#: leases (and the goal engine they use).
+_HOMES: dict[str, str] = {
+    "ClusterSettings": "daemon.cluster.settings",
+    "LeaseManager": "daemon.cluster.leases",
+}
+
+if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
+    import importlib
+
+    def __getattr__(name: str) -> object:
+        """A re-exported name, imported from its home on first use (PEP 562) and kept."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'daemon.cluster' has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = ["ClusterSettings", "LeaseManager"]
