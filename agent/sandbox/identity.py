@@ -151,7 +151,7 @@ def reach_problem(
     *,
     name: str | None = None,
     what: str | None = None,
-    setting: str = "workdir_roots",
+    setting: str | None = "workdir_roots",
     groups: Iterable[int] | None = None,
 ) -> str | None:
     """In plain words, why the user ``ids`` (``(uid, gid)``, no other group: how bwrap runs for a root
@@ -159,8 +159,8 @@ def reach_problem(
     ``path``, and how to fix it; ``None`` when it can.
 
     ``what`` names what lies at ``path`` (default: the path itself); ``setting`` is the configuration
-    key that places it (the other fix: set it to a directory the user can reach); ``groups`` all the
-    groups the user passes with (default: ``gid`` only)."""
+    key that places it (the other fix: set it to a directory the user can reach; ``None``: no key
+    does); ``groups`` all the groups the user passes with (default: ``gid`` only)."""
     uid, gid = ids
     found = blocker(path, uid, [gid] if groups is None else groups)
     if found is None:
@@ -175,7 +175,8 @@ def reach_problem(
     return (
         f"{who} cannot reach {target}: {where} (mode {stat.S_IMODE(st.st_mode):04o}, owner {_owner(st)}) "
         f"does not let it through; give that directory search permission (chmod o+x {where}, or "
-        f"chgrp {group} {where} && chmod g+x {where}), or set {setting} to a directory it can reach"
+        f"chgrp {group} {where} && chmod g+x {where})"
+        + (f", or set {setting} to a directory it can reach" if setting is not None else "")
     )
 
 

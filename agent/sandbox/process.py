@@ -16,7 +16,9 @@ with bubblewrap.
 
 Limits: bwrap waits on its ``--args`` pipe before it does anything, which is when the daemon puts
 it into the command's cgroup (inside its goal's, whose caps bind all of the goal's commands
-together: :mod:`agent.limits`); everything it starts inherits the group.
+together: :mod:`agent.limits`); everything it starts inherits the group. bwrap is started first:
+its arguments (the mount plan and the secrets) are worked out and its group made while it execs,
+which takes about as long, so neither is paid on top of the other (``benchmarks/bench_sandbox.py``).
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ async def _start(
 ) -> tuple[asyncio.subprocess.Process, Group | None, float]:
     """Start the command (bwrap held on its arguments until it is in its cgroup); closes ``workdir_fd``.
 
+    bwrap is started first, with only the numbers of its descriptors: while it execs and loads,
+    which takes about as long, the daemon works out its arguments (the mounts, the secrets), makes
+    the command's cgroup and puts bwrap into it; only then does bwrap get its arguments and go on.
+
     Returns the process, its cgroup (if any) and when it started. On failure nothing is left: no
     process, no descriptor, no group.
     """
@@ -114,15 +120,14 @@ async def _start(
     filter_fd = -1
     fds: tuple[int, ...] = ()
     user: dict[str, Any] = {}
+    fd_numbers = (workdir_fd, -1)
     try:
         if info is None:
             argv = sandbox.argv(cmd)
         else:
-            if sandbox.limits.active:
-                group = _new_group(sandbox.limits, sandbox.limits_group)
             filter_fd = _filter_pipe()
-            # bwrap waits for these arguments: the time to put it into its cgroup.
-            args.open(sandbox.setup_args(workdir_fd, filter_fd), hold=group is not None)
+            fd_numbers = (workdir_fd, filter_fd)
+            args.open()
             argv = sandbox.argv(cmd, setup_fd=args.read_fd)
             argv[1:1] = ["--info-fd", str(info.write_fd)]
             # bwrap closes the work directory's and the filter's descriptors once used, and the
@@ -153,9 +158,8 @@ async def _start(
             if filter_fd >= 0:
                 os.close(filter_fd)
                 filter_fd = -1
-        if group is not None:
-            await _enter(group, proc, args)
-        args.release()
+        if info is not None:
+            group = await _prepare(sandbox, proc, args, fd_numbers)
     except BaseException:
         args.close()
         if workdir_fd >= 0:
@@ -168,6 +172,33 @@ async def _start(
             await asyncio.shield(group.remove())
         raise
     return proc, group, started
+
+
+async def _prepare(
+    sandbox: Sandbox, proc: asyncio.subprocess.Process, args: _ArgsPipe, fd_numbers: tuple[int, int]
+) -> Group | None:
+    """While bwrap waits on its ``--args`` pipe: its arguments (mounts and secrets, naming the work
+    directory's and the filter's descriptors by number), its cgroup, entered; then the arguments
+    written, and bwrap goes on. Failing anything, bwrap is killed before it gets an argument (it
+    must never run without its mounts, or unlimited) and nothing made is left."""
+    group: Group | None = None
+    try:
+        data = sandbox.setup_args(*fd_numbers)
+        if sandbox.limits.active:
+            group = _new_group(sandbox.limits, sandbox.limits_group)
+            try:
+                group.enter(proc.pid)
+            except LimitsUnavailable as exc:
+                raise SandboxUnavailable(str(exc)) from None
+        args.release(data)
+    except BaseException:
+        _killpg(proc.pid, signal.SIGKILL)
+        args.close()
+        await asyncio.shield(proc.wait())
+        if group is not None:
+            await asyncio.shield(group.remove())
+        raise
+    return group
 
 
 #: bwrap's words when the user it runs as may not pass through a directory on the way to a path it
@@ -183,8 +214,11 @@ def _unreachable(sandbox: Sandbox, stderr: str) -> str | None:
     if found is None:
         return None
     source = found.group(1)
+    setting: str | None
     if source.startswith("/proc/self/fd/"):
         path, what, setting = sandbox.workdir, "the work directory", "workdir_roots"
+    elif sandbox.proxy is not None and source == str(sandbox.proxy.path):
+        path, what, setting = Path(source), "the network proxy's socket", None
     else:
         path, what, setting = Path(source), "the read-only path", "sandbox_read_only_paths"
     if sandbox.run_as is not None:
@@ -219,18 +253,6 @@ def _new_group(limits: CommandLimits, goal: str | None) -> Group:
     try:
         return limiter().group(limits, goal=goal)
     except LimitsUnavailable as exc:
-        raise SandboxUnavailable(str(exc)) from None
-
-
-async def _enter(group: Group, proc: asyncio.subprocess.Process, args: _ArgsPipe) -> None:
-    """Put the waiting bwrap into ``group``; failing that, kill it before it gets its arguments and
-    runs unlimited."""
-    try:
-        group.enter(proc.pid)
-    except LimitsUnavailable as exc:
-        _killpg(proc.pid, signal.SIGKILL)
-        args.close()
-        await proc.wait()
         raise SandboxUnavailable(str(exc)) from None
 
 
@@ -417,26 +439,22 @@ class _Info:
 
 
 class _ArgsPipe:
-    """bwrap's ``--args`` pipe: written at once, or held (bwrap waits on it) until :meth:`release`."""
+    """bwrap's ``--args`` pipe: bwrap waits on it until :meth:`release` writes the arguments."""
 
     def __init__(self) -> None:
         self.read_fd = self.write_fd = -1
-        self._data = b""
 
-    def open(self, data: bytes, *, hold: bool) -> None:
+    def open(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+
+    def release(self, data: bytes) -> None:
+        """Write the arguments and close the pipe: bwrap goes on."""
         if len(data) > 60_000:  # a pipe's buffer; more would block before bwrap reads it
             raise SandboxUnavailable("the sandbox's arguments (its secrets and mounts) are over 60 kB")
-        self.read_fd, self.write_fd = os.pipe()
-        self._data = data
-        if not hold:
-            self.release()
-
-    def release(self) -> None:
-        """Write the arguments and close the pipe: bwrap goes on."""
         if self.write_fd >= 0:
             try:
-                if self._data:
-                    os.write(self.write_fd, self._data)
+                if data:
+                    os.write(self.write_fd, data)
             finally:
                 os.close(self.write_fd)
                 self.write_fd = -1
