@@ -22,6 +22,9 @@ it prints one JSON object, :func:`census` of what it saw:
   ``ptrace``): ``killed`` each;
 * ``cgroup``: whether the command is in a group of goald's (when caps are set);
 * ``interfaces``: the network interfaces (``lo`` only, unless the network is the host's);
+* ``namespaces``: each namespace's inode, compared outside with the daemon's own: user, mount, PID,
+  UTS, IPC and network of its own (the network the daemon's with ``host``), the cgroup and time
+  namespaces the daemon's (:data:`SHARED_NAMESPACES`);
 * ``answered``: which of the host endpoints given as arguments (``tcp:HOST:PORT``, ``abstract:NAME``)
   accepted a connection (none);
 * ``env``: the environment's names.
@@ -99,6 +102,7 @@ out["forbidden"] = {
 }
 out["cgroup"] = sorted(l.strip().split(":", 2)[2] for l in open("/proc/self/cgroup") if "goald-" in l)
 out["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])
+out["namespaces"] = {n: os.stat("/proc/self/ns/" + n).st_ino for n in sorted(os.listdir("/proc/self/ns"))}
 answered = []
 for target in sys.argv[1:]:
     kind, _, where = target.partition(":")
@@ -169,9 +173,27 @@ def expected(sandbox: Sandbox, *, grouped: bool, extra_env: tuple[str, ...] = ()
         "forbidden": dict.fromkeys(("keyctl", "setuid_chmod", "user_namespace", "mount", "ptrace"), "killed"),
         "cgroup": "grouped" if grouped else [],
         "interfaces": "host" if host else ["lo"],
+        "namespaces": _namespaces(sandbox),
         "answered": "host" if host else [],
         "env": sorted({*sandbox.environment(secrets=True), "PWD", *extra_env}),
     }
+
+
+#: The namespaces a command shares with the daemon whatever its setting: the cgroup namespace
+#: (refused under systemd's ``RestrictNamespaces=~cgroup``; the cgroup file system is not mounted
+#: in the sandbox) and the time namespace (bwrap makes none).
+SHARED_NAMESPACES = frozenset({"cgroup", "time", "time_for_children"})
+
+
+def _namespaces(sandbox: Sandbox) -> dict[str, str]:
+    """Which of the daemon's namespaces a command in ``sandbox`` must have of its own (``"own"``) and
+    which it shares (``"daemon's"``), by name as ``/proc/self/ns`` lists them here."""
+    shared = set(SHARED_NAMESPACES)
+    if sandbox.network:
+        shared.add("net")
+    if not sandbox.unshare_ipc:
+        shared.add("ipc")
+    return {n: "daemon's" if n in shared else "own" for n in sorted(os.listdir("/proc/self/ns"))}
 
 
 def _points(sandbox: Sandbox) -> set[str]:
@@ -208,6 +230,14 @@ def differences(seen: dict[str, Any], want: dict[str, Any]) -> list[str]:
             extra = sorted(set(got or []) - set(value))
             if extra:
                 found.append(f"mounts without nodev: {extra}")
+        elif key == "namespaces":
+            mine = {n: os.stat(f"/proc/self/ns/{n}").st_ino for n in value}
+            got_ns = {n: "daemon's" if ino == mine.get(n) else "own" for n, ino in (got or {}).items()}
+            if got_ns != value:
+                wrong = sorted(
+                    f"{n} {got_ns.get(n, 'missing')}" for n in {*value, *got_ns} if got_ns.get(n) != value.get(n)
+                )
+                found.append(f"namespaces not as in the census: {', '.join(wrong)}")
         elif value == "grouped":
             if not got:
                 found.append("the command is not in a cgroup of goald's")

@@ -180,6 +180,35 @@ async def test_a_command_holds_exactly_the_census(
         assert "CENSUS_TOKEN" in seen["env"]
 
 
+class _Widened(Sandbox):
+    """A sandbox with one mistake more in its bwrap command line: it keeps a capability
+    (``CAP_NET_RAW``, added after ``--cap-drop ALL``) and shares the daemon's IPC namespace."""
+
+    def argv(self, cmd: Any, **kw: Any) -> list[str]:
+        args = super().argv(cmd, **kw)
+        args.remove("--unshare-ipc")
+        at = args.index("--cap-drop") + 2
+        args[at:at] = ["--cap-add", "CAP_NET_RAW"]
+        return args
+
+
+async def test_the_census_catches_a_capability_and_a_namespace_added(place: tuple[SandboxProfile, Path, Path]) -> None:
+    """A test double whose command keeps a capability and shares a namespace: both are named."""
+    profile, workdir, _ = place
+    plain = profile.sandbox(workdir)
+    widened = _Widened(**{f: getattr(plain, f) for f in plain.__dataclass_fields__})
+    result = await widened.run(census.command(), timeout=60)
+    found = census.differences(census.parse(result.stdout), census.expected(plain, grouped=True))
+    net_raw = 1 << 13
+    caps = [f for f in found if f.startswith("caps:")]
+    assert len(caps) == 1 and all(f"'{k}': {net_raw}" in caps[0] for k in ("CapPrm", "CapEff", "CapBnd")), found
+    assert "namespaces not as in the census: ipc daemon's" in found, found
+    assert len(found) == 2, found
+    # The same probe in the sandbox as it is: nothing to say.
+    result = await plain.run(census.command(), timeout=60)
+    assert census.differences(census.parse(result.stdout), census.expected(plain, grouped=True)) == []
+
+
 async def test_the_census_catches_what_is_added(place: tuple[SandboxProfile, Path, Path]) -> None:
     """A test double that adds a descriptor, a mount and a variable: each is named as a difference."""
     profile, workdir, tool = place
