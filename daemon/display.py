@@ -262,7 +262,11 @@ def exit_text(r: dict[str, Any]) -> str:
 
 
 #: The columns of ``goald goal list``.
-TABLE_HEADER = ("ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL")
+TABLE_HEADER = (
+    "ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL", "LAST ERROR"
+)  # fmt: skip
+#: The LAST ERROR cell's width at most (the whole text: ``goal list --json``'s statusError).
+ERROR_CELL = 60
 
 #: An active goal's activity (``goal/list``'s ``activity.state``) in a table cell.
 _ACTIVITY_WORDS = {
@@ -301,6 +305,7 @@ def goal_table(goals: list[dict[str, Any]]) -> list[str]:
             f"{g['tokens']:,}",
             f"{g['cost']:.4f}",
             str(g.get("model") or "-"),
+            _cell(g.get("statusError"), ERROR_CELL),
         )
         for g in goals
     ]
@@ -312,6 +317,14 @@ def goal_table(goals: list[dict[str, Any]]) -> list[str]:
         ).rstrip()
         for r in rows
     ]
+
+
+def _cell(text: object, width: int) -> str:
+    """``text`` in at most ``width`` characters (cut with ``…``); ``-`` when there is none."""
+    words = " ".join(str(text or "").split())
+    if not words:
+        return "-"
+    return words if len(words) <= width else words[: width - 1] + "…"
 
 
 def _used(used: float, limit: float | None, fmt: str) -> str:

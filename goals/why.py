@@ -139,6 +139,38 @@ def why(goal: Goal, now: datetime) -> str | None:
             return None
 
 
+def status_error(goal: Goal, now: datetime) -> str | None:
+    """The error behind the goal's **current** status, in one line (``goal list``'s LAST ERROR):
+    what the provider or model said while the goal waits it out (an active goal backing off) or
+    since it paused for it (authentication, model errors, a window too small), or why it failed;
+    ``None`` when its status has no error behind it (running, a pause by a person, a budget, done).
+    Like :func:`why`, it is written afresh with each status, so a goal that moved on shows none."""
+    match goal.status:
+        case GoalStatus.ACTIVE:
+            cause = goal.memory.cause
+            if goal.not_before is None or goal.not_before <= now or not cause:
+                return None
+            code, _, text = cause.partition(": ")
+            waits = code in (WAIT_PROVIDER, WAIT_INTERRUPTED, StopReason.MODEL_ERROR)
+            return _one_line(text or cause) if waits else None
+        case GoalStatus.PAUSED:
+            code, _, detail = (goal.status_reason or "").partition(": ")
+            if code == StopReason.AUTH_ERROR:
+                return _one_line(goal.memory.cause or REASON_TEXT[StopReason.AUTH_ERROR])
+            if code in (StopReason.MODEL_ERROR, "context_too_small"):
+                return _one_line(detail or goal.memory.cause or reason_text(code))
+            return None
+        case GoalStatus.FAILED:
+            failed = why(goal, now)
+            return _one_line(failed) if failed else None
+        case _:
+            return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _waiting(goal: Goal, now: datetime) -> str | None:
     """An active goal: why it waits, while it does."""
     cause = goal.memory.cause
@@ -243,6 +275,7 @@ __all__ = [
     "duration",
     "operator_reason",
     "reason_text",
+    "status_error",
     "too_small_for_one_call",
     "why",
 ]

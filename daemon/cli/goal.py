@@ -197,7 +197,8 @@ def parse_since(raw: str | None, now: datetime | None = None) -> str | None:
     return value.isoformat()
 
 
-async def goal_list(client: Connection, args: argparse.Namespace) -> int:
+async def _listed(client: Connection, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+    """``goal list``'s goals (the newest ``--limit``) and how many matched in all."""
     params = {"status": args.status, "schedule": args.schedule, "since": parse_since(args.since)}
     result = await client.call("goal/list", {k: v for k, v in params.items() if v is not None})
     goals = result["goals"]
@@ -205,6 +206,64 @@ async def goal_list(client: Connection, args: argparse.Namespace) -> int:
         if args.limit < 1:
             raise UsageError("--limit must be at least 1")
         goals = goals[: args.limit]  # newest first: the latest N
+    return goals, len(result["goals"])
+
+
+async def watch_goals(client: Connection, args: argparse.Namespace) -> int:
+    """``goal list --watch``: the table again whenever a goal changes, as ``kubectl get -w`` and
+    ``watch`` do: redrawn in place on a terminal, a new table per change otherwise (``--json``: a
+    JSON array a line). It follows every session's events live and draws when the listing differs
+    from the last one drawn; Ctrl-C (or SIGTERM) ends it with exit 0."""
+    import asyncio
+    import signal
+
+    tty = sys.stdout.isatty() and not args.json
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await client.call("session/subscribe", {})  # every session, live: any change of a goal
+        shown: list[dict[str, Any]] | None = None
+        while not stop.is_set():
+            goals, total = await _listed(client, args)
+            if goals != shown:
+                shown = goals
+                _draw(goals, total, args, tty)
+            note = asyncio.ensure_future(client.next_notification())
+            await asyncio.wait({note, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not note.done():
+                note.cancel()
+            elif note.exception() is not None:
+                note.result()  # raises when the daemon closed the connection
+    finally:
+        stopping.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return EXIT_OK
+
+
+def _draw(goals: list[dict[str, Any]], total: int, args: argparse.Namespace, tty: bool) -> None:
+    """One drawing of ``goal list --watch``."""
+    if args.json:
+        print(json.dumps(goals, sort_keys=True, default=str), flush=True)
+        return
+    lines = goal_table(goals) if goals else ["no goals"]
+    if len(goals) < total:
+        lines.append(f"({len(goals)} of {total} goals shown: --limit {args.limit})")
+    if tty:  # in place, under a heading as watch(1) gives one
+        heading = f"goald goal list --watch: {len(goals)} goal(s), {when(datetime.now(UTC))}; Ctrl-C ends"
+        sys.stdout.write("\x1b[H\x1b[2J" + "\n".join([heading, "", *lines]) + "\n")
+    else:
+        sys.stdout.write("\n".join(lines) + "\n\n")
+    sys.stdout.flush()
+
+
+async def goal_list(client: Connection, args: argparse.Namespace) -> int:
+    if args.watch:
+        return await watch_goals(client, args)
+    goals, total = await _listed(client, args)
     if args.json:
         print_json(goals)
         return EXIT_OK
@@ -213,8 +272,8 @@ async def goal_list(client: Connection, args: argparse.Namespace) -> int:
         return EXIT_OK
     for line in goal_table(goals):
         print(line)
-    if len(goals) < len(result["goals"]):
-        print(f"({len(goals)} of {len(result['goals'])} goals shown: --limit {args.limit})", file=sys.stderr)
+    if len(goals) < total:
+        print(f"({len(goals)} of {total} goals shown: --limit {args.limit})", file=sys.stderr)
     return EXIT_OK
 
 

@@ -197,6 +197,13 @@ def _add_goal_parser(sub: Subparsers) -> None:
         "--since", metavar="WHEN", help="only goals created since: an ISO 8601 instant, or an age such as 30m, 2h, 1d"
     )
     lst.add_argument("--limit", type=int, metavar="N", help="only the newest N goals (the others are counted)")
+    lst.add_argument(
+        "--watch",
+        "-w",
+        action="store_true",
+        help="draw the table again whenever a goal changes (kubectl get -w): in place on a terminal,"
+        " a new table per change otherwise; Ctrl-C ends it (exit 0)",
+    )
     lst.add_argument("--json", action="store_true", help=JSON_HELP)
     show = gsub.add_parser("show", help="describe one goal: status and why, activity, budgets, last events")
     show.add_argument("goal", help=GOAL_HELP)

@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel as _to_camel
 
 from agent import Event
 from goals import Goal, VerifyResult
-from goals.why import why
+from goals.why import status_error, why
 
 #: A JSON object as the protocol sends it.
 JsonObject = dict[str, object]
@@ -42,6 +42,7 @@ def goal_view(goal: Goal, now: datetime | None = None) -> JsonObject:
     out["lastVerification"] = [verify_view(r) for r in mem.verify_results]
     out["lastError"] = mem.last_error
     out["why"] = why(goal, now or datetime.now(UTC))
+    out["statusError"] = status_error(goal, now or datetime.now(UTC))  # goal list's LAST ERROR
     return out
 
 

@@ -73,8 +73,10 @@ def test_goal_table_has_a_header_and_aligned_columns() -> None:
         "model": "test:worker",
     }
     header, row = goal_table([g])
-    assert header.split() == ["ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL"]
+    columns = ["ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL", "LAST", "ERROR"]
+    assert header.split() == columns
     assert row.split("  ")[0] == "goal_01" and "by request" in row and "5m ago" in row
+    assert row[header.index("LAST ERROR") :] == "-"  # a pause by request has no error behind it
     assert row.index("test:worker") == header.index("MODEL")
     assert row.index("12,345") + len("12,345") == header.index("TOKENS") + len("TOKENS")
 

@@ -177,10 +177,14 @@ async def test_goal_list_is_a_table_with_filters_and_schedules_say_how_their_goa
     code, out, err = await d.acli("goal", "list")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL"]
+    header = ["ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL", "LAST", "ERROR"]
+    assert lines[0].split() == header
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == {done, live, fired}
-    first = r"  first\s+completed\s+unverified: no verification\s+-\s+\d+s ago\s+1/5\s+[\d,]+\s+[\d.]+\s+test:worker$"
+    first = (
+        r"  first\s+completed\s+unverified: no verification\s+-\s+\d+s ago\s+1/5\s+[\d,]+\s+[\d.]+\s+test:worker"
+        r"\s+-$"  # LAST ERROR: none behind a completion
+    )
     assert re.search(first, rows[done]), rows[done]
     # What the active goal is doing: its round's turn is running (the model holds round 1).
     assert re.search(r"  second\s+active\s+-\s+turn running\s+", rows[live]), rows[live]

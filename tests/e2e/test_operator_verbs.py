@@ -5,17 +5,26 @@ through the real ``goald`` command and daemon (``tests/harness.py``).
 event, ``goal show``, ``goal list``, ``goal/describe`` and the status page all read
 ``paused (by operator: TEXT)``; bad words are refused, naming the field, and change nothing; and
 ``goal resume --all --reason`` still filters by the paused-for reason.
+
+``goal list --watch`` draws the table again as goals change (a new table per change when stdout is
+not a terminal, in place on one) and ends on Ctrl-C with exit 0; its LAST ERROR column is the error
+behind each goal's current status only: a 401 while paused for it, nothing once resumed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http.client
+import os
+import select
+import signal
 import socket
+import time
 from typing import Any
 
 import pytest
-from harness import TEST_MODELS, Daemon, all_events, wait_goal
+from harness import TEST_MODELS, Daemon, all_events, child_env, goald_argv, wait_goal
+from providers_server import ProviderServer, Respond
 
 pytestmark = pytest.mark.e2e
 
@@ -100,3 +109,122 @@ async def test_goal_pause_with_a_reason_keeps_the_operators_words_everywhere(tmp
         assert code == 0 and "paused (by request)" in out, (out, err)
     finally:
         d.close()
+
+
+LIMIT = 60.0
+
+
+async def next_table(out: asyncio.StreamReader) -> list[str]:
+    """The next drawing of ``goal list --watch`` on a pipe: its lines up to the blank one after it."""
+    lines: list[str] = []
+    async with asyncio.timeout(LIMIT):
+        while (line := (await out.readline()).decode()) != "\n":
+            assert line, f"the watcher's output ended after {lines}"
+            lines.append(line.rstrip("\n"))
+    return lines
+
+
+async def test_goal_list_watch_draws_a_table_per_change_and_ends_on_ctrl_c(daemon: Daemon) -> None:
+    d = daemon
+    watcher = await asyncio.create_subprocess_exec(
+        *goald_argv(), "--config", str(d.config_path), "goal", "list", "--watch",
+        env=child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert watcher.stdout is not None and watcher.stderr is not None
+        assert await next_table(watcher.stdout) == ["no goals"]
+        made = await d.acli_json("goal", "add", "Watched [rounds=2]", "--model", "test:worker", "--key", "watched")
+        statuses: list[str] = []
+        while "completed" not in statuses:
+            header, *rows = await next_table(watcher.stdout)
+            assert header.split()[:3] == ["ID", "KEY", "STATUS"] and header.endswith("LAST ERROR"), header
+            [row] = rows
+            cells = row.split()
+            assert cells[:2] == [made["goalId"], "watched"], row
+            statuses.append(cells[2])
+        assert statuses[0] == "active" and statuses[-1] == "completed", statuses
+        assert len(statuses) >= 2  # drawn again as it changed, not once at the start only
+
+        watcher.send_signal(signal.SIGINT)  # Ctrl-C
+        async with asyncio.timeout(LIMIT):
+            code = await watcher.wait()
+        assert code == 0, (code, (await watcher.stderr.read()).decode())
+    finally:
+        if watcher.returncode is None:
+            watcher.kill()
+            await watcher.wait()
+
+
+def read_until(fd: int, wanted: list[str], limit: float = LIMIT) -> str:
+    """What a terminal shows until every one of ``wanted`` appeared (raise on timeout)."""
+    seen = b""
+    end = time.monotonic() + limit
+    while not all(w in seen.decode(errors="replace") for w in wanted):
+        left = end - time.monotonic()
+        assert left > 0, f"waited for {wanted} in {seen!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            seen += os.read(fd, 4096)
+    return seen.decode(errors="replace")
+
+
+async def test_goal_list_watch_redraws_in_place_on_a_terminal(daemon: Daemon) -> None:
+    d = daemon
+    master, slave = os.openpty()
+    watcher = await asyncio.create_subprocess_exec(
+        *goald_argv(), "--config", str(d.config_path), "goal", "list", "--watch",
+        env=child_env(), stdin=asyncio.subprocess.DEVNULL, stdout=slave, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        shown = await asyncio.to_thread(read_until, master, ["no goals"])
+        assert shown.startswith("\x1b[H\x1b[2J") and "goald goal list --watch: 0 goal(s)" in shown, shown
+        await d.acli_json("goal", "add", "On a terminal [rounds=1]", "--model", "test:worker", "--key", "tty")
+        shown = await asyncio.to_thread(read_until, master, ["tty", "completed"])
+        assert "\x1b[H\x1b[2J" in shown and "goald goal list --watch: 1 goal(s)" in shown, shown
+        watcher.send_signal(signal.SIGINT)
+        async with asyncio.timeout(LIMIT):
+            assert await watcher.wait() == 0
+    finally:
+        os.close(master)
+        if watcher.returncode is None:
+            watcher.kill()
+            await watcher.wait()
+
+
+async def test_goal_list_last_error_is_the_current_status_error_only(tmp_path: Any) -> None:
+    body = {"error": {"message": "Incorrect API key provided: sk-te****", "type": "invalid_request_error"}}
+    async with ProviderServer() as server:
+        server.add(Respond.json(401, body))
+        oa = {"kind": "openai", "api_key_env": "OPERATOR_TEST_KEY", "base_url": server.url + "/v1"}
+        d = Daemon(tmp_path / "state", config={"providers": {"oa": oa, **TEST_MODELS["providers"]}})
+        try:
+            d.start(extra_env={"OPERATOR_TEST_KEY": "sk-test-operator"})
+            made = await d.acli_json("goal", "add", "Summarize the logs", "--model", "oa:gpt-test", "--key", "logs")
+            g = await wait_goal(d.socket_path, made["goalId"], {"paused", "failed", "completed"}, LIMIT)
+            assert (g["status"], g["statusReason"]) == ("paused", "auth_error"), g
+            assert "401" in g["statusError"] and "Incorrect API key provided" in g["statusError"], g
+            code, out, err = await d.acli("goal", "list")
+            assert code == 0, err
+            header, row = out.splitlines()
+            column = header.index("LAST ERROR")
+            full = g["statusError"]
+            assert row[column:].strip() == (full if len(full) <= 60 else full[:59] + "…"), (row, full)
+
+            # Resumed, the 401 is gone with the status it explained: the provider's next failure
+            # (every later request is answered 500 'unscripted request') is the only error shown.
+            resumed = await d.acli_json("goal", "resume", "logs")
+            assert resumed["status"] == "active" and resumed["statusError"] is None, resumed
+            code, out, err = await d.acli("goal", "list")
+            header, row = out.splitlines()
+            cell = row[header.index("LAST ERROR") :].strip()
+            assert "401" not in cell and "Incorrect API key" not in cell, out
+            assert cell == "-" or "HTTP 500" in cell, out
+            code, out, err = await d.acli("goal", "cancel", "logs")
+            assert code == 0, err
+            code, out, err = await d.acli("goal", "list")
+            header, row = out.splitlines()
+            assert row[header.index("LAST ERROR") :].strip() == "-", out  # cancelled: no error behind it
+        finally:
+            d.close()
