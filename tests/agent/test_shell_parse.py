@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from harness import Daemon, all_events, rpc, wait_goal
-from shell_policy_testmodels import BYPASS
+from shell_policy_testmodels import BYPASS, EXPANSIONS
 
 from agent import ToolPolicy
 from agent.tools.shellparse import Refusal, parse_commands, parse_simple
@@ -247,11 +247,20 @@ async def test_the_bypass_is_not_run_by_a_goal_restricted_to_ls(tmp_path: Path) 
     results = {e["data"]["toolUseId"]: e["data"] for e in events if e["type"] == "tool/result"}
     assert results["tu_bypass"]["isError"]
     assert results["tu_bypass"]["content"] == "denied by policy: " + EXPECTED_BYPASS_REASON
-    [denied] = [e["data"] for e in events if e["type"] == "tool/denied"]
-    assert (denied["toolUseId"], denied["name"], denied["reason"]) == ("tu_bypass", "shell", EXPECTED_BYPASS_REASON)
+    denied = {e["data"]["toolUseId"]: e["data"] for e in events if e["type"] == "tool/denied"}
+    assert set(denied) == {"tu_bypass", *(e[0] for e in EXPANSIONS)}, denied
+    assert (denied["tu_bypass"]["name"], denied["tu_bypass"]["reason"]) == ("shell", EXPECTED_BYPASS_REASON)
+    # The six other expansions: none ran, each denied naming its construct.
+    for call_id, _, written, construct in EXPANSIONS:
+        assert not (Path(restricted["workdir"]) / written).exists(), call_id
+        reason = denied[call_id]["reason"]
+        assert reason.startswith(f"the command uses {construct} ("), (call_id, reason)
+        assert results[call_id]["isError"] and results[call_id]["content"] == "denied by policy: " + reason
     # An allowed command still runs, in the sandbox.
     assert not results["tu_allowed"]["isError"], results["tu_allowed"]
 
     # The control shows the command is a real bypass: under a bare shell, bash ran `id`.
     assert not [e for e in control if e["type"] == "tool/denied"]
     assert "uid=" in (Path(unrestricted["workdir"]) / "X").read_text()
+    for _, line, written, _ in EXPANSIONS:
+        assert "uid=" in (Path(unrestricted["workdir"]) / written).read_text(), line
