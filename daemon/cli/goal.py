@@ -334,24 +334,38 @@ async def goal_edit(client: Connection, args: argparse.Namespace) -> int:
 
 async def goal_logs(client: Connection, args: argparse.Namespace) -> int:
     """The goal's session events; with ``--follow``, new ones as they commit, until the goal ends.
+    ``--tail N`` prints the latest N, ``--since`` those since an age or an instant (both: the latest
+    N of those), as ``journalctl -n``/``--since`` and ``kubectl logs --tail``/``--since`` do.
 
     Following also shows the goal (status, reason, rounds, tokens and cost against its budgets) as
     it changes: a live panel under the events on a terminal, else a goal line per change (with
     ``--json`` only the events, one JSON object a line).
     """
+    from collections import deque
+
+    from daemon.display import parse_time
+
+    if args.tail is not None and args.tail < 0:
+        raise UsageError("--tail must be 0 or more (the number of latest events to print)")
+    since = parse_time(parse_since(args.since))
     g = await client.call("goal/get", {"goalId": args.goal})
     gid, sid = g["id"], g["sessionId"]
     live = args.follow and not args.json and sys.stdout.isatty()
     with GoalDisplay(live=live) as view:
-        after, ended = 0, False
+        after = await _tail_start(client, sid, args.tail) if since is None else 0
+        ended = g["status"] in TERMINAL  # its ending event may be before the tail
+        shown: deque[dict[str, Any]] = deque(maxlen=args.tail)  # all of them without --tail
         while True:
             page = await client.call("session/events", {"sessionId": sid, "afterSeq": after, "limit": 1000})
             for ev in page["events"]:
-                view.event(_event_text(sid, ev["seq"], ev, args.json))
+                if since is None or (at := parse_time(ev["at"])) is None or at >= since:
+                    shown.append(ev)
                 ended = ended or _ends(ev, gid)
             after = page["lastSeq"]
             if len(page["events"]) < 1000:
                 break
+        for ev in shown:
+            view.event(_event_text(sid, ev["seq"], ev, args.json))
         if not args.follow:
             return EXIT_OK
         # Resuming right after the last event read: nothing committed in between is missed.
@@ -367,6 +381,23 @@ async def goal_logs(client: Connection, args: argparse.Namespace) -> int:
             p = note["params"]
             view.event(_event_text(sid, p["seq"], p["event"], args.json))
             ended = _ends(p["event"], gid)
+
+
+async def _tail_start(client: Connection, sid: str, tail: int | None) -> int:
+    """Where to read from for the latest ``tail`` events (``0``: from the start): the session's last
+    sequence number less ``tail``. Pruned events leave gaps, so an earlier start may be needed; the
+    caller keeps only the last ``tail`` of what it reads."""
+    if tail is None:
+        return 0
+    last = int((await client.call("agent/status", {"sessionId": sid}))["lastSeq"])
+    start, need = last, tail
+    while start > 0:
+        start = max(0, last - need)
+        page = await client.call("session/events", {"sessionId": sid, "afterSeq": start, "limit": 1000})
+        if len(page["events"]) >= min(tail, 1000) or start == 0:
+            return start
+        need *= 2  # fewer events than sequence numbers: some were pruned; look further back
+    return 0
 
 
 def _ends(ev: dict[str, Any], goal_id: str) -> bool:

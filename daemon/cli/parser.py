@@ -218,6 +218,12 @@ def _add_goal_parser(sub: Subparsers) -> None:
     logs = gsub.add_parser("logs", help="a goal's events")
     logs.add_argument("goal", help=GOAL_HELP)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the goal ends")
+    logs.add_argument(
+        "--tail", "-n", type=int, metavar="N", help="only the latest N events (journalctl -n, kubectl logs --tail)"
+    )
+    logs.add_argument(
+        "--since", metavar="WHEN", help="only events since: an age such as 10m, 2h, 1d, or an ISO 8601 instant"
+    )
     logs.add_argument("--json", action="store_true", help="one JSON object a line")
     _add_goal_transfer(gsub)
 

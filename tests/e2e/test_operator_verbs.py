@@ -9,17 +9,22 @@ event, ``goal show``, ``goal list``, ``goal/describe`` and the status page all r
 ``goal list --watch`` draws the table again as goals change (a new table per change when stdout is
 not a terminal, in place on one) and ends on Ctrl-C with exit 0; its LAST ERROR column is the error
 behind each goal's current status only: a 401 while paused for it, nothing once resumed.
+
+``goal logs KEY --tail N --since WHEN`` follows journalctl's and kubectl logs' conventions: the
+latest N events, events since an age or an ISO instant, both together, and with ``--follow``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import os
 import select
 import signal
 import socket
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -228,3 +233,60 @@ async def test_goal_list_last_error_is_the_current_status_error_only(tmp_path: A
             assert row[header.index("LAST ERROR") :].strip() == "-", out  # cancelled: no error behind it
         finally:
             d.close()
+
+
+def json_lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+async def test_goal_logs_tail_and_since(daemon: Daemon) -> None:
+    d = daemon
+    made = await d.acli_json("goal", "add", "Logs [rounds=2]", "--model", "test:worker", "--key", "logs")
+    await wait_goal(d.socket_path, made["goalId"], {"completed"})
+    code, out, err = await d.acli("goal", "logs", "logs", "--json")
+    assert code == 0, err
+    every = json_lines(out)
+    assert len(every) > 6 and [e["seq"] for e in every] == list(range(1, len(every) + 1)), every
+
+    for tail in ("3", "1", "0", str(len(every) + 5)):
+        code, out, err = await d.acli("goal", "logs", "logs", "--tail", tail, "--json")
+        assert code == 0, err
+        assert json_lines(out) == every[len(every) - min(int(tail), len(every)) :], tail
+    code, text, err = await d.acli("goal", "logs", "logs", "-n", "2")
+    assert code == 0 and len(text.splitlines()) == 2 and text.splitlines()[-1].startswith(f"[{len(every):>5}]"), text
+
+    middle = every[len(every) // 2]["at"]
+    for since, want in (
+        ("10m", every),
+        (middle, [e for e in every if datetime.fromisoformat(e["at"]) >= datetime.fromisoformat(middle)]),
+        ((datetime.now(UTC) + timedelta(hours=1)).isoformat(), []),
+    ):
+        code, out, err = await d.acli("goal", "logs", "logs", "--since", since, "--json")
+        assert code == 0, err
+        assert json_lines(out) == want, since
+    assert 0 < len(json_lines((await d.acli("goal", "logs", "logs", "--since", middle, "--json"))[1])) < len(every)
+    code, out, err = await d.acli("goal", "logs", "logs", "--since", "10m", "--tail", "2", "--json")
+    assert code == 0 and json_lines(out) == every[-2:], out
+
+    for bad, named in ((("--since", "yesterday"), "--since 'yesterday'"), (("--tail", "-1"), "--tail must be")):
+        code, out, err = await d.acli("goal", "logs", "logs", *bad)
+        assert code == 2 and named in err and out == "", (bad, code, err)
+
+
+async def test_goal_logs_tail_with_follow_starts_at_the_tail_and_ends_with_the_goal(daemon: Daemon) -> None:
+    d = daemon
+    made = await d.acli_json(
+        "goal", "add", "Followed [rounds=3 delay=0.3]", "--model", "test:worker", "--key", "followed"
+    )  # fmt: skip
+    await asyncio.to_thread(d.calls.wait, "worker round=2")
+    code, out, err = await d.acli("goal", "logs", "followed", "--tail", "2", "--follow", "--json", limit=LIMIT)
+    assert code == 0, err  # it ended with the goal
+    printed = json_lines(out)
+    seqs = [e["seq"] for e in printed]
+    assert seqs[0] > 1 and seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # from the tail on, no gap
+    last = printed[-1]
+    assert last["type"] == "goal/changed" and last["data"]["status"] == "completed", last
+    code, out, err = await d.acli("goal", "logs", "followed", "--json")
+    every = json_lines(out)
+    assert every[-len(printed) :] == printed and len(every) > len(printed) + 2, (len(every), len(printed))
+    assert made["goalId"] == last["data"]["goalId"]
