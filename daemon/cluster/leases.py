@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -42,13 +40,11 @@ from loguru import logger
 
 from agent.backends import PgBackend
 from agent.db import Conn, PgConn, pg_errors
-from agent.errors import InvalidInput, LeaseLost, NotFound, StorageUnavailable
-from agent.ids import SessionId
-from agent.inbox import sessions_with_work
-from agent.sessions import load_session
+from agent.errors import LeaseLost, StorageUnavailable
 from agent.store import Store
+from daemon.cluster import lease_rows as rows
 from daemon.cluster.settings import ClusterSettings
-from goals.store import live_goal_sessions, session_node_label
+from goals.store import session_node_label
 
 T = TypeVar("T")
 
@@ -57,9 +53,6 @@ T = TypeVar("T")
 #: or loses its connection frees it at once, and another node's next heartbeat takes it.
 JOBS = {"notifications": 1, "retention": 2}
 JOB_CLASS = 0x676F616C
-
-#: A lease no live node holds (the same test the claim uses).
-_FREE = "(l.node_id IS NULL OR l.expires_at IS NULL OR l.expires_at < now())"
 
 
 def expected_failure(exc: BaseException) -> str | None:
@@ -72,23 +65,6 @@ def expected_failure(exc: BaseException) -> str | None:
     if isinstance(exc, StorageUnavailable):
         return exc.message
     return None
-
-
-def _candidates(conn: Conn, labels: set[str]) -> tuple[set[str], set[str]]:
-    """Free work: sessions never held (or handed back), and sessions whose holder stopped renewing.
-
-    The work (each package answers for its own tables): sessions with a waking message queued or a
-    turn left open, and live goals' sessions; less those a live node holds."""
-    goals = live_goal_sessions(conn)
-    elsewhere = {sid for sid, need in goals.items() if need is not None and need not in labels}
-    wanted = (sessions_with_work(conn) | set(goals)) - elsewhere
-    if not wanted:
-        return set(), set()
-    rows = conn.execute("SELECT l.session_id, l.node_id IS NOT NULL, " + _FREE + " FROM leases l").fetchall()
-    held = {str(r[0]) for r in rows if not r[2]}
-    expired = {str(r[0]) for r in rows if r[1] and r[2]}
-    free = wanted - held
-    return free - expired, free & expired
 
 
 class LeaseManager:
@@ -160,17 +136,10 @@ class LeaseManager:
 
     async def start(self, spawn: Callable[[Any], Any]) -> None:
         """Register this node, install the fence and start the heartbeat."""
-        labels = json.dumps(sorted(set(self.settings.labels)))
-
-        def register(conn: Conn) -> None:
-            # Nodes that left (or went silent) a week ago are history: their rows go.
-            conn.execute("DELETE FROM nodes WHERE heartbeat_at < now() - interval '7 days'")
-            conn.execute(
-                "INSERT INTO nodes(id, name, host, pid, labels, lease_limit) VALUES (?,?,?,?,?,?)",
-                (self.node_id, self.name, socket.gethostname(), os.getpid(), labels, self.settings.lease_limit),
-            )
-
-        await self._db(register)
+        labels = list(self.settings.labels)
+        await self._db(
+            lambda conn: rows.register_node(conn, self.node_id, self.name, labels, self.settings.lease_limit)
+        )
         self.last_heartbeat = time.monotonic()
         self.store.fence = self.fence
         logger.info("node {} ({}) joined the cluster; lease TTL {:g}s", self.name, self.node_id, self.ttl)
@@ -194,16 +163,8 @@ class LeaseManager:
         the other nodes take the sessions over without waiting for the TTL."""
         await self.halt()
 
-        def leave(conn: Conn) -> int:
-            freed = conn.execute(
-                "UPDATE leases SET node_id = NULL, expires_at = NULL WHERE node_id = ?", (self.node_id,)
-            ).rowcount
-            conn.execute("UPDATE nodes SET stopped_at = now() WHERE id = ?", (self.node_id,))
-            conn.execute("SELECT pg_notify('goald_leases', ?)", (self.node_id,))
-            return int(freed)
-
         try:
-            freed = await self._db(leave)
+            freed = await self._db(lambda conn: rows.leave(conn, self.node_id))
             logger.info("node {} left the cluster; {} sessions handed back", self.name, freed)
         except pg_errors() as exc:
             logger.warning(
@@ -237,7 +198,7 @@ class LeaseManager:
 
     async def beat(self) -> None:
         """One heartbeat: renew, notice losses, release what is done, claim free work."""
-        renewed, draining = await self._db(self._renew)
+        renewed, draining = await self._db(lambda conn: rows.renew(conn, self.node_id, self.ttl))
         if self.last_error is not None:
             logger.info("node {}: renewing leases again", self.name)
             self.last_error = None
@@ -271,12 +232,7 @@ class LeaseManager:
     async def _take_jobs(self) -> None:
         for job in sorted(self.wanted_jobs - self.jobs):
             key = JOBS[job]
-            row = await self._db(
-                lambda conn, key=key: conn.execute(  # type: ignore[misc]
-                    f"SELECT pg_try_advisory_lock({JOB_CLASS}, {key})"
-                ).fetchone()
-            )
-            if row is not None and row[0]:
+            if await self._db(lambda conn, key=key: rows.try_job_lock(conn, JOB_CLASS, key)):  # type: ignore[misc]
                 self.jobs.add(job)
                 logger.info("node {} runs the cluster's {}", self.name, job)
 
@@ -285,17 +241,6 @@ class LeaseManager:
             logger.warning("node {} lost its database connection; it no longer runs {}", self.name, sorted(self.jobs))
         self.jobs.clear()
         self.jobs_changed.set()
-
-    def _renew(self, conn: Conn) -> tuple[dict[str, int], bool]:
-        row = conn.execute(
-            "UPDATE nodes SET heartbeat_at = now() WHERE id = ? RETURNING draining", (self.node_id,)
-        ).fetchone()
-        rows = conn.execute(
-            f"UPDATE leases SET expires_at = now() + {float(self.ttl)} * interval '1 second'"
-            " WHERE node_id = ? RETURNING session_id, epoch",
-            (self.node_id,),
-        ).fetchall()
-        return {str(r[0]): int(r[1]) for r in rows}, bool(row[0]) if row is not None else False
 
     # -- holding ------------------------------------------------------------------------------
 
@@ -323,7 +268,7 @@ class LeaseManager:
         taken = await self._claim([root])
         if root in taken or root in self.held:  # or claimed meanwhile by this node (a wake's load)
             return None
-        return await self._db(lambda conn: _holder(conn, root))
+        return await self._db(lambda conn: rows.holder(conn, root))
 
     async def _claim_quietly(self) -> None:
         try:
@@ -337,7 +282,7 @@ class LeaseManager:
         if room <= 0:
             return 0
         labels = set(self.settings.labels)
-        fresh, expired = await self._db(lambda conn: _candidates(conn, labels))
+        fresh, expired = await self._db(lambda conn: rows.candidates(conn, labels))
         # A dead node's sessions at once (the takeover bound is TTL plus one heartbeat); new work only
         # once it has waited a heartbeat, so the node it arrived through (which claims it as it
         # commits, through ``acquire``) keeps it: its agent is loaded there, its caller is there.
@@ -354,7 +299,7 @@ class LeaseManager:
             wanted = [s for s in sessions if s not in self.held][: max(room, 0)]
             if not wanted:
                 return []
-            taken = await self._db(lambda conn: self._take(conn, wanted))
+            taken = await self._db(lambda conn: rows.take(conn, self.node_id, self.ttl, wanted))
             for sid, (epoch, previous) in taken.items():
                 self.held[sid] = epoch
                 if previous is not None:
@@ -376,40 +321,13 @@ class LeaseManager:
                             logger.warning("could not take up session {} now: {}", sid, why)
             return list(taken)
 
-    def _take(self, conn: Conn, sessions: list[str]) -> dict[str, tuple[int, str | None]]:
-        marks = ",".join("?" * len(sessions))
-        for sid in sessions:
-            conn.execute("INSERT INTO leases(session_id) VALUES (?) ON CONFLICT DO NOTHING", (sid,))
-        free = conn.execute(
-            f"SELECT l.session_id, l.node_id FROM leases l WHERE l.session_id IN ({marks}) AND {_FREE}"
-            " ORDER BY l.session_id FOR UPDATE SKIP LOCKED",
-            sessions,
-        ).fetchall()
-        out: dict[str, tuple[int, str | None]] = {}
-        for row in free:
-            got = conn.execute(
-                f"UPDATE leases SET node_id = ?, epoch = epoch + 1, acquired_at = now(), taken_from = node_id,"
-                f" expires_at = now() + {float(self.ttl)} * interval '1 second' WHERE session_id = ? RETURNING epoch",
-                (self.node_id, row[0]),
-            ).fetchone()
-            out[str(row[0])] = (int(got[0]), str(row[1]) if row[1] is not None else None)
-        return out
-
     async def release(self, session_id: str, why: str) -> None:
         """Hand a held session back (free for any node to claim), then let go of it here."""
         epoch = self.held.get(session_id)
         if epoch is None:
             return
 
-        def free(conn: Conn) -> None:
-            conn.execute(
-                "UPDATE leases SET node_id = NULL, expires_at = NULL"
-                " WHERE session_id = ? AND node_id = ? AND epoch = ?",
-                (session_id, self.node_id, epoch),
-            )
-            conn.execute("SELECT pg_notify('goald_leases', ?)", (session_id,))
-
-        await self._db(free)
+        await self._db(lambda conn: rows.hand_back(conn, session_id, self.node_id, epoch))
         logger.debug("node {} released session {}: {}", self.name, session_id, why)
         await self._let_go(session_id)
 
@@ -444,7 +362,7 @@ class LeaseManager:
         root = self._roots.get(session_id)
         if root is not None:
             return root
-        root = await self._db(lambda conn: _root_of(conn, session_id))
+        root = await self._db(lambda conn: rows.root_of(conn, session_id))
         self._roots[session_id] = root
         return root
 
@@ -455,10 +373,10 @@ class LeaseManager:
         claimed (see the module docstring)."""
         root = self._roots.get(session_id)
         if root is None:
-            root = self._roots[session_id] = _root_of(conn, session_id)
+            root = self._roots[session_id] = rows.root_of(conn, session_id)
         epoch = self.held.get(root)
-        row = conn.execute("SELECT node_id, epoch FROM leases WHERE session_id = ?", (root,)).fetchone()
-        if epoch is not None and row is not None and row[0] == self.node_id and int(row[1]) == epoch:
+        row = rows.lease_of(conn, root)
+        if epoch is not None and row is not None and row[0] == self.node_id and row[1] == epoch:
             return
         holder = f"node {row[0]} (epoch {row[1]})" if row is not None and row[0] is not None else "no node"
         if epoch is not None:
@@ -498,46 +416,14 @@ class LeaseManager:
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node that has not left, with its leases and last heartbeat (the cluster view)."""
 
-        def read(conn: Conn) -> list[dict[str, Any]]:
-            rows = conn.execute(
-                "SELECT n.id, n.name, n.host, n.pid, n.labels, n.draining, n.lease_limit,"
-                " EXTRACT(EPOCH FROM now() - n.heartbeat_at), n.started_at::text,"
-                " (SELECT COUNT(*) FROM leases l WHERE l.node_id = n.id) FROM nodes n"
-                " WHERE n.stopped_at IS NULL AND n.heartbeat_at > now() - interval '1 day' ORDER BY n.name, n.id"
-            ).fetchall()
-            return [
-                {
-                    "nodeId": r[0],
-                    "name": r[1],
-                    "host": r[2],
-                    "pid": int(r[3]),
-                    "labels": json.loads(r[4]),
-                    "draining": bool(r[5]),
-                    "leaseLimit": int(r[6]),
-                    "heartbeatSecondsAgo": round(float(r[7]), 3),
-                    "alive": float(r[7]) < self.ttl,
-                    "startedAt": r[8],
-                    "leases": int(r[9]),
-                    "self": r[0] == self.node_id,
-                }
-                for r in rows
-            ]
-
-        return await self._db(read)
+        return await self._db(lambda conn: rows.node_views(conn, self.node_id, self.ttl))
 
     async def drain(self, node: str | None, undo: bool = False) -> list[str]:
         """Ask a node (by name or id; ``None``: this one) to hand its sessions back at their next idle
         (``undo``: to take work again); returns the ids of the nodes asked."""
         target = node or self.node_id
 
-        def mark(conn: Conn) -> list[str]:
-            rows = conn.execute(
-                "UPDATE nodes SET draining = ? WHERE (id = ? OR name = ?) AND stopped_at IS NULL RETURNING id",
-                (0 if undo else 1, target, target),
-            ).fetchall()
-            return [str(r[0]) for r in rows]
-
-        asked = await self._db(mark)
+        asked = await self._db(lambda conn: rows.mark_draining(conn, target, undo))
         if self.node_id in asked:
             self.kick()
         return asked
@@ -554,39 +440,7 @@ class LeaseManager:
         if not session_ids:
             return {}
 
-        def read(conn: Conn) -> dict[str, str]:
-            rows = conn.execute(
-                "SELECT l.session_id, n.name FROM leases l JOIN nodes n ON n.id = l.node_id"
-                " WHERE l.session_id = ANY(?) AND l.expires_at > now()",
-                (list(session_ids),),
-            ).fetchall()
-            return {str(r[0]): str(r[1]) for r in rows}
-
-        return await self._db(read)
-
-
-def _root_of(conn: Conn, session_id: str) -> str:
-    sid = session_id
-    for _ in range(64):
-        try:
-            parent = load_session(conn, SessionId.parse(sid)).parent_session_id
-        except (NotFound, InvalidInput):
-            return sid
-        if parent is None:
-            return sid
-        sid = str(parent)
-    return sid
-
-
-def _holder(conn: Conn, session_id: str) -> str:
-    row = conn.execute(
-        "SELECT n.name, n.id FROM leases l JOIN nodes n ON n.id = l.node_id WHERE l.session_id = ?"
-        " AND l.expires_at > now()",
-        (session_id,),
-    ).fetchone()
-    if row is None:
-        return "no node yet (a node with room takes it at its next heartbeat)"
-    return f"node {row[0]} ({row[1]})"
+        return await self._db(lambda conn: rows.holder_names(conn, session_ids))
 
 
 __all__ = ["LeaseManager", "expected_failure"]
