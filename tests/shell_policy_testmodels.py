@@ -19,7 +19,8 @@ BYPASS = "ls -d '$(touch X; id > X)'; ls ${_@P}"
 EXPANSIONS = (
     ("tu_cmdsub", "ls $(id > X1)", "X1", "command substitution"),
     ("tu_backticks", "ls `id > X2`", "X2", "command substitution"),
-    ("tu_procsub", "ls <(id > X3)", "X3", "process substitution"),
+    # (waiting for the substitution, so that the control's file is written before the command ends)
+    ("tu_procsub", "ls <(id > X3); wait $!", "X3", "process substitution"),
     ("tu_default", "ls ${x:=$(id > X4)}", "X4", "parameter expansion"),
     ("tu_arith", "ls $((a[$(id > X5)]))", "X5", "arithmetic expansion"),
     ("tu_heredoc", "ls <<E\n$(id > X6)\nE", "X6", "a here-document with expansion"),
