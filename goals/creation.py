@@ -72,30 +72,21 @@ def create_goal(
 
 
 def _draft(spec: GoalSpec, goal_id: GoalId, workdir: Path | None, baseline: str | None, now: datetime) -> Goal:
-    """A new goal of ``spec``, before it has its session and guard."""
-    return Goal(
-        id=goal_id,
-        key=spec.key,
-        idempotency_key=spec.idempotency_key,
-        title=spec.title or spec.objective.strip().splitlines()[0][:80],
-        objective=spec.objective,
-        status=GoalStatus.ACTIVE,
-        session_id="ses_pending",
-        guard_id="grd_pending",
-        workdir=str(workdir) if workdir else None,
-        model=spec.model,
-        tools=spec.tools,
-        budgets=spec.budgets,
-        verify=spec.verify,
-        rules=spec.rules,
-        progress=spec.progress,
-        sandbox=spec.sandbox,
-        keep_workdir=spec.keep_workdir,
-        node_label=spec.node_label,
-        memory=GoalMemory(fingerprint=baseline),
-        active_since=now,
-        created_at=now,
-        updated_at=now,
+    """A new goal of ``spec`` (every field of the spec, as given), before it has its session and guard."""
+    return Goal.model_validate(
+        {
+            **{name: getattr(spec, name) for name in GoalSpec.model_fields},
+            "id": goal_id,
+            "title": spec.title or spec.objective.strip().splitlines()[0][:80],
+            "status": GoalStatus.ACTIVE,
+            "session_id": "ses_pending",
+            "guard_id": "grd_pending",
+            "workdir": str(workdir) if workdir else None,
+            "memory": GoalMemory(fingerprint=baseline),
+            "active_since": now,
+            "created_at": now,
+            "updated_at": now,
+        }
     )
 
 

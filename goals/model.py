@@ -253,7 +253,8 @@ class StopRules(BaseModel):
 class GoalSpec(BaseModel):
     """What a caller gives to create a goal (validated before anything is written): the one
     declaration of a goal's settings. It is the wire model of ``goal/create`` too (camelCase, see
-    :data:`WIRE`)."""
+    :data:`WIRE`), and :class:`Goal` derives from it, so a field added here reaches the protocol,
+    the ``goals`` row and ``goald goal show`` with a migration (:mod:`goals.schema`) and nothing else."""
 
     model_config = WIRE
 
@@ -364,32 +365,19 @@ class GoalMemory(BaseModel):
     cause: str | None = None
 
 
-class Goal(BaseModel):
-    """A goal row."""
-
-    model_config = ConfigDict(frozen=True)
+class Goal(GoalSpec):
+    """A goal row: every field of its :class:`GoalSpec` (derived, never repeated) and what the
+    engine keeps of it. The ``goals`` columns are these fields (:mod:`goals.rows`), the protocol's
+    goal view is their wire form (:func:`daemon.rpc.views.goal_view`)."""
 
     id: GoalId
-    key: str | None = None
-    idempotency_key: str | None = None
+    #: The spec's title, or the objective's first line.
     title: str
-    objective: str
     status: GoalStatus
     status_reason: str | None = None
+    #: The spec's session, or the one made for the goal.
     session_id: str
     guard_id: str
-    workdir: str | None = None
-    model: str | None = None
-    tools: list[str] | None = None
-    budgets: Budgets
-    verify: list[VerifyCommand]
-    rules: StopRules
-    progress: VerifyCommand | None = None
-    sandbox: SandboxSpec = SandboxSpec()
-    #: Retention keeps its work directory after it ends (:attr:`GoalSpec.keep_workdir`).
-    keep_workdir: bool = False
-    #: The node label it needs (:attr:`GoalSpec.node_label`).
-    node_label: str | None = None
     rounds: int = 0
     tokens: int = 0
     cost: float = 0.0
@@ -417,6 +405,22 @@ class Goal(BaseModel):
     created_at: datetime
     updated_at: datetime
     revision: int = 1
+
+    # A stored goal was checked when it was created or edited: reading it back checks nothing again
+    # (these replace the spec's input checks of the same names).
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str] | None) -> list[str] | None:
+        return value
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, value: str) -> str:
+        return value
+
+    @model_validator(mode="after")
+    def _title(self) -> Goal:
+        return self
 
     def public(self) -> dict[str, Any]:
         """The goal as the control protocol shows it (camelCase-free, JSON-ready)."""

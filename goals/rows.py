@@ -1,89 +1,95 @@
-"""A goal as a ``goals`` row and back: the column list, the JSON of its nested fields.
+"""A goal as a ``goals`` row and back: one column per field of :class:`~goals.model.Goal`.
 
-One place maps the :class:`~goals.model.Goal` model to its columns, so a new field is added here
-and in a migration (:mod:`goals.schema`) and nowhere else; the queries and the writes build goals
-only through :func:`goal_from_row` and store them only through :func:`row_values`.
+The columns are the model's fields, so a new field of the goal (of its :class:`~goals.model.GoalSpec`
+or of :class:`~goals.model.Goal`) is added to the model and to a migration (:mod:`goals.schema`)
+and nowhere else. How a field is stored follows from its type: a model as its JSON, a list or a
+dict as JSON text, a status as its value, an instant in ISO 8601, a flag as 0 or 1, the rest as it
+is. A column that is NULL where the field is not optional (a row older than the field's migration,
+say) reads as the field's default. The queries and the writes build goals only through
+:func:`goal_from_row` and store them only through :func:`row_values`.
 """
 
 from __future__ import annotations
 
+import enum
 import json
-from typing import Any
+import types
+from datetime import datetime
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from agent import Tx
 from agent.db import Conn
-from goals.model import Budgets, Goal, GoalMemory, SandboxSpec, StopRules, VerifyCommand
+from goals.model import Goal
 
-#: Every column of ``goals``, in the order the inserts name them.
-COLUMNS = (
-    "id", "key", "idempotency_key", "title", "objective", "status", "status_reason", "session_id", "guard_id",
-    "workdir", "model", "tools", "budgets", "verify", "rules", "rounds", "tokens", "cost", "refused_claims",
-    "stall_streak", "error_streak", "blocked_streak", "wall_used", "active_since", "continuation_id",
-    "continuation_round", "evaluated_seq", "not_before", "memory", "result_summary", "evidence", "created_at",
-    "updated_at", "revision", "progress", "sandbox", "keep_workdir", "node_label", "infra_streak", "infra_rounds",
-    "interrupted_tokens",
-)  # fmt: skip
+#: Model columns written without the values equal to their defaults: ``memory`` (most of it is
+#: empty most of the time) and ``sandbox`` (``json_extract(sandbox, '$.secrets')`` finds the goals
+#: that name secrets). Every other model column is written whole, so a goal keeps the settings it
+#: was made with even if a default changes later.
+_SPARSE = frozenset({"memory", "sandbox"})
+
+
+def _types(annotation: Any) -> tuple[Any, ...]:
+    """The types a field's annotation allows (``X | None`` gives ``X`` and ``NoneType``)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return get_args(annotation)
+    return (annotation,)
+
+
+def _is_json(annotation: Any) -> bool:
+    """Whether a field of this type is kept as JSON text: a model, a list or a dict."""
+    for t in _types(annotation):
+        origin = get_origin(t) or t
+        if origin in (list, dict) or (isinstance(origin, type) and issubclass(origin, BaseModel)):
+            return True
+    return False
+
+
+#: Every column of ``goals`` the model holds, in the model's order (the inserts name them).
+COLUMNS = tuple(Goal.model_fields)
+#: The columns kept as JSON text.
+_JSON = frozenset(name for name, f in Goal.model_fields.items() if _is_json(f.annotation))
+#: The columns whose field is not optional: NULL there reads as the field's default.
+_DEFAULTED = frozenset(
+    name for name, f in Goal.model_fields.items() if type(None) not in _types(f.annotation) and not f.is_required()
+)
 
 
 def goal_from_row(row: Any | dict[str, Any]) -> Goal:
-    """Build a :class:`Goal` from a ``goals`` row."""
+    """Build a :class:`Goal` from a ``goals`` row (columns the model does not hold are left out)."""
     d = dict(row)
-    d["budgets"] = Budgets.model_validate_json(d["budgets"])
-    d["verify"] = [VerifyCommand.model_validate(v) for v in json.loads(d["verify"])]
-    d["rules"] = StopRules.model_validate_json(d["rules"])
-    d["memory"] = GoalMemory.model_validate_json(d["memory"])
-    d["tools"] = json.loads(d["tools"]) if d["tools"] else None
-    d["progress"] = VerifyCommand.model_validate_json(d["progress"]) if d.get("progress") else None
-    d["sandbox"] = SandboxSpec.model_validate_json(d.get("sandbox") or "{}")
-    d["keep_workdir"] = bool(d.get("keep_workdir") or 0)
-    return Goal.model_validate(d)
+    values: dict[str, Any] = {}
+    for name in COLUMNS:
+        value = d.get(name)
+        if value is None and name in _DEFAULTED:
+            continue
+        if name in _JSON and isinstance(value, str):
+            value = json.loads(value) if value else None
+        values[name] = value
+    return Goal.model_validate(values)
+
+
+def _column(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, BaseModel):
+        return value.model_dump_json(exclude_defaults=name in _SPARSE)
+    if name in _JSON:
+        return json.dumps(to_jsonable_python(value, by_alias=False))
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return int(value)
+    return value
 
 
 def row_values(goal: Goal) -> dict[str, Any]:
     """The column values of ``goal``, nested fields as JSON."""
-    return {
-        "id": goal.id,
-        "key": goal.key,
-        "idempotency_key": goal.idempotency_key,
-        "title": goal.title,
-        "objective": goal.objective,
-        "status": goal.status.value,
-        "status_reason": goal.status_reason,
-        "session_id": goal.session_id,
-        "guard_id": goal.guard_id,
-        "workdir": goal.workdir,
-        "model": goal.model,
-        "tools": json.dumps(goal.tools) if goal.tools is not None else None,
-        "budgets": goal.budgets.model_dump_json(),
-        "verify": json.dumps([v.model_dump() for v in goal.verify]),
-        "rules": goal.rules.model_dump_json(),
-        "rounds": goal.rounds,
-        "tokens": goal.tokens,
-        "cost": goal.cost,
-        "refused_claims": goal.refused_claims,
-        "stall_streak": goal.stall_streak,
-        "error_streak": goal.error_streak,
-        "blocked_streak": goal.blocked_streak,
-        "wall_used": goal.wall_used,
-        "active_since": goal.active_since.isoformat() if goal.active_since else None,
-        "continuation_id": goal.continuation_id,
-        "continuation_round": goal.continuation_round,
-        "evaluated_seq": goal.evaluated_seq,
-        "not_before": goal.not_before.isoformat() if goal.not_before else None,
-        "memory": goal.memory.model_dump_json(exclude_defaults=True),
-        "result_summary": goal.result_summary,
-        "evidence": goal.evidence,
-        "created_at": goal.created_at.isoformat(),
-        "updated_at": goal.updated_at.isoformat(),
-        "revision": goal.revision,
-        "progress": goal.progress.model_dump_json() if goal.progress is not None else None,
-        "sandbox": goal.sandbox.model_dump_json(exclude_defaults=True),
-        "keep_workdir": int(goal.keep_workdir),
-        "node_label": goal.node_label,
-        "infra_streak": goal.infra_streak,
-        "infra_rounds": goal.infra_rounds,
-        "interrupted_tokens": goal.interrupted_tokens,
-    }
+    return {name: _column(name, getattr(goal, name)) for name in COLUMNS}
 
 
 def conn_of(tx_or_conn: Tx | Conn) -> Conn:

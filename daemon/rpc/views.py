@@ -32,11 +32,7 @@ to_camel = lru_cache(maxsize=1024)(_to_camel)
 def goal_view(goal: Goal, now: datetime | None = None) -> JsonObject:
     """A goal as the protocol shows it, with ``why``: the reason its status has, in plain words
     (:func:`goals.why.why`, the one source every view shows), as of ``now``."""
-    data = goal.model_dump(mode="json", exclude={"memory"})
-    out = {to_camel(k): v for k, v in data.items()}
-    out["budgets"] = {to_camel(k): v for k, v in data["budgets"].items()}
-    out["rules"] = {to_camel(k): v for k, v in data["rules"].items()}
-    out["sandbox"] = {to_camel(k): v for k, v in data["sandbox"].items()}
+    out: JsonObject = goal.model_dump(mode="json", by_alias=True, exclude={"memory"})
     mem = goal.memory
     out["notes"] = mem.notes
     out["lastVerification"] = [verify_view(r) for r in mem.verify_results]
