@@ -52,7 +52,8 @@ from daemon.host_sessions import HostSessions
 from daemon.host_status import HostStatus, dump_tasks
 from daemon.lock import StateLock
 from daemon.mcp_servers import build_mcp_servers
-from daemon.metrics import LoopLag, Metrics, MetricsService, SlotSemaphore
+from daemon.metrics import LoopLag, Metrics, SlotSemaphore
+from daemon.metrics_service import MetricsService
 from daemon.models import build_registry
 from daemon.network_events import NetworkEvents
 from daemon.notify import Notifier

@@ -16,7 +16,7 @@ from agent import Runtime
 from daemon.alerts import Alerts
 from daemon.cluster.jobs import one_at_a_time
 from daemon.cluster.leases import LeaseManager
-from daemon.metrics import MetricsService
+from daemon.metrics_service import MetricsService
 from daemon.notify import Notifier, StatusFn, watchdog_loop
 from daemon.settings import Settings
 from goals.retention import retention_loop

@@ -37,7 +37,7 @@ from agent.sandbox.network import NetworkSetting, host_pattern
 from daemon.alerts.config import NotifySettings
 from daemon.cluster.settings import ClusterSettings
 from daemon.errors import DaemonError
-from daemon.metrics import MetricsSettings
+from daemon.metrics_service import MetricsSettings
 from daemon.provider_settings import ModelLimits, ProviderSettings, read_secret
 from daemon.retention_settings import RetentionSettings
 from daemon.sandbox_settings import (

@@ -12,7 +12,7 @@ import contextlib
 import os
 import socket
 
-from daemon.metrics import split_listen
+from daemon.metrics_service import split_listen
 from daemon.settings import ConfigError
 from daemon.web.settings import WebSettings
 

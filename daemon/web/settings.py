@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from daemon.metrics import is_loopback, split_listen
+from daemon.metrics_service import is_loopback, split_listen
 
 #: The token file's name in the state directory (unless ``tokens_file`` names another).
 TOKENS_FILE = "web-tokens.json"

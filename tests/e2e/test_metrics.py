@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon import __version__
 from daemon.client import Connection
-from daemon.metrics import scrape
+from daemon.metrics_service import scrape
 
 
 def free_port() -> int:
