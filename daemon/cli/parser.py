@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from daemon import __version__
+from daemon.cli.examples import add_examples
+from daemon.cli.options import add_budget_options, add_goal_options, add_sandbox_options
 from daemon.cli.web import add_web_parser
 from daemon.errors import DaemonError
 
@@ -42,92 +44,6 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 GOAL_STATUSES = ["active", "paused", "completed", "failed", "cancelled", "exhausted"]
 
 
-def _add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> None:
-    p.add_argument("--title", help="a short name shown in lists (default: the objective's first line)")
-    _add_budget_options(p)
-    p.add_argument(
-        "--verify",
-        action="append",
-        metavar="CMD",
-        help="a shell command run in the work directory when the agent claims completion; exit 0 passes (repeatable)",
-    )
-    p.add_argument(
-        "--verify-timeout", type=float, default=300.0, metavar="SECONDS", help="time limit of each --verify command"
-    )
-    if not for_edit:
-        p.add_argument("--key", help="a unique name to address the goal by, instead of its id")
-        p.add_argument("--model", help="PROVIDER:MODEL (default: the configured default_model)")
-        p.add_argument("--workdir", help="an existing directory inside workdir_roots (default: a new one)")
-        p.add_argument("--session", help="run the goal on an existing session (id or unique prefix)")
-        p.add_argument("--idempotency-key", help="a repeated create with the same key returns the first goal")
-        p.add_argument(
-            "--stall-rounds", type=int, metavar="N", help="rounds without progress before it pauses stalled (default 3)"
-        )
-        p.add_argument(
-            "--infra-retries",
-            type=int,
-            metavar="N",
-            help="rounds re-run in a row for infrastructure trouble (a daemon stop, an unreachable provider), never"
-            " counted as rounds, before it tries only hourly (default 20)",
-        )
-        p.add_argument(
-            "--tool",
-            action="append",
-            metavar="PATTERN",
-            help='allow a tool or shell command pattern (repeatable; e.g. read_file, "shell:git *");'
-            " replaces the configured tool_policy for this goal",
-        )
-        _add_sandbox_options(p)
-
-
-def _add_budget_options(p: argparse.ArgumentParser) -> None:
-    """A goal's budgets (each one absent: no limit of that kind)."""
-    p.add_argument("--max-rounds", type=int, metavar="N", help="rounds (continuations) the goal may run")
-    p.add_argument("--max-tokens", type=int, metavar="TOKENS", help="total tokens (input + output) of all its calls")
-    p.add_argument(
-        "--max-cost",
-        type=float,
-        metavar="AMOUNT",
-        help="total cost, in the currency of the provider's prices (per million tokens, e.g. USD);"
-        " the model must have prices",
-    )
-    p.add_argument("--max-wall", type=float, metavar="SECONDS", help="wall-clock seconds while active")
-    p.add_argument("--deadline", help="ISO 8601 instant with a time zone, e.g. 2026-12-31T23:00:00Z")
-
-
-def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
-    """A goal's progress command and its own sandbox settings (merged with ``[goal_sandbox.<key>]``)."""
-    p.add_argument("--progress", metavar="CMD", help="a command whose changed output counts as progress")
-    p.add_argument(
-        "--progress-timeout", type=float, default=60.0, metavar="SECONDS", help="time limit of the --progress command"
-    )
-    p.add_argument(
-        "--network",
-        choices=("off", "host"),
-        default=None,
-        help="the goal's commands' network: off, or host (the host's network, its loopback included: unsafe)",
-    )
-    p.add_argument("--no-network", dest="network", action="store_const", const="off", help="the same as --network off")
-    p.add_argument(
-        "--network-allow",
-        action="append",
-        metavar="HOST",
-        help="a host name (or *.domain) the goal's commands may reach through the daemon's proxy (repeatable)",
-    )
-    p.add_argument(
-        "--read-only-path", action="append", metavar="PATH", help="a path the goal's commands may read (repeatable)"
-    )
-    p.add_argument("--max-processes", type=int, metavar="N", help="processes of the goal's commands together, at once")
-    p.add_argument("--max-memory", type=int, metavar="MIB", help="memory of the goal's commands together, in MiB")
-    p.add_argument("--max-disk", type=int, metavar="MIB", help="what the work directory may hold on disk, in MiB")
-    p.add_argument(
-        "--secret",
-        action="append",
-        metavar="NAME=env:VAR|credential:FILE",
-        help="a secret environment variable of the goal's commands, by where the daemon reads it",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="goald", description="goald: a goal-driven autonomous agent daemon")
@@ -152,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_completion_parser(sub)
     add_web_parser(sub)
     _add_acp_parser(sub)
+    add_examples(parser)  # every command's Examples: block (daemon/cli/examples.py)
     return parser
 
 
@@ -167,7 +84,6 @@ def _add_serve_parsers(sub: Subparsers) -> None:
     reload = sub.add_parser(
         "reload",
         help="re-read the goals file and apply its goals and schedules by key (as SIGHUP and systemctl reload do)",
-        **examples("goald reload", "goald reload --json"),
     )
     reload.add_argument("--json", action="store_true", help=JSON_HELP)
 
@@ -178,7 +94,7 @@ def _add_goal_parser(sub: Subparsers) -> None:
     gsub = goal.add_subparsers(dest="goal_command", metavar="ACTION")
     add = gsub.add_parser("add", help="create a goal")
     add.add_argument("objective", help="what the goal should achieve (the agent reads it every round)")
-    _add_goal_options(add)
+    add_goal_options(add)
     add.add_argument(
         "--keep-workdir",
         action="store_true",
@@ -213,7 +129,7 @@ def _add_goal_parser(sub: Subparsers) -> None:
     edit = gsub.add_parser("edit", help="edit a goal's objective, budgets or verification")
     edit.add_argument("goal", help=GOAL_HELP)
     edit.add_argument("--objective", help="the new objective (used from the next round)")
-    _add_goal_options(edit, for_edit=True)
+    add_goal_options(edit, for_edit=True)
     edit.add_argument("--json", action="store_true", help=JSON_HELP)
     logs = gsub.add_parser("logs", help="a goal's events")
     logs.add_argument("goal", help=GOAL_HELP)
@@ -241,7 +157,7 @@ def _add_goal_transitions(gsub: Subparsers) -> None:
                 help="why you pause it, in your words: kept with the pause and shown as 'paused (by operator: TEXT)'",
             )
         if action == "resume":
-            _add_budget_options(a)
+            add_budget_options(a)
             a.add_argument("--all", action="store_true", help="resume every paused goal (see --reason)")
             a.add_argument(
                 "--reason",
@@ -287,57 +203,32 @@ def _add_send_parser(sub: Subparsers) -> None:
     )
 
 
-def examples(*lines: str) -> dict[str, Any]:
-    """``add_parser`` keywords for a help that ends with examples, one command a line (kubectl's
-    convention: ``kubectl create job --help``)."""
-    text = "examples:\n" + "\n".join(f"  {line}" for line in lines)
-    return {"epilog": text, "formatter_class": argparse.RawDescriptionHelpFormatter}
-
-
 def _add_schedule_parser(sub: Subparsers) -> None:
     """``schedule ACTION``: add, list, remove, suspend, resume and run schedules and see their runs."""
-    sched = sub.add_parser(
-        "schedule",
-        help="manage schedules",
-        **examples("goald schedule add --cron '0 3 * * *' --key nightly 'Refresh the report'", "goald schedule list"),
-    )
+    sched = sub.add_parser("schedule", help="manage schedules")
     ssub = sched.add_subparsers(dest="schedule_command", metavar="ACTION")
     _add_schedule_add(ssub)
-    slist = ssub.add_parser(
-        "list",
-        help="list schedules with next fire time and last outcome",
-        **examples("goald schedule list", "goald schedule list --json"),
-    )
+    slist = ssub.add_parser("list", help="list schedules with next fire time and last outcome")
     slist.add_argument("--json", action="store_true", help=JSON_HELP)
-    srm = ssub.add_parser(
-        "rm", help="remove a schedule (its runs and goals stay)", **examples("goald schedule rm nightly")
-    )
+    srm = ssub.add_parser("rm", help="remove a schedule (its runs and goals stay)")
     srm.add_argument("schedule", help=SCHEDULE_HELP)
     srm.add_argument("--json", action="store_true", help=JSON_HELP)
-    sruns = ssub.add_parser(
-        "runs",
-        help="a schedule's runs, and how the goal each started ended",
-        **examples("goald schedule runs nightly", "goald schedule runs nightly --limit 5 --json"),
-    )
+    sruns = ssub.add_parser("runs", help="a schedule's runs, and how the goal each started ended")
     sruns.add_argument("schedule", help=SCHEDULE_HELP)
     sruns.add_argument("--limit", type=int, default=20, metavar="N", help="the latest N runs (default 20)")
     sruns.add_argument("--json", action="store_true", help=JSON_HELP)
     ssuspend = ssub.add_parser(
-        "suspend",
-        help="stop a schedule firing: each instant that comes due is recorded 'skipped (suspended)'",
-        **examples("goald schedule suspend nightly"),
+        "suspend", help="stop a schedule firing: each instant that comes due is recorded 'skipped (suspended)'"
     )
     sresume = ssub.add_parser(
         "resume",
         help="let a suspended schedule fire again; misfire coalesce fires once now for the latest instant skipped"
         " (within --starting-deadline), skip fires nothing",
-        **examples("goald schedule resume nightly"),
     )
     srun = ssub.add_parser(
         "run",
         help="fire a schedule now, by hand (like kubectl create job --from=cronjob): one run marked manual;"
         " the concurrency policy and a suspension do not apply, the next fire time stays",
-        **examples("goald schedule run nightly", "goald schedule run nightly --json"),
     )
     for p in (ssuspend, sresume, srun):
         p.add_argument("schedule", help=SCHEDULE_HELP)
@@ -346,14 +237,7 @@ def _add_schedule_parser(sub: Subparsers) -> None:
 
 def _add_schedule_add(ssub: Subparsers) -> None:
     """``schedule add``: when it fires, and the goal each fire creates."""
-    sadd = ssub.add_parser(
-        "add",
-        help="add (or update, by --key) a schedule that creates a goal",
-        **examples(
-            "goald schedule add --cron '0 3 * * *' --timezone Europe/Berlin --key nightly 'Refresh the report'",
-            "goald schedule add --every 3600 --max-rounds 5 --max-cost 0.50 --max-wall 1800 'Triage new issues'",
-        ),
-    )
+    sadd = ssub.add_parser("add", help="add (or update, by --key) a schedule that creates a goal")
     trig = sadd.add_mutually_exclusive_group(required=True)
     trig.add_argument("--cron", help='5 fields, e.g. "0 3 * * *" (in --timezone)')
     trig.add_argument("--every", type=float, metavar="SECONDS", help="fire every SECONDS seconds")
@@ -377,10 +261,10 @@ def _add_schedule_add(ssub: Subparsers) -> None:
     sadd.add_argument("objective", help="the objective of each goal the schedule starts")
     sadd.add_argument("--title", help="the goals' title (default: the schedule's key or id and the fire time)")
     sadd.add_argument("--model", help="PROVIDER:MODEL (default: the configured default_model)")
-    _add_budget_options(sadd)  # each goal's own budgets (--deadline: one instant, the same for each)
+    add_budget_options(sadd)  # each goal's own budgets (--deadline: one instant, the same for each)
     sadd.add_argument("--verify", action="append", metavar="CMD", help="a verification command (repeatable)")
     sadd.add_argument("--tool", action="append", metavar="PATTERN", help="the goal's tool allowlist (repeatable)")
-    _add_sandbox_options(sadd)
+    add_sandbox_options(sadd)
     sadd.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
@@ -403,8 +287,6 @@ def _add_store_parser(sub: Subparsers) -> None:
         " then run PRAGMA integrity_check on it. Offline only: refused (exit 75) while a daemon holds the"
         " state directory. Procedure: stop the daemon, restore, check the answer is ok, start."
         " A PostgreSQL store is restored with pg_restore from a pg_dump copy, not with this command.",
-        epilog="example: systemctl stop goald && goald store restore /backups/goald-2026-01-02.db"
-        " && systemctl start goald",
     )
     strestore.add_argument("path", type=Path, metavar="BACKUP", help="the backup file to restore")
     strestore.add_argument(
