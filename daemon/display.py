@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from pydantic_core import to_jsonable_python
+
 from agent import (
     AssistantMessage,
     MessageAdmitted,
@@ -48,6 +50,7 @@ from goals import (
     GoalProgressNoted,
     GoalVerified,
 )
+from goals.model import GoalSpec
 from goals.why import reason_text as _reason_text
 
 if TYPE_CHECKING:
@@ -390,6 +393,7 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
         out.append("schedule:   none (created directly)")
     verify = g.get("verify") or []
     out.append("verify:     " + ("; ".join(f"$ {v['cmd']}" for v in verify) if verify else "none (unverified)"))
+    out.extend(setting_lines(g))
     refused = d.get("refusedVerification") or []
     if refused:
         out.append("last verification refused the completion claim:")
@@ -403,6 +407,35 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
     out.append(f"last {len(events)} event(s):" if events else "events:     none")
     for ev in events:
         out.append(f"  [{ev['seq']:>5}] {when(ev['at'])} {describe_event(ev['type'], ev['data'])}")
+    return out
+
+
+#: The spec's fields ``goal show`` gives lines of their own (or, the idempotency key, leaves out:
+#: the schedule line says where a goal came from).
+_OWN_LINES = frozenset(
+    {"objective", "title", "key", "budgets", "verify", "model", "workdir", "sessionId", "nodeLabel", "idempotencyKey"}
+)
+
+
+def setting_lines(g: Mapping[str, Any]) -> list[str]:
+    """A line for each other field of the goal's spec (:class:`goals.GoalSpec`) that differs from
+    its default, named as on the wire: ``tools``, ``rules``, ``progress``, ``sandbox``,
+    ``keepWorkdir``, and any field added to the spec later, with no edit here. Of an object, only
+    the entries that differ from the default are shown."""
+    out = []
+    for name, field in GoalSpec.model_fields.items():
+        wire = field.alias or name
+        if wire in _OWN_LINES or wire not in g:
+            continue
+        value = g[wire]
+        default = to_jsonable_python(field.get_default(call_default_factory=True), by_alias=True)
+        if isinstance(value, dict) and isinstance(default, dict):
+            value = {k: v for k, v in value.items() if default.get(k, not v) != v} or None
+            default = None
+        if value == default:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        out.append(f"{wire + ':':<11} {text}")
     return out
 
 

@@ -3,6 +3,7 @@
 
 ``bomber`` runs a bounded fork bomb, then a bounded memory hog, through ``shell``, then says what
 came back. ``leaker`` asks the ``fixture`` MCP server for the value of ``FIXTURE_TOKEN`` and repeats it.
+``whoami`` runs :data:`WHOAMI` and answers with its result.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ FORK_BOMB = "for i in $(seq 400); do (exec -a goald-bomb sleep 30) & done; wait"
 MEMORY_HOG = "x=$(head -c 400000000 /dev/zero | tr '\\0' x); echo ${#x}"
 
 
+#: Who a command is: inside (uid, gid) and on the host (the owner of a file it makes, as the
+#: test reads it outside).
+WHOAMI = "id -u; id -g; touch made-by-the-command"
+
+
 #: The attacks of the sandbox issue that need nothing but a shell, one shell call each (the model
 #: ``attacker``); each prints what it got, so the test reads the results.
 ATTACKS = (
@@ -25,7 +31,7 @@ ATTACKS = (
     "cp /usr/bin/id ./id2; chmod 4755 ./id2; chmod 755 .; stat -c 'mode %a owner %u' id2",
     # The keyring: read the session keyring, add a key of our own.
     "cat /proc/keys | wc -l; python3 -c 'import ctypes; print(ctypes.CDLL(None).syscall(250, 0, -3, 0))'; "
-    "python3 -c 'import ctypes; print(ctypes.CDLL(None).syscall(248, b\"user\", b\"mine\", b\"x\", 1, -3))'",
+    'python3 -c \'import ctypes; print(ctypes.CDLL(None).syscall(248, b"user", b"mine", b"x", 1, -3))\'',
 )
 
 
@@ -55,6 +61,15 @@ def models(name: str) -> Any:
             return Reply.say("done")
 
         return ScriptedModel(attacker, name="attacker", record=False)
+    if name == "whoami":
+
+        def whoami(request: Any) -> Reply:
+            seen = results(request)
+            if not seen:
+                return Reply.call("shell", command=WHOAMI, timeout_seconds=30)
+            return Reply.say(seen[0])
+
+        return ScriptedModel(whoami, name="whoami", record=False)
     if name == "leaker":
 
         def leaker(request: Any) -> Reply:

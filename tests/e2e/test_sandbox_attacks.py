@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TEST_MODELS, Daemon, all_events, rpc, wait_goal
+from harness import TEST_MODELS, Daemon, all_events, child_env, goald_argv, rpc, toml_text, wait_goal
 
 from agent.sandbox.seccomp import VIOLATION
 
@@ -98,3 +98,26 @@ async def test_the_shell_attacks_are_refused(tmp_path: Path, other_user: str) ->
     assert keyring.split("--- stdout ---\n")[1].split()[0] == "0", keyring
     assert VIOLATION in keyring, keyring
     assert "Bad system call" in keyring
+
+
+def test_goald_run_by_hand_as_root_runs_commands_as_the_sandbox_user(outside: Path) -> None:
+    """``goald run`` started as root (by hand, no unit) gives the guarantee ``goald serve`` gives:
+    its commands run as the sandbox user, never as root, and what they make is that user's."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a daemon that is not root runs commands as itself")
+    config = outside / "goald.toml"
+    config.write_text(toml_text({"providers": {"sbx": {"kind": "scripted", "script": "sandbox_testmodels:models"}}}))
+    state = outside / "state"
+    done = subprocess.run(
+        [*goald_argv(), "--config", str(config), "run", "--model", "sbx:whoami", "--state-dir", str(state), "who?"],
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+    )
+    assert done.returncode == 0, done.stderr
+    user = pwd.getpwnam("goald-sandbox")
+    assert done.stdout.split() == ["exit", "code:", "0", "---", "stdout", "---", str(user.pw_uid), str(user.pw_gid)]
+    [made] = list(state.rglob("made-by-the-command"))
+    assert (made.stat().st_uid, made.stat().st_gid) == (user.pw_uid, user.pw_gid)
