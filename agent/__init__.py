@@ -13,121 +13,272 @@ It owns the tables ``sessions``, ``inbox``, ``turns``, ``events``, ``guards``, `
 :class:`AgentError`.
 """
 
-from agent import retention
-from agent.background import TaskSet
-from agent.calls import CallId, usage_of_guard
-from agent.config import AgentConfig, RetryPolicy
-from agent.driver import Agent, StatusSnapshot
-from agent.errors import (
-    AgentError,
-    Conflict,
-    InvalidInput,
-    InvalidTransition,
-    NotFound,
-    SchemaTooNew,
-    StorageUnavailable,
-    StoreClosed,
-)
-from agent.eventlog import first_kept_seq, read_events
-from agent.events import Event, EventHub, EventType, Subscription
-from agent.guards import create_guard, update_guard
-from agent.ids import MessageId, SessionId, TurnId, TypedId
-from agent.inbox import (
-    Enqueued,
-    cancel_pending,
-    enqueue,
-    get_message,
-    is_pending,
-)
-from agent.interval import IntervalWatcher, RunFacts, is_idle, watch_interval
-from agent.limits import CommandLimits
-from agent.messages import (
-    MAX_MESSAGE_BYTES,
-    CancelReason,
-    Delivery,
-    Fate,
-    Source,
-    SourceKind,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    parse_content,
-    transition_fate,
-)
-from agent.models import (
-    ConvMessage,
-    FinishReason,
-    Model,
-    ModelError,
-    ModelErrorKind,
-    ModelRequest,
-    ModelResponse,
-    Reply,
-    ScriptedModel,
-    ToolCall,
-    ToolSpec,
-)
-from agent.models.registry import ModelRegistry, echo_model
-from agent.payloads import (
-    AgentStatus,
-    AssistantMessage,
-    ContextCompacted,
-    EndReason,
-    MessageAdmitted,
-    MessageCancelled,
-    MessageQueued,
-    ModelCharged,
-    ModelFailed,
-    OtherPayload,
-    Payload,
-    SessionCreated,
-    StatusChanged,
-    ToolResult,
-    TurnEnded,
-    TurnStarted,
-    parse_payload,
-    register_payloads,
-)
-from agent.redact import Redactor
-from agent.runtime import Runtime
-from agent.sandbox import (
-    Bwrap,
-    Sandbox,
-    SandboxPolicy,
-    SandboxProfile,
-    SandboxUnavailable,
-    detect_bwrap,
-)
-from agent.schema import Migration
-from agent.sessions import (
-    SessionRow,
-    create_session,
-    delete_session,
-    list_sessions,
-    load_session,
-    session_chain,
-    sessions_with_workdir,
-    update_session,
-)
-from agent.setup import SessionSetup
-from agent.spend import Limits, Price, PromptEstimator, Refusal, SpendGuard, Usage, estimator_for
-from agent.store import Durability, Store
-from agent.subagents import DEFAULT_MAX_DEPTH, Delegate
-from agent.tools import (
-    FunctionTool,
-    McpServer,
-    McpServers,
-    McpUnavailable,
-    Shell,
-    Tool,
-    ToolContext,
-    ToolOutput,
-    ToolPolicy,
-    ToolRegistry,
-    file_tools,
-)
-from agent.turns import OUTCOME_UNKNOWN, take_or_idle
-from agent.tx import SessionState, Tx
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent import retention
+    from agent.background import TaskSet
+    from agent.calls import CallId, usage_of_guard
+    from agent.config import AgentConfig, RetryPolicy
+    from agent.driver import Agent, StatusSnapshot
+    from agent.errors import (
+        AgentError,
+        Conflict,
+        InvalidInput,
+        InvalidTransition,
+        NotFound,
+        SchemaTooNew,
+        StorageUnavailable,
+        StoreClosed,
+    )
+    from agent.eventlog import first_kept_seq, read_events
+    from agent.events import Event, EventHub, EventType, Subscription
+    from agent.guards import create_guard, update_guard
+    from agent.ids import MessageId, SessionId, TurnId, TypedId
+    from agent.inbox import (
+        Enqueued,
+        cancel_pending,
+        enqueue,
+        get_message,
+        is_pending,
+    )
+    from agent.interval import IntervalWatcher, RunFacts, is_idle, watch_interval
+    from agent.limits import CommandLimits
+    from agent.messages import (
+        MAX_MESSAGE_BYTES,
+        CancelReason,
+        Delivery,
+        Fate,
+        Source,
+        SourceKind,
+        TextBlock,
+        ToolResultBlock,
+        ToolUseBlock,
+        parse_content,
+        transition_fate,
+    )
+    from agent.models import (
+        ConvMessage,
+        FinishReason,
+        Model,
+        ModelError,
+        ModelErrorKind,
+        ModelRequest,
+        ModelResponse,
+        Reply,
+        ScriptedModel,
+        ToolCall,
+        ToolSpec,
+    )
+    from agent.models.registry import ModelRegistry, echo_model
+    from agent.payloads import (
+        AgentStatus,
+        AssistantMessage,
+        ContextCompacted,
+        EndReason,
+        MessageAdmitted,
+        MessageCancelled,
+        MessageQueued,
+        ModelCharged,
+        ModelFailed,
+        OtherPayload,
+        Payload,
+        SessionCreated,
+        StatusChanged,
+        ToolResult,
+        TurnEnded,
+        TurnStarted,
+        parse_payload,
+        register_payloads,
+    )
+    from agent.redact import Redactor
+    from agent.runtime import Runtime
+    from agent.sandbox import (
+        Bwrap,
+        Sandbox,
+        SandboxPolicy,
+        SandboxProfile,
+        SandboxUnavailable,
+        detect_bwrap,
+    )
+    from agent.schema import Migration
+    from agent.sessions import (
+        SessionRow,
+        create_session,
+        delete_session,
+        list_sessions,
+        load_session,
+        session_chain,
+        sessions_with_workdir,
+        update_session,
+    )
+    from agent.setup import SessionSetup
+    from agent.spend import Limits, Price, PromptEstimator, Refusal, SpendGuard, Usage, estimator_for
+    from agent.store import Durability, Store
+    from agent.subagents import DEFAULT_MAX_DEPTH, Delegate
+    from agent.tools import (
+        FunctionTool,
+        McpServer,
+        McpServers,
+        McpUnavailable,
+        Shell,
+        Tool,
+        ToolContext,
+        ToolOutput,
+        ToolPolicy,
+        ToolRegistry,
+        file_tools,
+    )
+    from agent.turns import OUTCOME_UNKNOWN, take_or_idle
+    from agent.tx import SessionState, Tx
+
+#: Where each name lives: read on first use (:func:`__getattr__`), so that ``from agent import
+#: NotFound`` loads ``agent.errors`` and not the whole runtime (the CLI's start-up time).
+_HOMES: dict[str, str] = {
+    "Agent": "agent.driver",
+    "AgentConfig": "agent.config",
+    "AgentError": "agent.errors",
+    "AgentStatus": "agent.payloads",
+    "AssistantMessage": "agent.payloads",
+    "Bwrap": "agent.sandbox",
+    "CallId": "agent.calls",
+    "CancelReason": "agent.messages",
+    "CommandLimits": "agent.limits",
+    "Conflict": "agent.errors",
+    "ContextCompacted": "agent.payloads",
+    "ConvMessage": "agent.models",
+    "DEFAULT_MAX_DEPTH": "agent.subagents",
+    "Delegate": "agent.subagents",
+    "Delivery": "agent.messages",
+    "Durability": "agent.store",
+    "EndReason": "agent.payloads",
+    "Enqueued": "agent.inbox",
+    "Event": "agent.events",
+    "EventHub": "agent.events",
+    "EventType": "agent.events",
+    "Fate": "agent.messages",
+    "FinishReason": "agent.models",
+    "FunctionTool": "agent.tools",
+    "IntervalWatcher": "agent.interval",
+    "InvalidInput": "agent.errors",
+    "InvalidTransition": "agent.errors",
+    "Limits": "agent.spend",
+    "MAX_MESSAGE_BYTES": "agent.messages",
+    "McpServer": "agent.tools",
+    "McpServers": "agent.tools",
+    "McpUnavailable": "agent.tools",
+    "MessageAdmitted": "agent.payloads",
+    "MessageCancelled": "agent.payloads",
+    "MessageId": "agent.ids",
+    "MessageQueued": "agent.payloads",
+    "Migration": "agent.schema",
+    "Model": "agent.models",
+    "ModelCharged": "agent.payloads",
+    "ModelError": "agent.models",
+    "ModelErrorKind": "agent.models",
+    "ModelFailed": "agent.payloads",
+    "ModelRegistry": "agent.models.registry",
+    "ModelRequest": "agent.models",
+    "ModelResponse": "agent.models",
+    "NotFound": "agent.errors",
+    "OUTCOME_UNKNOWN": "agent.turns",
+    "OtherPayload": "agent.payloads",
+    "Payload": "agent.payloads",
+    "Price": "agent.spend",
+    "PromptEstimator": "agent.spend",
+    "Redactor": "agent.redact",
+    "Refusal": "agent.spend",
+    "Reply": "agent.models",
+    "RetryPolicy": "agent.config",
+    "RunFacts": "agent.interval",
+    "Runtime": "agent.runtime",
+    "Sandbox": "agent.sandbox",
+    "SandboxPolicy": "agent.sandbox",
+    "SandboxProfile": "agent.sandbox",
+    "SandboxUnavailable": "agent.sandbox",
+    "SchemaTooNew": "agent.errors",
+    "ScriptedModel": "agent.models",
+    "SessionCreated": "agent.payloads",
+    "SessionId": "agent.ids",
+    "SessionRow": "agent.sessions",
+    "SessionSetup": "agent.setup",
+    "SessionState": "agent.tx",
+    "Shell": "agent.tools",
+    "Source": "agent.messages",
+    "SourceKind": "agent.messages",
+    "SpendGuard": "agent.spend",
+    "StatusChanged": "agent.payloads",
+    "StatusSnapshot": "agent.driver",
+    "StorageUnavailable": "agent.errors",
+    "Store": "agent.store",
+    "StoreClosed": "agent.errors",
+    "Subscription": "agent.events",
+    "TaskSet": "agent.background",
+    "TextBlock": "agent.messages",
+    "Tool": "agent.tools",
+    "ToolCall": "agent.models",
+    "ToolContext": "agent.tools",
+    "ToolOutput": "agent.tools",
+    "ToolPolicy": "agent.tools",
+    "ToolRegistry": "agent.tools",
+    "ToolResult": "agent.payloads",
+    "ToolResultBlock": "agent.messages",
+    "ToolSpec": "agent.models",
+    "ToolUseBlock": "agent.messages",
+    "TurnEnded": "agent.payloads",
+    "TurnId": "agent.ids",
+    "TurnStarted": "agent.payloads",
+    "Tx": "agent.tx",
+    "TypedId": "agent.ids",
+    "Usage": "agent.spend",
+    "cancel_pending": "agent.inbox",
+    "create_guard": "agent.guards",
+    "create_session": "agent.sessions",
+    "delete_session": "agent.sessions",
+    "detect_bwrap": "agent.sandbox",
+    "echo_model": "agent.models.registry",
+    "enqueue": "agent.inbox",
+    "estimator_for": "agent.spend",
+    "file_tools": "agent.tools",
+    "first_kept_seq": "agent.eventlog",
+    "get_message": "agent.inbox",
+    "is_idle": "agent.interval",
+    "is_pending": "agent.inbox",
+    "list_sessions": "agent.sessions",
+    "load_session": "agent.sessions",
+    "parse_content": "agent.messages",
+    "parse_payload": "agent.payloads",
+    "read_events": "agent.eventlog",
+    "register_payloads": "agent.payloads",
+    "retention": "agent.retention",
+    "session_chain": "agent.sessions",
+    "sessions_with_workdir": "agent.sessions",
+    "take_or_idle": "agent.turns",
+    "transition_fate": "agent.messages",
+    "update_guard": "agent.guards",
+    "update_session": "agent.sessions",
+    "usage_of_guard": "agent.calls",
+    "watch_interval": "agent.interval",
+}
+
+if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
+    import importlib
+
+    def __getattr__(name: str) -> object:
+        """A re-exported name, imported from its home on first use (PEP 562) and kept."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'agent' has no attribute {name!r}")
+        module = importlib.import_module(home)
+        value = module if home == f"agent.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_HOMES))
+
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",

@@ -21,83 +21,187 @@ fingerprints (``verify``), work-directory claims (``locks``), the ``goals`` tabl
 stands where it stands in plain words (``why``) and errors (``errors``).
 """
 
-from goals.continuation import quote, render, stable_part
-from goals.engine import GoalEngine
-from goals.errors import GoalConflict, GoalError, GoalNotFound, InvalidGoal, InvalidGoalTransition, StaleDecision
-from goals.facts import interval_facts
-from goals.fingerprint_limits import FingerprintLimits, size_text
-from goals.locks import check_nesting, claim_workdir, workdir_holder
-from goals.model import (
-    Budgets,
-    Goal,
-    GoalId,
-    GoalMemory,
-    GoalSpec,
-    GoalStatus,
-    SandboxSpec,
-    StopReason,
-    StopRules,
-    VerifyCommand,
-    VerifyResult,
-    transition,
-)
-from goals.payloads import (
-    GOAL_PAYLOADS,
-    GoalBlockedReported,
-    GoalChanged,
-    GoalClaimed,
-    GoalCounted,
-    GoalEdited,
-    GoalFingerprinted,
-    GoalProgressNoted,
-    GoalVerified,
-)
-from goals.policy import (
-    Claim,
-    ContinuationFate,
-    Decision,
-    DecisionKind,
-    Interval,
-    PolicyInput,
-    budget_spent,
-    decide,
-    guard_limits,
-)
-from goals.store import (
-    GOAL_BLOCKED,
-    GOAL_CHANGED,
-    GOAL_CLAIM,
-    GOAL_COUNTED,
-    GOAL_EDITED,
-    GOAL_FINGERPRINT,
-    GOAL_PROGRESS,
-    GOAL_VERIFIED,
-    MIGRATIONS,
-    goal_by_key,
-    goal_counts,
-    goal_from_row,
-    latest_goal_of_session,
-    list_goals,
-    live_goal_of_chain,
-    live_goal_of_session,
-    live_goal_sandboxes_with_secrets,
-    live_goals,
-    load_goal,
-    pending_key,
-    schedule_of,
-)
-from goals.tools import (
-    GOAL_TOOL_NAMES,
-    GoalBlocked,
-    GoalComplete,
-    GoalProgress,
-    goal_policy,
-    goal_tools,
-    policy_for_session,
-    tools_for_goal_sessions,
-)
-from goals.verify import CommandRunner, progress_digest, run_all, run_command, sandboxed_runner
-from goals.workdir_fingerprint import fingerprint
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from goals.continuation import quote, render, stable_part
+    from goals.engine import GoalEngine
+    from goals.errors import GoalConflict, GoalError, GoalNotFound, InvalidGoal, InvalidGoalTransition, StaleDecision
+    from goals.facts import interval_facts
+    from goals.fingerprint_limits import FingerprintLimits, size_text
+    from goals.locks import check_nesting, claim_workdir, workdir_holder
+    from goals.model import (
+        Budgets,
+        Goal,
+        GoalId,
+        GoalMemory,
+        GoalSpec,
+        GoalStatus,
+        SandboxSpec,
+        StopReason,
+        StopRules,
+        VerifyCommand,
+        VerifyResult,
+        transition,
+    )
+    from goals.payloads import (
+        GOAL_PAYLOADS,
+        GoalBlockedReported,
+        GoalChanged,
+        GoalClaimed,
+        GoalCounted,
+        GoalEdited,
+        GoalFingerprinted,
+        GoalProgressNoted,
+        GoalVerified,
+    )
+    from goals.policy import (
+        Claim,
+        ContinuationFate,
+        Decision,
+        DecisionKind,
+        Interval,
+        PolicyInput,
+        budget_spent,
+        decide,
+        guard_limits,
+    )
+    from goals.store import (
+        GOAL_BLOCKED,
+        GOAL_CHANGED,
+        GOAL_CLAIM,
+        GOAL_COUNTED,
+        GOAL_EDITED,
+        GOAL_FINGERPRINT,
+        GOAL_PROGRESS,
+        GOAL_VERIFIED,
+        MIGRATIONS,
+        goal_by_key,
+        goal_counts,
+        goal_from_row,
+        latest_goal_of_session,
+        list_goals,
+        live_goal_of_chain,
+        live_goal_of_session,
+        live_goal_sandboxes_with_secrets,
+        live_goals,
+        load_goal,
+        pending_key,
+        schedule_of,
+    )
+    from goals.tools import (
+        GOAL_TOOL_NAMES,
+        GoalBlocked,
+        GoalComplete,
+        GoalProgress,
+        goal_policy,
+        goal_tools,
+        policy_for_session,
+        tools_for_goal_sessions,
+    )
+    from goals.verify import CommandRunner, progress_digest, run_all, run_command, sandboxed_runner
+    from goals.workdir_fingerprint import fingerprint
+
+#: Where each name lives, imported on first use: a narrow import (``goals.model``, ``goals.why``)
+#: loads its module, not the engine.
+_HOMES: dict[str, str] = {
+    "Budgets": "goals.model",
+    "Claim": "goals.policy",
+    "CommandRunner": "goals.verify",
+    "ContinuationFate": "goals.policy",
+    "Decision": "goals.policy",
+    "DecisionKind": "goals.policy",
+    "FingerprintLimits": "goals.fingerprint_limits",
+    "GOAL_BLOCKED": "goals.store",
+    "GOAL_CHANGED": "goals.store",
+    "GOAL_CLAIM": "goals.store",
+    "GOAL_COUNTED": "goals.store",
+    "GOAL_EDITED": "goals.store",
+    "GOAL_FINGERPRINT": "goals.store",
+    "GOAL_PAYLOADS": "goals.payloads",
+    "GOAL_PROGRESS": "goals.store",
+    "GOAL_TOOL_NAMES": "goals.tools",
+    "GOAL_VERIFIED": "goals.store",
+    "Goal": "goals.model",
+    "GoalBlocked": "goals.tools",
+    "GoalBlockedReported": "goals.payloads",
+    "GoalChanged": "goals.payloads",
+    "GoalClaimed": "goals.payloads",
+    "GoalComplete": "goals.tools",
+    "GoalConflict": "goals.errors",
+    "GoalCounted": "goals.payloads",
+    "GoalEdited": "goals.payloads",
+    "GoalEngine": "goals.engine",
+    "GoalError": "goals.errors",
+    "GoalFingerprinted": "goals.payloads",
+    "GoalId": "goals.model",
+    "GoalMemory": "goals.model",
+    "GoalNotFound": "goals.errors",
+    "GoalProgress": "goals.tools",
+    "GoalProgressNoted": "goals.payloads",
+    "GoalSpec": "goals.model",
+    "GoalStatus": "goals.model",
+    "GoalVerified": "goals.payloads",
+    "Interval": "goals.policy",
+    "InvalidGoal": "goals.errors",
+    "InvalidGoalTransition": "goals.errors",
+    "MIGRATIONS": "goals.store",
+    "PolicyInput": "goals.policy",
+    "SandboxSpec": "goals.model",
+    "StaleDecision": "goals.errors",
+    "StopReason": "goals.model",
+    "StopRules": "goals.model",
+    "VerifyCommand": "goals.model",
+    "VerifyResult": "goals.model",
+    "budget_spent": "goals.policy",
+    "check_nesting": "goals.locks",
+    "claim_workdir": "goals.locks",
+    "decide": "goals.policy",
+    "fingerprint": "goals.workdir_fingerprint",
+    "goal_by_key": "goals.store",
+    "goal_counts": "goals.store",
+    "goal_from_row": "goals.store",
+    "goal_policy": "goals.tools",
+    "goal_tools": "goals.tools",
+    "guard_limits": "goals.policy",
+    "interval_facts": "goals.facts",
+    "latest_goal_of_session": "goals.store",
+    "list_goals": "goals.store",
+    "live_goal_of_chain": "goals.store",
+    "live_goal_of_session": "goals.store",
+    "live_goal_sandboxes_with_secrets": "goals.store",
+    "live_goals": "goals.store",
+    "load_goal": "goals.store",
+    "pending_key": "goals.store",
+    "policy_for_session": "goals.tools",
+    "progress_digest": "goals.verify",
+    "quote": "goals.continuation",
+    "render": "goals.continuation",
+    "run_all": "goals.verify",
+    "run_command": "goals.verify",
+    "sandboxed_runner": "goals.verify",
+    "schedule_of": "goals.store",
+    "size_text": "goals.fingerprint_limits",
+    "stable_part": "goals.continuation",
+    "tools_for_goal_sessions": "goals.tools",
+    "transition": "goals.model",
+    "workdir_holder": "goals.locks",
+}
+
+if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
+    import importlib
+
+    def __getattr__(name: str) -> object:
+        """A re-exported name, imported from its home on first use (PEP 562) and kept."""
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'goals' has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = [
     "GOAL_BLOCKED",

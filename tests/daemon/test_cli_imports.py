@@ -4,7 +4,7 @@ the JSON-RPC connection, not the runtime, the store, the sandbox or the web serv
 Every CLI call pays its imports (the end-to-end tests make hundreds of calls), so this is pinned by
 what a real interpreter has loaded, not by a timing: a child imports ``daemon.cli.main`` and
 parses the arguments as ``main()`` does, then prints ``sorted(sys.modules)``. The packages'
-``__init__`` modules (``agent``, ``daemon.client``, ``daemon.cluster``, ``daemon.alerts``)
+``__init__`` modules (``agent``, ``goals``, ``daemon.client``, ``daemon.cluster``, ``daemon.alerts``)
 re-export their names lazily (PEP 562), which is what keeps a narrow import narrow; the last test
 checks that every name they export still resolves to the object in its home module.
 """
@@ -86,7 +86,7 @@ def test_the_heavy_modules_named_exist() -> None:
     assert [name for name in HEAVY if importlib.util.find_spec(name) is None] == []
 
 
-@pytest.mark.parametrize("package", ["agent", "daemon.client", "daemon.cluster", "daemon.alerts"])
+@pytest.mark.parametrize("package", ["agent", "goals", "daemon.client", "daemon.cluster", "daemon.alerts"])
 def test_every_lazily_exported_name_resolves_to_its_home(package: str) -> None:
     module = importlib.import_module(package)
     homes: dict[str, str] = module._HOMES
