@@ -186,7 +186,10 @@ async def test_parallel_forkers_of_one_step_start_no_more_processes_than_the_goa
     # pythons included), and the sleepers of every call overlap.
     assert started <= 64, contents
     assert any(c.startswith(PROCESS_VERDICT) for c in contents), contents
-    assert seen and max(seen) <= 64
+    # A command that starts while the goal is at its cap still enters the goal's group: the kernel
+    # refuses forks over pids.max, never a move into the group. Its bwrap is then one process over
+    # the cap, and fails at its first fork; how many do depends on the machine's load.
+    assert seen and max(seen) <= 64 + len(calls)
     print(f"16 forkers asking for 40 each: {started} started, at most {max(seen)} processes of the goal at once")
     assert our_groups() == [] and limiter().goals() == {}
 
