@@ -49,6 +49,7 @@ from daemon.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
     from daemon.declared import Declared
+    from goals import Budgets
 
 #: Models every daemon has, whatever the configuration says (:mod:`daemon.models`).
 BUILTIN_MODELS = frozenset({"scripted:demo", "scripted:echo"})
@@ -283,13 +284,28 @@ def _declared_findings(settings: Settings, registry: ModelRegistry, declared: De
         spec = goal.model or settings.default_model
         if goal.budgets.max_cost is not None and (why := unpriced(settings, registry, spec)) is not None:
             out.append(Finding(f"goals file {name}: goal {goal.key!r}: budgets.max_cost", why))
+        if (short := _short_budget(registry, spec, goal.objective, goal.budgets)) is not None:
+            out.append(Finding(f"goals file {name}: goal {goal.key!r}: budgets.max_tokens_total", short))
     for sched in declared.schedules:
         budgets = sched.goal.get("budgets") or {}
         cap = budgets.get("max_cost", budgets.get("maxCost")) if isinstance(budgets, Mapping) else None
         spec = sched.goal.get("model") or settings.default_model
         if cap is not None and (why := unpriced(settings, registry, spec)) is not None:
             out.append(Finding(f"goals file {name}: schedule {sched.key!r}: goal.budgets.max_cost", why))
+        objective = str(sched.goal.get("objective", ""))
+        if (short := _short_budget(registry, spec, objective, budgets)) is not None:
+            out.append(Finding(f"goals file {name}: schedule {sched.key!r}: goal.budgets.max_tokens_total", short))
     return out
+
+
+def _short_budget(registry: ModelRegistry, spec: str, objective: str, budgets: object) -> str | None:
+    """:func:`one_call_warning` of a declared goal (its model and budgets checked or not)."""
+    from goals import Budgets
+
+    try:
+        return one_call_warning(registry, spec, objective, Budgets.model_validate(budgets))
+    except (InvalidInput, LookupError, ValueError):
+        return None  # named by the goals file's own checks
 
 
 def model_problem(settings: Settings, spec: str) -> str | None:
@@ -380,6 +396,22 @@ def socket_gid(group: str) -> int:
 
 
 # -- a goal or schedule as it is added -------------------------------------------------------
+
+
+def one_call_warning(models: ModelRegistry, model: str, objective: str, budgets: Budgets) -> str | None:
+    """A warning when the token budget cannot pay for a single call: each call reserves its
+    prompt's upper bound plus its output limit, and the prompt holds the objective at least (the
+    system prompt and tools add to it, so the figure is a lower bound). ``None`` when it can."""
+    from agent.spend import estimator_for
+    from agent.step import output_limit
+    from goals.why import too_small_for_one_call
+
+    budget = budgets.max_tokens_total
+    if budget is None:
+        return None
+    m = models.get(model)
+    reserves = output_limit(m.max_tokens, m.context_window) + estimator_for(m.spec).bound(len(objective.encode()))
+    return too_small_for_one_call(budget, reserves, at_least=True) if reserves > budget else None
 
 
 def check_goal_input(

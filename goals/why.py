@@ -106,7 +106,8 @@ def too_small_for_one_call(budget: int, reserves: int, *, at_least: bool = False
     up_to = "at least" if at_least else "up to"
     return (
         f"token budget of {budget:,} cannot pay for one call, which reserves {up_to} {reserves:,} tokens"
-        f" (the prompt's upper bound plus the model's max_tokens): give --max-tokens {reserves:,} or more"
+        f" (the prompt's upper bound plus the model's max_tokens): raise --max-tokens well above {reserves:,}"
+        " (a round makes several calls)"
     )
 
 

@@ -15,17 +15,14 @@ import os
 from datetime import UTC, datetime
 from typing import TypedDict
 
-from agent.models.registry import ModelRegistry
-from agent.spend import estimator_for
-from agent.step import output_limit
-from daemon.checks import check_goal_input
+from daemon.checks import check_goal_input, one_call_warning
 from daemon.rpc.activity import activities, describe, nodes
 from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
 from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalResume, GoalResumeAll, GoalUpdate
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject, goal_view
 from goals import Budgets, Goal, GoalId
-from goals.why import operator_reason, too_small_for_one_call
+from goals.why import operator_reason
 
 
 class GoalCreated(TypedDict):
@@ -85,18 +82,6 @@ def refuse_past_deadline(budgets: Budgets | None, current: Budgets | None = None
             f" (now {now.isoformat(timespec='seconds')}): give an instant in the future",
             field="budgets.deadline",
         )
-
-
-def one_call_warning(models: ModelRegistry, model: str, objective: str, budgets: Budgets) -> str | None:
-    """A warning when the token budget cannot pay for a single call: each call reserves its
-    prompt's upper bound plus its output limit, and the prompt holds the objective at least (the
-    system prompt and tools add to it, so the figure is a lower bound). ``None`` when it can."""
-    budget = budgets.max_tokens_total
-    if budget is None:
-        return None
-    m = models.get(model)
-    reserves = output_limit(m.max_tokens, m.context_window) + estimator_for(m.spec).bound(len(objective.encode()))
-    return too_small_for_one_call(budget, reserves, at_least=True) if reserves > budget else None
 
 
 async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:

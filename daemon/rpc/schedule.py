@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from daemon.checks import check_goal_input
+from daemon.checks import check_goal_input, one_call_warning
 from daemon.rpc.context import HostPort, checked_sandbox, scheduler, taking_work
-from daemon.rpc.goal import one_call_warning
 from daemon.rpc.params import ScheduleAdd, ScheduleRef, ScheduleRuns
 from daemon.rpc.protocol import Dispatcher, Peer
 from daemon.rpc.views import JsonObject

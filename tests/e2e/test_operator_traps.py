@@ -174,7 +174,7 @@ async def test_a_token_budget_below_one_call_says_so_and_counts_no_round(daemon:
     assert code == 0, err
     warned = re.search(r"warning: token budget of 500 cannot pay for one call, which reserves at least ([\d,]+)", err)
     assert warned is not None and int(warned.group(1).replace(",", "")) > 500, err
-    assert f"give --max-tokens {warned.group(1)} or more" in err, err
+    assert f"raise --max-tokens well above {warned.group(1)} (a round makes several calls)" in err, err
     code, _out, err = await d.acli(
         "schedule", "add", "--cron", "0 3 1 1 *", "--key", "yearly", "--model", "test:worker", "--max-tokens", "500",
         "Yearly [rounds=1]",
@@ -191,7 +191,8 @@ async def test_a_token_budget_below_one_call_says_so_and_counts_no_round(daemon:
     assert goal["rounds"] == 0 and goal["tokens"] == 0, goal  # no call was made: not a round
     why = re.fullmatch(
         r"token budget of 3,000 cannot pay for one call, which reserves up to ([\d,]+) tokens \(the prompt's upper"
-        r" bound plus the model's max_tokens\): give --max-tokens \1 or more, then resume it",
+        r" bound plus the model's max_tokens\): raise --max-tokens well above \1 \(a round makes several calls\),"
+        r" then resume it",
         goal["why"],
     )
     assert why is not None and int(why.group(1).replace(",", "")) > 3000, goal["why"]
@@ -202,10 +203,37 @@ async def test_a_token_budget_below_one_call_says_so_and_counts_no_round(daemon:
     code, out, err = await d.acli("goal", "list")
     assert code == 0 and "token budget too small for one call" in out, out
 
-    # The fix the words name works: the figure they give pays for the call.
-    code, _out, err = await d.acli("goal", "edit", "small", "--max-tokens", why.group(1).replace(",", ""))
+    # The fix the words name works: a budget well above the figure they give pays for the rounds.
+    raised = 20 * int(why.group(1).replace(",", ""))
+    code, _out, err = await d.acli("goal", "edit", "small", "--max-tokens", str(raised))
     assert code == 0, err
     code, _out, err = await d.acli("goal", "resume", "small")
     assert code == 0, err
     ended = await wait_goal(d.socket_path, goal["id"], {"completed", "exhausted"})
-    assert ended["tokens"] > 0 and ended["rounds"] >= 1, ended
+    assert ended["status"] == "completed" and ended["tokens"] > 0 and ended["rounds"] == 1, ended
+
+
+def test_a_goals_file_budget_below_one_call_is_a_warning_of_config_check_and_serve(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.toml"
+    goals.write_text(
+        '[[goal]]\nkey = "tiny"\nobjective = "x [rounds=1]"\nmodel = "test:worker"\n'
+        "budgets = { max_tokens_total = 500 }\n"
+        '[[schedule]]\nkey = "nightly"\ntrigger = { kind = "cron", expr = "0 3 * * *" }\n'
+        'goal = { objective = "y", model = "test:worker", budgets = { max_tokens_total = 400 } }\n'
+    )
+    d = Daemon(tmp_path / "state", config={**TEST_MODELS, "goals_file": str(goals)})
+    try:
+        checked = d.cli("config", "check")
+        assert checked.returncode == 0, checked.stderr  # a warning; --strict refuses it
+        for entry, field, budget in (("goal 'tiny'", "budgets", 500), ("schedule 'nightly'", "goal.budgets", 400)):
+            want = (
+                f"goald: warning: goals file {goals}: {entry}: {field}.max_tokens_total: token budget of {budget}"
+                " cannot pay for one call, which reserves at least"
+            )
+            assert want in checked.stderr, checked.stderr
+        assert d.cli("config", "check", "--strict").returncode == 78
+        d.start()
+        log = d.stderr()
+        assert f"configuration: goals file {goals}: goal 'tiny': budgets.max_tokens_total: token budget of 500" in log
+    finally:
+        d.close()
