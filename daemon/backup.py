@@ -36,7 +36,7 @@ from pathlib import Path
 from agent.migrate import Upgrade, backup_into, upgrade
 from agent.schema import MIGRATIONS as AGENT_MIGRATIONS
 from agent.schema import Migration
-from daemon.schedule.service import MIGRATIONS as SCHEDULE_MIGRATIONS
+from daemon.schedule.store import MIGRATIONS as SCHEDULE_MIGRATIONS
 from daemon.settings import Settings
 from goals.store import MIGRATIONS as GOAL_MIGRATIONS
 

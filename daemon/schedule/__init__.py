@@ -57,7 +57,8 @@ from daemon.schedule.model import (
     ScheduleSpec,
     zone,
 )
-from daemon.schedule.service import SCHEDULE_CHANGED, SCHEDULE_RUN, Scheduler
+from daemon.schedule.service import Scheduler
+from daemon.schedule.store import SCHEDULE_CHANGED, SCHEDULE_RUN
 from daemon.schedule.timing import MAX_MISSED_ROWS, MissedRun, missed_runs, next_fire, prev_fire
 
 __all__ = [

@@ -20,7 +20,7 @@ from agent import Limits, Store, TurnId, Tx, Usage, create_guard, create_session
 from agent.calls import CallId, reserve_call, settle_call
 from daemon.metrics import Metrics, SlotSemaphore, render
 from daemon.metrics_service import MetricsSettings, split_listen
-from daemon.schedule.service import MIGRATIONS as SCHEDULE_MIGRATIONS
+from daemon.schedule.store import MIGRATIONS as SCHEDULE_MIGRATIONS
 from goals import Budgets, Goal, GoalId, GoalStatus, StopRules
 from goals.store import MIGRATIONS as GOAL_MIGRATIONS
 from goals.store import insert_goal
