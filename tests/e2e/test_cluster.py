@@ -166,12 +166,16 @@ async def test_three_nodes_run_300_goals(cluster: Callable[..., list[Daemon]], p
     await _many_goals(cluster, pg_dsn, 300)
 
 
+#: The rounds each goal of the kill campaign needs (its script's): the minimum, and what it must count.
+KILL_ROUNDS = 6
+
+
 async def _kill_one(cluster: Callable[..., list[Daemon]], pg_dsn: str, repeats: int) -> list[float]:
     takeovers: list[float] = []
     nodes = cluster(3)
     for attempt in range(repeats):
         live = [d for d in nodes if d.proc is not None and d.proc.poll() is None]
-        await run_goals(live, pg_dsn, 9, rounds=6, delay=0.1)
+        await run_goals(live, pg_dsn, 9, rounds=KILL_ROUNDS, delay=0.1)
         victim = live[attempt % len(live)]
         victim_id = (await rpc(victim.socket_path, "daemon/health"))["cluster"]["nodeId"]
 
@@ -225,7 +229,46 @@ async def _kill_one(cluster: Callable[..., list[Daemon]], pg_dsn: str, repeats: 
     assert twice == []
     for t in takeovers:
         assert t < TTL + TTL / 3 + 2.0, takeovers  # TTL plus one heartbeat (plus process noise)
+    live = [d for d in nodes if d.proc is not None and d.proc.poll() is None]
+    await check_rounds_and_interrupted_tokens(live[0], pg_dsn, repeats)
     return takeovers
+
+
+async def check_rounds_and_interrupted_tokens(d: Daemon, dsn: str, kills: int) -> None:
+    """Rounds and money belong to the model's work (issue 25): every goal counted exactly the rounds
+    its script needs, however many of its turns a kill cut short (those re-run apart, as infra
+    rounds); the tokens charged in full for calls a kill left without an outcome are the session's
+    ``model/charged`` events, and ``goal/get`` and ``goald goal show`` report them apart."""
+    goals = q(dsn, "SELECT id, session_id, status, status_reason, rounds, infra_rounds, interrupted_tokens FROM goals")
+    off = [(g[0], g[2], g[3], g[4]) for g in goals if (g[2], g[3], g[4]) != ("completed", "verified", KILL_ROUNDS)]
+    assert off == [], off
+    charged = dict(
+        q(
+            dsn,
+            "SELECT session_id, SUM((data::jsonb->>'tokens')::bigint) FROM events WHERE type = 'model/charged'"
+            " AND data::jsonb->>'subagentSessionId' IS NULL GROUP BY session_id",
+        )
+    )
+    assert {g[1]: g[6] for g in goals if g[6]} == {sid: int(n) for sid, n in charged.items() if n}
+    duplicates = q(
+        dsn,
+        "SELECT COUNT(*) FROM (SELECT 1 FROM inbox WHERE source_kind = 'goal' AND fate = 'admitted'"
+        " GROUP BY session_id, source_ref HAVING COUNT(*) > 1) AS d",
+    )[0][0]
+    rerun = sum(g[5] for g in goals)
+    assert rerun >= 1, "no kill cut a turn short: the campaign showed nothing about rounds"
+    interrupted = [(g[0], g[6]) for g in goals if g[6]]
+    for gid, tokens in interrupted[:3]:
+        view = await rpc(d.socket_path, "goal/get", {"goalId": gid})
+        assert view["interruptedTokens"] == tokens and view["infraRounds"] >= 1, view
+        code, shown, err = await d.acli("goal", "show", gid)
+        assert code == 0, err
+        assert f"interrupted: {tokens:,} tokens charged for interrupted calls" in shown, shown
+    print(
+        f"kill campaign: {kills} kill(s), {len(goals)} goals, rounds counted {sum(g[4] for g in goals)}"
+        f" (minimum {KILL_ROUNDS * len(goals)}), {rerun} round(s) re-run apart, duplicate rounds {duplicates},"
+        f" {sum(t for _, t in interrupted):,} tokens charged for interrupted calls in {len(interrupted)} goal(s)"
+    )
 
 
 def q_ids(dsn: str) -> list[str]:
