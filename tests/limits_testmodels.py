@@ -13,8 +13,19 @@ from typing import Any
 #: Parallel calls of the ``hogs`` step, and the MiB each holds.
 PARALLEL_HOGS = 24
 HOG_MIB = 100
-#: Holds HOG_MIB MiB (a bytearray: every page touched) for 4 s, then prints how many bytes it held.
-HOLD_MEMORY = f"python3 -c 'import time; b = bytearray({HOG_MIB} << 20); time.sleep(4); print(len(b))'"
+#: Holds HOG_MIB MiB (a bytearray: every page touched) until every hog of the step has started (each
+#: leaves a file in the work directory first; at most 20 s) and 4 s more, then prints how many bytes
+#: it held. Waiting for the others makes the hogs overlap however slowly a loaded machine starts
+#: them: with a fixed 4 s, a hog started after an earlier one had finished kept its memory too.
+HOLD_MEMORY = (
+    "mktemp -p . hog-XXXXXXXXXX > /dev/null; python3 -c 'import glob, time\n"
+    f"b = bytearray({HOG_MIB} << 20)\n"
+    "end = time.monotonic() + 20\n"
+    f'while len(glob.glob("hog-*")) < {PARALLEL_HOGS} and time.monotonic() < end:\n'
+    "    time.sleep(0.05)\n"
+    "time.sleep(4)\n"
+    "print(len(b))'"
+)
 #: What a hog that kept its memory to the end prints.
 HELD = str(HOG_MIB << 20)
 #: Forks up to 40 children that sleep 4 s, prints how many it started, then waits for them
