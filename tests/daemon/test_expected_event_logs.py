@@ -130,7 +130,7 @@ async def test_a_store_outage_is_one_warning_and_its_end_one_info_line(
         await until(written, "a write once the server is back", limit=30)
     finally:
         await store.close()
-    lines = [(r["level"].name, r["message"]) for r in records if r["name"] == "agent.store" and r["level"].no >= 20]
+    lines = [(r["level"].name, r["message"]) for r in records if r["name"] == "agent.storage" and r["level"].no >= 20]
     assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
     assert lines[0][1].startswith("the store cannot write: PostgreSQL at ") and "cannot be reached" in lines[0][1]
     assert lines[1][1].startswith("the store writes again")
