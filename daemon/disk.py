@@ -16,7 +16,8 @@ Three layers, none of which trusts the others:
   room for it above the watermark.
 
 For a PostgreSQL store the disk watched is the state directory's (work directories default there);
-there is no reserve.
+there is no reserve. The ``[storage]`` section is :class:`StorageSettings` (re-exported from
+:mod:`daemon.settings`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import os
 from pathlib import Path
 
 from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent.storage import StoreReserve
-from daemon.storage_settings import StorageSettings
 from goals import size_text
 
 MIB = 1024 * 1024
@@ -36,6 +37,21 @@ MIB = 1024 * 1024
 WATCH_SECONDS = 5.0
 #: The reserve's file name, beside the SQLite database.
 RESERVE_NAME = "store.reserve"
+
+
+class StorageSettings(BaseModel):
+    """Free space on the store's disk (``[storage]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Below this many MiB free on the disk holding the store, no sandboxed command starts and goals
+    #: wait (active, nothing counted, the reason shown) until space is back (0: no watermark).
+    min_free_mb: int = Field(default=256, ge=0, le=1024 * 1024)
+    #: The same as a share of that disk, in percent (0: none); the larger of the two applies.
+    min_free_percent: float = Field(default=0.0, ge=0, le=50)
+    #: MiB of real blocks kept in ``store.reserve`` beside the SQLite database, released when a write
+    #: meets a full disk (0: no reserve).
+    reserve_mb: int = Field(default=16, ge=0, le=1024)
 
 
 class StoreDisk:

@@ -3,7 +3,7 @@ each collection, and their rendering. Where they are written and served is
 :mod:`daemon.metrics_service`'s.
 
 Why the format is written here rather than with a client library: every figure is read from the
-store at collection time (the owners' query functions: :mod:`agent.usage`, :mod:`goals.stats`,
+store at collection time (the owners' query functions: :mod:`agent.usage`, :mod:`goals.queries`,
 :mod:`agent.outbox`) or from live objects (provider health, the turn slots), so there is no
 registry of in-process counters to keep; rendering a list of families is a few lines.
 
@@ -39,7 +39,7 @@ from agent.store import Store
 from agent.usage import usage_by_guard, usage_totals
 from daemon import __version__
 from goals.model import GoalStatus
-from goals.stats import goal_facts
+from goals.queries import goal_facts
 
 #: What the notification backlog is read with (the outbox's owner fills it; tests may pass another).
 BacklogFn = Callable[[Conn], Mapping[str, int]]

@@ -8,8 +8,9 @@ never printed: ``goald config check`` shows them masked, and provider keys are n
 
 The sections with their own concern live beside this module and are re-exported from it, so
 callers import every settings name from here: providers (:mod:`daemon.provider_settings`), the
-sandbox, goal sandboxes, tool secrets and MCP servers (:mod:`daemon.sandbox_settings`), and
-retention (:mod:`daemon.retention_settings`).
+sandbox, goal sandboxes, tool secrets and MCP servers (:mod:`daemon.sandbox_settings`);
+notifications, the cluster, the web page, the metrics and the store's disk each in its module.
+Retention (:class:`RetentionSettings`) is here.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     IPvAnyAddress,
     PrivateAttr,
@@ -36,10 +39,10 @@ from agent.errors import NotSupported
 from agent.sandbox.network import NetworkSetting, host_pattern
 from daemon.alerts.config import NotifySettings
 from daemon.cluster.settings import ClusterSettings
+from daemon.disk import StorageSettings
 from daemon.errors import DaemonError
 from daemon.metrics_service import MetricsSettings
 from daemon.provider_settings import ModelLimits, ProviderSettings, read_secret
-from daemon.retention_settings import RetentionSettings
 from daemon.sandbox_settings import (
     DiskMb,
     GoalSandbox,
@@ -49,8 +52,10 @@ from daemon.sandbox_settings import (
     ReadOnlyPath,
     sandbox_profile,
 )
-from daemon.storage_settings import StorageSettings
 from daemon.web.settings import WebSettings
+
+if TYPE_CHECKING:
+    from goals.retention import RetentionPolicy
 
 __all__ = [
     "PLACEHOLDER_PROVIDER",
@@ -74,6 +79,47 @@ __all__ = [
 
 class ConfigError(DaemonError, ValueError):
     """The configuration is invalid; the message names the key and the reason."""
+
+
+class RetentionSettings(BaseModel):
+    """How long ended goals keep their history and work directories (``[retention]``).
+
+    Ages are in seconds (0: keep forever); see :mod:`goals.retention` for what an ended goal keeps.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Seconds after a goal ended (completed, failed, cancelled) before its session history is pruned.
+    history_seconds: float = Field(default=30 * 86_400.0, ge=0)
+    #: Events each pruned session keeps (the newest, extended back to a turn's start).
+    keep_events: int = Field(default=200, ge=0)
+    #: Seconds after a goal ended before the work directory goald made for it is removed.
+    workdir_seconds: float = Field(default=90 * 86_400.0, ge=0)
+    #: Goal keys or ids whose work directories are never removed.
+    keep_workdirs: list[str] = []
+    #: Seconds between the daemon's retention runs (0: only ``goald store compact``).
+    interval_seconds: float = Field(default=3600.0, ge=0)
+    #: Rows one retention step deletes (one short transaction).
+    batch_rows: int = Field(default=500, ge=1, le=100_000)
+    #: Bytes of events one retention step deletes, about (at least one event).
+    batch_bytes: int = Field(default=1 << 20, ge=1)
+    #: Pages one ``incremental_vacuum`` step gives back to the file system.
+    vacuum_pages: int = Field(default=256, ge=1, le=1_000_000)
+
+    def policy(self, roots: list[Path]) -> RetentionPolicy:
+        """The goal package's retention policy for these settings and work-directory ``roots``."""
+        from goals.retention import RetentionPolicy  # the CLI's client commands never need it
+
+        return RetentionPolicy(
+            history_seconds=self.history_seconds,
+            keep_events=self.keep_events,
+            workdir_seconds=self.workdir_seconds,
+            keep_workdirs=self.keep_workdirs,
+            workdir_roots=roots,
+            batch_rows=self.batch_rows,
+            batch_bytes=self.batch_bytes,
+            vacuum_pages=self.vacuum_pages,
+        )
 
 
 class Settings(BaseSettings):

@@ -9,6 +9,7 @@ builds goals only through :func:`goals.rows.goal_from_row`. Other packages read 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -259,3 +260,32 @@ def goal_retention(tx_or_conn: Tx | Conn, goal_id: str) -> dict[str, Any]:
     if row is None:
         raise GoalNotFound(f"no goal {goal_id}: list the goals to find its id")
     return {"historyPrunedAt": row["history_pruned_at"], "workdirRemovedAt": row["workdir_removed_at"]}
+
+
+# -- figures for reporting (the daemon's metrics): one small row per goal, no whole goal loaded --
+#
+# A goal started by a schedule has the idempotency key ``<schedule id>@<instant>``
+# (``daemon.schedule.firing``); :class:`GoalFact` carries that schedule id so the daemon can label
+# spend by schedule, a label set as small as the number of schedules.
+
+
+@dataclass(frozen=True)
+class GoalFact:
+    """What the metrics need of one goal."""
+
+    status: str
+    guard_id: str
+    #: The schedule whose fire created the goal (``None``: created otherwise).
+    schedule_id: str | None
+    rounds: int
+
+
+def _schedule_of(idempotency_key: str | None) -> str | None:
+    head, at, _ = (idempotency_key or "").partition("@")
+    return head if at and head.startswith("sch_") else None
+
+
+def goal_facts(conn: Conn) -> list[GoalFact]:
+    """One :class:`GoalFact` per goal (in a read)."""
+    rows = conn.execute("SELECT status, guard_id, idempotency_key, rounds FROM goals").fetchall()
+    return [GoalFact(str(r[0]), str(r[1]), _schedule_of(r[2]), int(r[3])) for r in rows]

@@ -6,6 +6,13 @@ except :func:`lease_of`, which the fence reads inside the store's writing transa
 free when no node holds it or its holder stopped renewing (:data:`FREE`); a claim takes free rows
 ``FOR UPDATE SKIP LOCKED``, so nodes claiming at once take different sessions, and raises the
 epoch, which is what fences a late write of the node that held it before.
+
+The tables (PostgreSQL only, :data:`MIGRATIONS`): ``nodes``, one row per daemon process (``id`` is
+the process's incarnation, so a restarted daemon is a new node and never mistakes its dead
+predecessor's leases for its own; ``name`` is the operator's); ``leases``, one row per top-level
+session that has been held (``node_id`` NULL is free; ``epoch`` counts takeovers and is the fencing
+token every driving write compares). Times are the database's (``now()``), so the nodes' clocks
+need not agree.
 """
 
 from __future__ import annotations
@@ -19,8 +26,38 @@ from agent.db import Conn
 from agent.errors import InvalidInput, NotFound
 from agent.ids import SessionId
 from agent.inbox import sessions_with_work
+from agent.schema import Migration
 from agent.sessions import load_session
 from goals.store import live_goal_sessions
+
+_NODES_AND_LEASES = """
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    labels TEXT NOT NULL DEFAULT '[]',
+    lease_limit BIGINT NOT NULL,
+    started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    draining BIGINT NOT NULL DEFAULT 0,
+    stopped_at TIMESTAMPTZ
+);
+CREATE INDEX nodes_live ON nodes(heartbeat_at) WHERE stopped_at IS NULL;
+CREATE TABLE leases (
+    session_id TEXT PRIMARY KEY,
+    node_id TEXT,
+    epoch BIGINT NOT NULL DEFAULT 0,
+    expires_at TIMESTAMPTZ,
+    acquired_at TIMESTAMPTZ,
+    taken_from TEXT
+);
+CREATE INDEX leases_node ON leases(node_id) WHERE node_id IS NOT NULL;
+"""
+
+MIGRATIONS: list[Migration] = [
+    Migration(version=1, summary="cluster nodes and session leases", sql=_NODES_AND_LEASES, postgres=_NODES_AND_LEASES),
+]
 
 #: A lease no live node holds (the same test the claim uses).
 FREE = "(l.node_id IS NULL OR l.expires_at IS NULL OR l.expires_at < now())"

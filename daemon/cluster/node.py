@@ -22,8 +22,8 @@ from agent.inbox import queued_waking
 from agent.retention import session_descendants
 from agent.subagents import settle_orphans
 from agent.turns import repair
+from daemon.cluster.lease_rows import MIGRATIONS
 from daemon.cluster.leases import LeaseManager, expected_failure
-from daemon.cluster.schema import MIGRATIONS
 from daemon.cluster.settings import ClusterSettings
 from goals import GoalEngine
 from goals.model import Goal

@@ -29,8 +29,8 @@ from agent.messages import parse_content
 from agent.models.base import ModelRequest
 from agent.models.scripted import Reply, ScriptedModel
 from agent.sessions import create_session
+from daemon.cluster.lease_rows import MIGRATIONS
 from daemon.cluster.leases import LeaseManager
-from daemon.cluster.schema import MIGRATIONS
 from daemon.cluster.settings import ClusterSettings
 from goals.schema import MIGRATIONS as GOAL_MIGRATIONS
 
