@@ -12,7 +12,9 @@ keyed by the reason and the provider, so a 401 that pauses a thousand goals is o
 the cause and the count. Everything else is the goal's own and goes out alone.
 
 The payload's ``why`` is :func:`goals.why.why` of the goal as it commits: the same words ``goald goal
-show`` and the status page show for that status, never an earlier error.
+show`` and the status page show for that status, never an earlier error. Its summary names the goal
+by its key (its title when it has none) and its status as the CLI does (``paused (by operator:
+TEXT)``, ``exhausted (round limit reached)``), the words also in ``reasonText``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from agent.outbox import NotificationId, put
 from agent.tx import Tx
 from goals.model import Goal, GoalStatus, StopReason
-from goals.why import why
+from goals.why import reason_text, why
 
 #: The statuses a goal notifies on reaching.
 NOTIFIED = (GoalStatus.COMPLETED, GoalStatus.EXHAUSTED, GoalStatus.FAILED, GoalStatus.CANCELLED, GoalStatus.PAUSED)
@@ -46,10 +48,10 @@ def reason_code(reason: str | None) -> str | None:
 def goal_payload(goal: Goal) -> dict[str, Any]:
     """The documented payload of a goal notification (without id, kind and time, which the outbox adds)."""
     reason = " ".join((goal.status_reason or "").split()) or None
-    summary = f"goal {goal.title!r} {goal.status.value}"
-    if reason:
-        summary += f": {reason}"
-    summary += f" (round {goal.rounds}, {goal.tokens} tokens, cost {goal.cost:.4f})"
+    words = reason_text(reason) or None  # as the CLI and the status page say it
+    # Named by its key, as an operator addresses it (its title when it has none).
+    summary = f"goal {goal.key or goal.title!r} {goal.status.value}" + (f" ({words})" if words else "")
+    summary += f" after {goal.rounds} round(s), {goal.tokens:,} tokens, cost {goal.cost:.4f}"
     if len(summary) > SUMMARY_CHARS:
         summary = summary[: SUMMARY_CHARS - 1] + "…"
     return {
@@ -57,6 +59,7 @@ def goal_payload(goal: Goal) -> dict[str, Any]:
         "status": goal.status.value,
         "reason": reason,
         "reasonCode": reason_code(goal.status_reason),
+        "reasonText": words,
         "why": why(goal, goal.updated_at),
         "provider": provider_of(goal),
         "counters": {"rounds": goal.rounds, "tokens": goal.tokens, "cost": goal.cost},

@@ -14,9 +14,10 @@ first notification's fields plus what the group adds::
       "schedule": {"id": "sch_…", "key": "nightly"},        # schedule kinds
       "provider": "openai",   # goal and breaker kinds
       "status": "paused", "reason": "auth_error: …", "reasonCode": "auth_error",
+      "reasonText": "authentication failed",   # goal kinds: the reason as the CLI says it
       "why": "HTTP 401 …: fix the provider's key, then resume the goal",  # goal kinds: as goal show says it
       "counters": {"rounds": 3, "tokens": 5120, "cost": 0.012},  # goal kinds
-      "summary": "goal 'nightly report' paused: stalled (round 6, …)",
+      "summary": "goal 'nightly' paused (stalled: no progress) after 6 round(s), …",
       "time": "2025-06-01T03:00:00.000000+00:00",   # when the change committed
       "host": "server1"
     }
@@ -34,9 +35,13 @@ import socket
 from typing import Any
 
 from agent.outbox import Message
+from goals.why import reason_text
 
 #: The fields of the first notification copied into the payload (when present).
-_FIELDS = ("goal", "schedule", "provider", "status", "reason", "reasonCode", "why", "counters", "scheduledFor", "time")
+_FIELDS = (
+    "goal", "schedule", "provider", "status", "reason", "reasonCode", "reasonText", "why", "counters", "scheduledFor",
+    "time",
+)  # fmt: skip
 
 
 def _group_summary(message: Message, first: dict[str, Any]) -> str:
@@ -46,7 +51,8 @@ def _group_summary(message: Message, first: dict[str, Any]) -> str:
         what = f"{n} goals {kind.removeprefix('goal_')}"
         code = first.get("reasonCode") or first.get("reason")
         provider = first.get("provider")
-        cause = f": {code}" + (f" (provider {provider})" if provider else "") if code else ""
+        words = reason_text(code) if code else ""  # the CLI's words for the shared cause
+        cause = f" ({words}" + (f", provider {provider})" if provider else ")") if words else ""
         return f"{what}{cause}; first: {first.get('summary', '')}"
     if kind == "schedule_missed":
         return f"{n} schedule runs missed; first: {first.get('summary', '')}"

@@ -156,7 +156,7 @@ async def test_notifications_of_one_cause_are_one_message_with_the_count(store: 
     assert grouped["count"] == 200
     assert grouped["ids"] == ids
     assert grouped["cause"] == "goal_paused:auth_error:openai"
-    assert grouped["summary"].startswith("200 goals paused: auth_error (provider openai)")
+    assert grouped["summary"].startswith("200 goals paused (authentication failed, provider openai)")
     assert len(grouped["goals"]) == 20 and grouped["goals"][0]["id"] == "goal_0"
     assert by_id[alone]["count"] == 1 and by_id[alone]["ids"] == [alone]
 

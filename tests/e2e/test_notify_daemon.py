@@ -227,7 +227,7 @@ async def test_one_401_that_pauses_many_goals_is_one_message_and_notify_test_wor
             body = messages[0].json
             assert body["kind"] == "goal_paused" and body["count"] == n
             assert body["cause"] == "goal_paused:auth_error:revoked"
-            assert body["summary"].startswith(f"{n} goals paused: auth_error (provider revoked)")
+            assert body["summary"].startswith(f"{n} goals paused (authentication failed, provider revoked)")
             assert {g["id"] for g in body["goals"]} == set(goals)
 
             code, out, err = await d.acli("notify", "test")
@@ -237,6 +237,38 @@ async def test_one_401_that_pauses_many_goals_is_one_message_and_notify_test_wor
             code, out, err = await d.acli("notify", "test", "pager")
             assert code == 3 and "no notification sink 'pager': the configured sinks are ops" in err
             assert (await rpc(d.socket_path, "notify/test", {"sink": "ops"}))["results"][0]["ok"] is True
+        finally:
+            d.close()
+
+
+async def test_a_goals_notification_names_it_by_key_with_the_clis_words(tmp_path: Path) -> None:
+    async with WebhookServer() as hook:
+        d = Daemon(tmp_path / "state")
+        write_config(d, TEST_MODELS["providers"], notify_conf(hook, group_window_seconds=0))
+        d.start()
+        try:
+            made = await d.acli_json(
+                "goal", "add", "Notes [rounds=50 delay=0.2]", "--model", "test:worker", "--key", "nightly",
+                "--title", "The nightly notes",
+            )  # fmt: skip
+            await asyncio.to_thread(d.calls.wait, "worker round=1")
+            code, out, err = await d.acli("goal", "pause", "nightly", "--reason", "provider maintenance")
+            assert code == 0, err
+            await hook.wait(lambda: len(hook.accepted()) == 1, what="the pause's notification")
+            body = hook.accepted()[0].json
+            assert body["kind"] == "goal_paused" and body["goal"]["id"] == made["goalId"], body
+            code, listed, err = await d.acli("goal", "list")
+            words = "paused (by operator: provider maintenance)"
+            assert words in out and "by operator: provider maintenance" in listed, (out, listed)  # the CLI's words
+            assert body["summary"].startswith(f"goal 'nightly' {words} after "), body["summary"]
+            assert body["reasonText"] == "by operator: provider maintenance", body
+            assert body["reason"] == "by_operator: provider maintenance" and body["reasonCode"] is None, body
+
+            code, _out, err = await d.acli("goal", "cancel", "nightly")
+            assert code == 0, err
+            await hook.wait(lambda: len(hook.accepted()) == 2, what="the cancel's notification")
+            cancelled = hook.accepted()[1].json
+            assert cancelled["summary"].startswith("goal 'nightly' cancelled (by request) after "), cancelled
         finally:
             d.close()
 
