@@ -154,7 +154,8 @@ def _add_goal_transitions(gsub: Subparsers) -> None:
             a.add_argument(
                 "--reason",
                 metavar="TEXT",
-                help="why you pause it, in your words: kept with the pause and shown as 'paused (by operator: TEXT)'",
+                help="why you pause it, in your words (as Temporal's schedule toggle --pause --reason): kept with"
+                " the pause and shown as 'paused (by operator: TEXT)'",
             )
         if action == "resume":
             add_budget_options(a)
