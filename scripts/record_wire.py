@@ -19,7 +19,14 @@ OpenAI-compatible provider sends them (streamed, ``stream_options.include_usage`
 * ``llama_server_props.captured.response.json``: ``GET /props`` (where goald reads the window);
 * ``llama_server_format_error_in_stream.captured.sse`` (when the model obliges within a few tries):
   a longer call whose output leaves the tool-call format: tool-call deltas, then an error event
-  (code 500) inside the HTTP 200 stream, no finish reason, no usage.
+  (code 500) inside the HTTP 200 stream, no finish reason, no usage;
+* ``llama_server_tokenize.captured.json``: how goald counts a usage-less call with the server's
+  tokenizer, each exchange as sent and answered: a streamed chat completion (its usage is the
+  truth), ``POST /apply-template`` of the same body (the prompt as the chat template makes it),
+  ``POST /tokenize`` of that prompt (special tokens on) and of the answer's text.
+
+``--only NAME`` (repeatable: ``props``, ``cut``, ``refusal``, ``format-error``, ``tokenize``)
+records only those, leaving the other files as they are.
 
 The hand-written recordings of the same faults stay beside them (``tests/wire/README.md``);
 ``tests/agent/test_recorded_faults.py`` replays both. Usage::
@@ -187,11 +194,16 @@ def record_format_error(port: int, out: Path, origin: str) -> Path | None:
     return None
 
 
-def record_refusal(port: int, out: Path, origin: str, window: int) -> Path:
-    # About 1.3 windows of English text (~21 tokens a line with SmolLM2's tokenizer).
+def overflowing_body() -> bytes:
+    """A streamed chat completion of about 1.3 windows of English text (~21 tokens a line with
+    SmolLM2's tokenizer), tools offered."""
     filler = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog near the river bank." for i in range(120))
     messages = [{"role": "user", "content": "Summarize these lines in one sentence.\n" + filler}]
-    body = chat_body(messages, 256, [WRITE_FILE])
+    return chat_body(messages, 256, [WRITE_FILE])
+
+
+def record_refusal(port: int, out: Path, origin: str, window: int) -> Path:
+    body = overflowing_body()
     status, headers, raw = post(port, "/v1/chat/completions", body)
     print(f"refusal: HTTP {status}: {raw[:300]!r}")
     if status != 400:
@@ -227,10 +239,71 @@ def record_props(port: int, out: Path, origin: str) -> tuple[Path, Any]:
     return path, json.loads(raw)
 
 
+def record_tokenize(port: int, out: Path, origin: str) -> Path:
+    """A chat completion and the server's own count of its prompt and its answer (``/apply-template``
+    then ``/tokenize``), as goald's provider asks them for a call that reported no usage."""
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {
+            "role": "user",
+            "content": "Here are my notes on how bread is baked; read them and reply with one short sentence. "
+            + " ".join(f"Note {k}: bread is a subject many people find interesting for reason {k}." for k in range(6)),
+        },
+    ]
+    body = chat_body(messages, 48, [WRITE_FILE])
+    status, headers, raw = post(port, "/v1/chat/completions", body)
+    if status != 200:
+        raise SystemExit(f"tokenize: the chat completion answered HTTP {status}: {raw[:300]!r}")
+    text, usage = "", None
+    for obj in sse_objects(raw):
+        usage = obj.get("usage") or usage
+        for choice in obj.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                text += (fn.get("name") or "") + (fn.get("arguments") or "")
+    exchanges: list[dict[str, Any]] = []
+
+    def ask(path: str, request: bytes) -> Any:
+        st, hd, answer = post(port, path, request)
+        exchanges.append(
+            {"path": path, "request": request.decode(), "status": st, "headers": kept(hd), "body": answer.decode()}
+        )
+        if st != 200:
+            raise SystemExit(f"tokenize: {path} answered HTTP {st}: {answer[:300]!r}")
+        return json.loads(answer)
+
+    prompt = ask("/apply-template", body)["prompt"]
+    counted = ask("/tokenize", json.dumps({"content": prompt, "add_special": True, "parse_special": True}).encode())
+    answered = ask("/tokenize", json.dumps({"content": text, "add_special": False, "parse_special": False}).encode())
+    print(
+        f"tokenize: server usage {usage}; /tokenize counts the prompt {len(counted['tokens'])},"
+        f" the answer {len(answered['tokens'])}"
+    )
+    path = out / "llama_server_tokenize.captured.json"
+    record = {
+        "_comment": (
+            f"goald tests/wire recording, CAPTURED by scripts/record_wire.py from {origin} on"
+            f" {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}: a streamed chat completion (max_tokens 48, tools"
+            " offered) and the server's own count of its prompt (/apply-template of the same body, then"
+            " /tokenize with special tokens) and of its answer's text (/tokenize)"
+        ),
+        "chat": {"request": body.decode(), "status": status, "headers": kept(headers), "body": raw.decode()},
+        "exchanges": exchanges,
+    }
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+RECORDINGS = ("props", "cut", "refusal", "format-error", "tokenize")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "wire", help="where to write (default tests/wire)")
     ap.add_argument("--ctx", type=int, default=2048, help="the server's context size (default 2048)")
+    ap.add_argument("--only", action="append", choices=RECORDINGS, help="record only this (repeatable; default: all)")
     args = ap.parse_args()
     found = artifacts()
     if isinstance(found, str):
@@ -249,22 +322,30 @@ def main() -> int:
     extra = ["--chat-template-file", str(template)]
     with LlamaServer(binary, gguf, ctx=args.ctx, log=log, extra=extra) as server:
         print(f"llama-server ready on {server.url} in {time.monotonic() - started:.1f}s (log {log})")
-        props_path, props = record_props(server.port, args.out, "llama-server")
+        only = set(args.only or RECORDINGS)
+        written: list[Path] = []
+        if "props" in only:
+            props_path, props = record_props(server.port, args.out, "llama-server")
+            written.append(props_path)
+        else:
+            props = json.loads(post(server.port, "/props", None)[2])
         origin = (
             f"llama.cpp llama-server {build_of(props)} (from {source_of()}), model {gguf.name}, -c {args.ctx},"
             f" --chat-template-file {TOOL_TEMPLATE}"
         )
-        # The props file's comment names the build too.
-        rec = json.loads(props_path.read_text())
-        rec["_comment"] = rec["_comment"].replace("from llama-server", f"from {origin}")
-        props_path.write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
-        written = [
-            props_path,
-            record_cut_tool_call(server.port, args.out, origin),
-            record_refusal(server.port, args.out, origin, args.ctx),
-        ]
-        if (extra_path := record_format_error(server.port, args.out, origin)) is not None:
+        if "props" in only:
+            # The props file's comment names the build too.
+            rec = json.loads(props_path.read_text())
+            rec["_comment"] = rec["_comment"].replace("from llama-server", f"from {origin}")
+            props_path.write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
+        if "cut" in only:
+            written.append(record_cut_tool_call(server.port, args.out, origin))
+        if "refusal" in only:
+            written.append(record_refusal(server.port, args.out, origin, args.ctx))
+        if "format-error" in only and (extra_path := record_format_error(server.port, args.out, origin)) is not None:
             written.append(extra_path)
+        if "tokenize" in only:
+            written.append(record_tokenize(server.port, args.out, origin))
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -12,8 +12,9 @@ body) so a test can assert what was sent. Responses can be:
 * a stall (``ending="stall"``) or a delay before the headers (``delay=``), for timeouts.
 
 A model that asks the server for its window (``GET /props``, ``GET /v1/models``, ``POST
-/api/show``) is answered apart: from ``probe_answers`` by path, else 404, never from the script,
-and recorded in ``probes``, not ``requests``.
+/api/show``) or to count tokens (``POST /apply-template``, ``POST /tokenize``) is answered apart:
+from ``probe_answers`` by path (a list: one answer a request, in order), else 404, never from the
+script, and recorded in ``probes``, not ``requests``.
 
 Frames are built per provider (``oa_*`` and ``an_*``), or from one provider-neutral description
 (text parts, :class:`Call` s with their argument fragments, a :class:`~agent.Usage`) by
@@ -109,7 +110,7 @@ class ProviderServer:
         #: Requests that asked for the model's window (``GET /props``, ``GET /v1/models``,
         #: ``POST /api/show``), answered by ``probe_answers`` by path, else 404.
         self.probes: list[Recorded] = []
-        self.probe_answers: dict[str, Respond] = {}
+        self.probe_answers: dict[str, Respond | list[Respond]] = {}
         #: Requests sent on a kept-alive connection the server then closed without answering
         #: (``Respond(keep_alive=True)``); not in ``requests``.
         self.hung_up: list[Recorded] = []
@@ -169,6 +170,8 @@ class ProviderServer:
                 # from the script, and not counted among the requests.
                 self.probes.append(request)
                 probe = self.probe_answers.get(request.path)
+                if isinstance(probe, list):
+                    probe = probe.pop(0) if probe else None
                 await self._send(writer, probe or Respond.json(404, {"error": "not found"}))
                 return
             self.requests.append(request)
@@ -250,11 +253,11 @@ class ProviderServer:
 
 
 def is_probe(request: Recorded) -> bool:
-    """Whether a request asks for the model's window (what the providers ask a self-hosted server)."""
+    """Whether a request asks for the model's window or counts tokens (asked of a self-hosted server)."""
     path = request.path.split("?", 1)[0]
     if request.method == "GET":
         return path.endswith(("/props", "/v1/models"))
-    return request.method == "POST" and path.endswith("/api/show")
+    return request.method == "POST" and path.endswith(("/api/show", "/apply-template", "/tokenize"))
 
 
 def _head(status: int, reason: str, headers: dict[str, str]) -> bytes:

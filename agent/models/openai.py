@@ -352,6 +352,9 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
             "max_completion_tokens" if base_url is None else "max_tokens"
         )
         self._warned_no_usage = False
+        #: How the server counts tokens for a call that reported no usage (:meth:`_server_counts`):
+        #: ``None`` not asked yet, else one of :data:`TOKENIZER_ROUTES` or ``"none"``.
+        self.tokenizer: str | None = None
 
     def _probe_options(self) -> dict[str, Any]:
         return {"security": {"bearer_auth": True}}
@@ -420,24 +423,95 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
         finish = got.finish_reason(any(isinstance(b, ToolUseBlock) for b in content))
         usage = got.usage
         if usage is None:
-            usage = self._estimate_usage(len(body), request.max_tokens, got)
+            usage = await self._estimate_usage(body, request.max_tokens, got)
             return ModelResponse(content=content, finish_reason=finish, usage=usage, estimated=True)
         return ModelResponse(content=content, finish_reason=finish, usage=usage)
 
-    def _estimate_usage(self, prompt_bytes: int, max_tokens: int, got: _Assembly) -> Usage:
-        """A server that ignores ``include_usage``: charge an estimate so budgets still bind. The prompt
-        at the model's running ratio of tokens to bytes (calibrated by the calls that did report
-        usage: :meth:`~agent.spend.PromptEstimator.likely`), the answer at the same ratio, never
-        more than the call's ``max_tokens``."""
+    async def _estimate_usage(self, body: bytes, max_tokens: int, got: _Assembly) -> Usage:
+        """A server that ignores ``include_usage``: charge an estimate so budgets still bind. Counted by
+        the server's own tokenizer where it has one (:meth:`_server_counts`); else the prompt at the
+        model's running ratio of tokens to bytes (calibrated by the calls that did report usage:
+        :meth:`~agent.spend.PromptEstimator.likely`) and the answer at the same ratio. The answer
+        is never charged more than the call's ``max_tokens``."""
         if not self._warned_no_usage:
             self._warned_no_usage = True
             logger.warning("{} sent no usage for model {}; charging estimates", self.provider, self.name)
+        answer = _answer_text(got)
+        prompt, output = await self._server_counts(body, answer)
+        if output is not None and got.finish in ("stop", "tool_calls"):
+            output += 1  # the end-of-answer token the model generated, counted by the server, not in the text
         estimator = estimator_for(self.spec)
-        out_bytes = sum(len(t.encode()) for t in got.text) + sum(
-            len(a.encode()) for c in got.calls.values() for a in c.arguments
-        )
-        output = min(max(1, math.ceil(out_bytes * estimator.typical_ratio)), max(1, max_tokens))
-        return Usage(input_tokens=estimator.likely(prompt_bytes), output_tokens=output)
+        if prompt is None:
+            prompt = estimator.likely(len(body))
+        if output is None:
+            output = math.ceil(len(answer.encode()) * estimator.typical_ratio)
+        return Usage(input_tokens=prompt, output_tokens=min(max(1, output), max(1, max_tokens)))
+
+    async def _server_counts(self, body: bytes, answer: str) -> tuple[int | None, int | None]:
+        """The prompt's and the answer's tokens as the server's own tokenizer counts them, where it has
+        one: ``llama-server`` (``POST /apply-template`` puts the request through its chat template,
+        ``POST /tokenize`` counts the prompt with its special tokens, then the answer), vLLM (``POST
+        /tokenize`` with the messages and tools counts the templated prompt, then the answer). Asked
+        only for a call that reported no usage, of a self-hosted server (a ``base_url``); a server
+        with neither (404s, or answers of another shape) is not asked again. ``None`` for a figure
+        not counted (the caller estimates it)."""
+        if self.base_url is None or self.tokenizer == "none":
+            return None, None
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        request = json.loads(body)
+        routes = [self.tokenizer] if self.tokenizer is not None else list(TOKENIZER_ROUTES)
+        for route in routes:
+            try:
+                if route == "llama-server":
+                    templated = as_object(await self._ask("post", root + "/apply-template", request), "templated")
+                    text = templated.get("prompt")
+                    if not isinstance(text, str):
+                        raise TypeError("/apply-template answered no prompt")
+                    prompt = _count(
+                        await self._ask(
+                            "post", root + "/tokenize", {"content": text, "add_special": True, "parse_special": True}
+                        )
+                    )
+                    output = (
+                        _count(
+                            await self._ask(
+                                "post",
+                                root + "/tokenize",
+                                {"content": answer, "add_special": False, "parse_special": False},
+                            )
+                        )
+                        if answer
+                        else 0
+                    )
+                else:
+                    asked = {k: request[k] for k in ("model", "messages", "tools") if k in request}
+                    prompt = _count(
+                        await self._ask("post", root + "/tokenize", {**asked, "add_generation_prompt": True}), "count"
+                    )
+                    output = _count(
+                        await self._ask(
+                            "post",
+                            root + "/tokenize",
+                            {"model": self.name, "prompt": answer, "add_special_tokens": False},
+                        ),
+                        "count",
+                    )
+            except Exception as exc:  # best effort: the estimate falls back to the running ratio
+                why = self._redact(f"{type(exc).__name__}: {exc}")
+                logger.debug("model {}: the {} tokenizer route counted nothing ({})", self.spec, route, why)
+                # An error status (a 404) or an answer of another shape: another server's route.
+                answered = getattr(exc, "status_code", None) is not None or isinstance(
+                    exc, TypeError | KeyError | ValueError
+                )
+                if self.tokenizer is None and answered:
+                    continue
+                return None, None  # no answer at all, or a route that worked failed this once
+            if self.tokenizer is None:
+                logger.info("model {}: usage-less calls are counted by the server's tokenizer ({})", self.spec, route)
+            self.tokenizer = route
+            return prompt, output
+        self.tokenizer = "none"
+        return None, None
 
     def _item(self, event: str | None, data: str) -> object:
         # As the SDK's stream: ``[DONE]`` ends it; an object with an ``error`` is an error.
@@ -495,6 +569,30 @@ class OpenAIModel(StreamingHTTPModel["AsyncOpenAI"]):
             usage=usage,
             status=code_status,
         )
+
+
+#: The servers' tokenizer routes :meth:`OpenAIModel._server_counts` knows, in the order it tries them.
+TOKENIZER_ROUTES = ("llama-server", "vllm")
+
+
+def _answer_text(got: _Assembly) -> str:
+    """What the model wrote: its text and each tool call's name and arguments."""
+    calls = "".join(f"{c.name}{''.join(c.arguments)}" for c in got.calls.values())
+    return "".join(got.text) + "".join(got.refusal) + calls
+
+
+def _count(answer: object, key: str | None = None) -> int:
+    """The tokens a ``/tokenize`` answer counts: its ``key`` (vLLM's ``count``), else its ``tokens``' length."""
+    data = as_object(answer, "the /tokenize answer")
+    if key is not None:
+        count = data[key]
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise TypeError(f"/tokenize answered {key} {count!r}")
+        return count
+    tokens = data["tokens"]
+    if not isinstance(tokens, list):
+        raise TypeError("/tokenize answered no list of tokens")
+    return len(tokens)
 
 
 def _detail(body: object) -> str | None:

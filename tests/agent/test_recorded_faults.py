@@ -62,7 +62,8 @@ from agent import (
     Usage,
 )
 from agent.context import SUMMARY_INSTRUCTION
-from agent.models.base import CUT_CALL_HEAD
+from agent.messages import TextBlock
+from agent.models.base import CUT_CALL_HEAD, ConvMessage, ModelRequest, ToolSpec
 from agent.models.health import GuardedModel, ProviderHealth
 from agent.models.openai import OpenAIModel
 
@@ -370,3 +371,122 @@ async def test_llama_server_s_error_event_inside_a_200_stream_is_a_failed_attemp
     assert error["estimated"] and usage.input_tokens > 0 and usage.output_tokens == 0
     assert not [e for e in events if e.type == EventType.TOOL_RESULT]  # the half-streamed call never ran
     assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["end_turn"]
+
+
+def no_usage(text: str) -> list[bytes]:
+    """A whole text answer from a server that reports no usage."""
+    return openai_stream([oa_chunk(role="assistant", content=""), oa_chunk(content=text), oa_chunk(finish="stop")])
+
+
+def asking(text: str) -> ModelRequest:
+    """A one-message request of at most 32 output tokens, no tools."""
+    return ModelRequest(
+        system=None, messages=[ConvMessage(role="user", content=[TextBlock(text=text)])], tools=[], max_tokens=32
+    )
+
+
+def tokenize_recording() -> tuple[dict[str, Any], list[bytes], list[dict[str, Any]], dict[str, int]]:
+    """The captured chat completion and the server's counts (``llama_server_tokenize.captured.json``):
+    its request, its stream's frames with the usage chunk taken out (a server that reports none),
+    the ``/apply-template`` and ``/tokenize`` exchanges, and the usage the server reported."""
+    rec = json.loads((WIRE / "llama_server_tokenize.captured.json").read_text())
+    frames, usage = [], None
+    for part in rec["chat"]["body"].encode().split(b"\n\n"):
+        if not part.strip():
+            continue
+        if part.startswith(b"data: {"):
+            chunk = json.loads(part[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                continue
+        frames.append(part + b"\n\n")
+    assert usage is not None
+    return json.loads(rec["chat"]["request"]), frames, rec["exchanges"], usage
+
+
+async def test_without_usage_llama_server_s_tokenizer_counts_the_call_as_the_server_did(
+    server: ProviderServer,
+) -> None:
+    # Captured: a chat completion whose usage said 486 prompt + 48 completion tokens, and what
+    # /apply-template and /tokenize answered for its prompt and its answer. Replayed without usage.
+    sent, frames, exchanges, usage = tokenize_recording()
+    server.probe_answers = {
+        "/apply-template": Respond(status=200, body=exchanges[0]["body"].encode()),
+        "/tokenize": [Respond(status=200, body=e["body"].encode()) for e in exchanges[1:]],
+    }
+    server.add(Respond.stream(frames))
+    model = llama_server(server, "SmolLM2-135M-Instruct", max_tokens=sent["max_tokens"], context_window=2048)
+    messages = [
+        ConvMessage(role="user", content=[TextBlock(text=m["content"])])
+        for m in sent["messages"]
+        if m["role"] == "user"
+    ]
+    [system] = [m["content"] for m in sent["messages"] if m["role"] == "system"]
+    tool = sent["tools"][0]["function"]
+    request = ModelRequest(
+        system=system,
+        messages=messages,
+        tools=[ToolSpec(name=tool["name"], description=tool["description"], input_schema=tool["parameters"])],
+        max_tokens=sent["max_tokens"],
+    )
+    try:
+        response = await model.complete(request)
+    finally:
+        await model.aclose()
+    # The body goald sent is the one recorded (so the recorded counts are of it).
+    [chat] = server.requests
+    assert chat.body == sent
+    # Counted by the server's tokenizer: exactly what the server reported when it did report.
+    assert response.estimated
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    assert model.tokenizer == "llama-server"
+    # Asked as recorded: the same body through the chat template, then its prompt and the answer.
+    asked = [(p.path, p.body) for p in server.probes if p.path in ("/apply-template", "/tokenize")]
+    assert asked == [(e["path"], json.loads(e["request"])) for e in exchanges]
+
+
+async def test_without_usage_vllm_s_tokenizer_counts_the_call(server: ProviderServer) -> None:
+    # vLLM (written by hand from its documented /tokenize: {"count", "max_model_len", "tokens"}): no
+    # /apply-template (404); /tokenize with the messages counts the templated prompt, then the answer.
+    server.probe_answers = {
+        "/tokenize": [
+            Respond.json(200, {"count": 57, "max_model_len": 4096, "tokens": list(range(57))}),
+            Respond.json(200, {"count": 3, "max_model_len": 4096, "tokens": [1, 2, 3]}),
+            Respond.json(200, {"count": 61, "max_model_len": 4096, "tokens": list(range(61))}),
+            Respond.json(200, {"count": 2, "max_model_len": 4096, "tokens": [1, 2]}),
+        ]
+    }
+    server.add(Respond.stream(no_usage("three words here")), Respond.stream(no_usage("two words")))
+    model = llama_server(server, "vllm-model", context_window=4096)
+    try:
+        first = await model.complete(asking("count me"))
+        second = await model.complete(asking("count me again"))
+    finally:
+        await model.aclose()
+    # The answer's tokens and the end-of-answer token the model generated (finish "stop").
+    assert (first.usage.input_tokens, first.usage.output_tokens) == (57, 3 + 1)
+    assert (second.usage.input_tokens, second.usage.output_tokens) == (61, 2 + 1)
+    assert model.tokenizer == "vllm"
+    paths = [p.path for p in server.probes]
+    # The llama-server route was tried once (404), then vLLM's for every call.
+    assert paths == ["/apply-template", "/tokenize", "/tokenize", "/tokenize", "/tokenize"]
+    prompt_ask = server.probes[1].body
+    assert prompt_ask["model"] == "vllm-model" and prompt_ask["add_generation_prompt"] is True
+    assert prompt_ask["messages"] == [{"role": "user", "content": "count me"}]
+    assert server.probes[2].body == {"model": "vllm-model", "prompt": "three words here", "add_special_tokens": False}
+
+
+async def test_without_a_tokenizer_the_server_is_asked_once_and_the_ratio_estimates(server: ProviderServer) -> None:
+    server.add(Respond.stream(no_usage("one")), Respond.stream(no_usage("two")))
+    model = llama_server(server, "no-tokenizer", context_window=4096)
+    try:
+        for text in ("first", "second"):
+            response = await model.complete(asking(text))
+            assert response.estimated and response.usage.input_tokens > 0
+    finally:
+        await model.aclose()
+    assert model.tokenizer == "none"
+    assert [p.path for p in server.probes] == ["/apply-template", "/tokenize"]
