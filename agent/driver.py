@@ -31,7 +31,8 @@ The parts, each in its module: the settings (:mod:`agent.config`), the retried w
 (:mod:`agent.writer`), the view as the driver holds it (:mod:`agent.history`), a model step with
 its retries (:mod:`agent.step`), each attempt reserved, time-bound and settled
 (:mod:`agent.attempts`, also compaction's narrow interface), and a step's tool calls
-(:mod:`agent.toolcalls`). This module keeps the public face, the loop and the turn.
+(:mod:`agent.toolcalls`), and the calls that enqueue or cancel messages (:mod:`agent.intake`).
+This module keeps the rest of the public face, the loop and the turn.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ from agent.config import AgentConfig, SlotFactory
 from agent.errors import LeaseLost, StorageUnavailable
 from agent.events import Event, EventType
 from agent.history import History
-from agent.ids import MessageId
-from agent.inbox import admit, cancel, cancel_all, enqueue
-from agent.messages import CancelReason, Content, Delivery, Source, ToolUseBlock, parse_content
+from agent.inbox import admit, cancel_all
+from agent.intake import MessageIntake
+from agent.messages import CancelReason, Delivery, ToolUseBlock
 from agent.models.base import ConvMessage, FinishReason, Model, WireCache
 from agent.payloads import AgentStatus, EndReason, MessageQueued, StatusChanged
 from agent.spend import SpendGuard
@@ -74,7 +75,7 @@ class StatusSnapshot:
     seq: int
 
 
-class Agent:
+class Agent(MessageIntake):
     """One session's agent. Create through :class:`agent.runtime.Runtime`."""
 
     def __init__(
@@ -140,82 +141,6 @@ class Agent:
     def status_seq(self) -> int:
         """Sequence number of the event that recorded :attr:`status`."""
         return self._status_seq
-
-    async def followup(
-        self,
-        content: str | Content | Any,
-        *,
-        message_id: MessageId | str | None = None,
-        source: Source | None = None,
-        pending_key: str | None = None,
-        yields_to_followup: bool = False,
-    ) -> None:
-        """Enqueue a follow-up: durable as queued when this returns; it opens or waits for the next turn."""
-        await self._enqueue(Delivery.FOLLOWUP, content, message_id, source, pending_key, yields_to_followup)
-
-    async def steer(
-        self, content: str | Content | Any, *, message_id: MessageId | str | None = None, source: Source | None = None
-    ) -> None:
-        """Enqueue steering: joins the running turn at its next model step; wakes an idle agent."""
-        await self._enqueue(Delivery.STEER, content, message_id, source, None, False)
-
-    async def inject(
-        self, content: str | Content | Any, *, message_id: MessageId | str | None = None, source: Source | None = None
-    ) -> None:
-        """Enqueue context: admitted with the next model step; never wakes the agent."""
-        await self._enqueue(Delivery.CONTEXT, content, message_id, source, None, False)
-
-    async def enqueue(
-        self,
-        content: str | Content | Any,
-        *,
-        delivery: Delivery | str = Delivery.FOLLOWUP,
-        message_id: MessageId | str | None = None,
-        source: Source | None = None,
-    ) -> MessageId:
-        """Validate and enqueue with a delivery given by name; returns the message's id (a receipt)."""
-        from agent.messages import parse_delivery
-
-        mid = MessageId.parse(message_id) if message_id is not None else MessageId.new()
-        await self._enqueue(parse_delivery(delivery), content, mid, source, None, False)
-        return mid
-
-    async def _enqueue(
-        self,
-        delivery: Delivery,
-        content: object,
-        message_id: MessageId | str | None,
-        source: Source | None,
-        pending_key: str | None,
-        yields: bool,
-    ) -> None:
-        blocks = parse_content(content)
-        mid = MessageId.parse(message_id) if message_id is not None else None
-        await self.store.transact(
-            partial(
-                enqueue,
-                session_id=self.session_id,
-                content=blocks,
-                delivery=delivery,
-                message_id=mid,
-                source=source,
-                pending_key=pending_key,
-                yields_to_followup=yields,
-            )
-        )
-
-    async def cancel_message(
-        self,
-        message_id: MessageId | str,
-        reason: str = CancelReason.CANCELLED,
-        caller: Mapping[str, int | str] | None = None,
-    ) -> None:
-        """Cancel a queued message (``caller``: who asked, kept in the event). Raises
-        ``InvalidTransition`` if it was already admitted."""
-        mid = MessageId.parse(message_id)
-        await self.store.transact(
-            partial(cancel, session_id=self.session_id, message_id=mid, reason=reason, caller=caller)
-        )
 
     async def interrupt(self, discard_queued: bool = False, caller: Mapping[str, int | str] | None = None) -> None:
         """End the running turn ``cancelled``; optionally cancel every queued message too.
