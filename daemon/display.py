@@ -41,6 +41,7 @@ from agent import (
     TurnStarted,
     parse_payload,
 )
+from daemon.rpc.views import GoalView
 from goals import (
     GoalBlockedReported,
     GoalChanged,
@@ -336,64 +337,61 @@ def _used(used: float, limit: float | None, fmt: str) -> str:
     return f"{fmt.format(used)} of {fmt.format(limit)} used, {fmt.format(max(limit - used, 0))} left"
 
 
-def infra_lines(g: dict[str, Any]) -> list[str]:
+def infra_lines(g: GoalView) -> list[str]:
     """The infrastructure's share of a goal, apart from its rounds and tokens (when there is any)."""
     out = []
-    rerun, streak = int(g.get("infraRounds") or 0), int(g.get("infraStreak") or 0)
-    if rerun or streak:
-        limit = (g.get("rules") or {}).get("infraRetries")
+    if g.infra_rounds or g.infra_streak:
         out.append(
-            f"retries:    {rerun} round(s) cut short by infrastructure trouble, run again, not counted"
-            f" ({streak} in a row" + (f", limit {limit})" if limit else ")")
+            f"retries:    {g.infra_rounds} round(s) cut short by infrastructure trouble, run again, not counted"
+            f" ({g.infra_streak} in a row, limit {g.rules.infra_retries})"
         )
-    interrupted = int(g.get("interruptedTokens") or 0)
-    if interrupted:
-        out.append(f"interrupted: {interrupted:,} tokens charged for interrupted calls (in the tokens above)")
+    if g.interrupted_tokens:
+        out.append(f"interrupted: {g.interrupted_tokens:,} tokens charged for interrupted calls (in the tokens above)")
     return out
 
 
 def describe_lines(d: dict[str, Any]) -> list[str]:
-    """The ``goald goal show`` view of a ``goal/describe`` answer."""
-    g = d["goal"]
-    b = g.get("budgets") or {}
-    out = [f"goal:       {g['id']}" + (f"  (key {g['key']})" if g.get("key") else "")]
-    out.append(f"title:      {g['title']}")
-    out.append(f"objective:  {g['objective']}")
-    out.append(f"status:     {status_text(g)}")
-    why = d.get("why", g.get("why"))
+    """The ``goald goal show`` view of a ``goal/describe`` answer (its goal read as a :class:`GoalView`)."""
+    wire = d["goal"]
+    g = GoalView.model_validate(wire)
+    b = g.budgets
+    out = [f"goal:       {g.id}" + (f"  (key {g.key})" if g.key else "")]
+    out.append(f"title:      {g.title}")
+    out.append(f"objective:  {g.objective}")
+    out.append(f"status:     {status_text(wire)}")
+    why = d.get("why", g.why)
     if why:
         out.append(f"why:        {why}")
     act = d.get("activity") or {}
     until = f" until {when(act['until'])} ({age(act['until'])})" if act.get("until") else ""
     out.append(f"activity:   {act.get('text', '-')}{until}")
-    model = f"model:      {g.get('model') or '-'}"
+    model = f"model:      {g.model or '-'}"
     prov = d.get("provider")
     if prov:
         model += f"  (provider {prov['name']}: {provider_words(prov)})"
     out.append(model)
-    out.append(f"rounds:     {_used(g['rounds'], b.get('maxRounds'), '{:,.0f}')}")
-    out.append(f"tokens:     {_used(g['tokens'], b.get('maxTokensTotal'), '{:,.0f}')}")
+    out.append(f"rounds:     {_used(g.rounds, b.max_rounds, '{:,.0f}')}")
+    out.append(f"tokens:     {_used(g.tokens, b.max_tokens_total, '{:,.0f}')}")
     out.extend(infra_lines(g))
-    out.append(f"cost:       {_used(g['cost'], b.get('maxCost'), '{:.4f}')}")
-    if b.get("maxWallSeconds") is not None:
-        out.append(f"wall time:  {span(g.get('wallUsed') or 0)} of {span(b['maxWallSeconds'])}")
-    if b.get("deadline"):
-        out.append(f"deadline:   {when_age(b['deadline'])}")
-    out.append(f"created:    {when_age(g.get('createdAt'))}")
-    out.append(f"updated:    {when_age(g.get('updatedAt'))}")
-    out.append(f"workdir:    {g.get('workdir') or '-'}")
-    out.append(f"session:    {g['sessionId']}")
-    if g.get("nodeLabel"):
-        out.append(f"node label: {g['nodeLabel']} (only a node with this label runs it)")
+    out.append(f"cost:       {_used(g.cost, b.max_cost, '{:.4f}')}")
+    if b.max_wall_seconds is not None:
+        out.append(f"wall time:  {span(g.wall_used)} of {span(b.max_wall_seconds)}")
+    if b.deadline:
+        out.append(f"deadline:   {when_age(b.deadline)}")
+    out.append(f"created:    {when_age(g.created_at)}")
+    out.append(f"updated:    {when_age(g.updated_at)}")
+    out.append(f"workdir:    {g.workdir or '-'}")
+    out.append(f"session:    {g.session_id}")
+    if g.node_label:
+        out.append(f"node label: {g.node_label} (only a node with this label runs it)")
     sched = d.get("schedule")
     if sched:
         key = f" (key {sched['key']})" if sched.get("key") else ""
         out.append(f"schedule:   {sched['id']}{key}" + (" (removed since)" if sched.get("removed") else ""))
     else:
         out.append("schedule:   none (created directly)")
-    verify = g.get("verify") or []
-    out.append("verify:     " + ("; ".join(f"$ {v['cmd']}" for v in verify) if verify else "none (unverified)"))
-    out.extend(setting_lines(g))
+    out.append("verify:     " + ("; ".join(f"$ {v.cmd}" for v in g.verify) if g.verify else "none (unverified)"))
+    out.extend(setting_lines(wire))
     refused = d.get("refusedVerification") or []
     if refused:
         out.append("last verification refused the completion claim:")
@@ -401,8 +399,8 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
             out.append(f"  $ {r['cmd']} -> {exit_text(r)}")
             tail = [line for line in str(r.get("outputTail") or "").splitlines() if line.strip()][-5:]
             out.extend(f"    | {line[:200]}" for line in tail)
-    if g.get("resultSummary"):
-        out.append(f"result:     {g['resultSummary']}")
+    if g.result_summary:
+        out.append(f"result:     {g.result_summary}")
     events = d.get("events") or []
     out.append(f"last {len(events)} event(s):" if events else "events:     none")
     for ev in events:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TypedDict
 
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel as _to_camel
 
 from agent import Event
@@ -40,6 +41,23 @@ def goal_view(goal: Goal, now: datetime | None = None) -> JsonObject:
     out["why"] = why(goal, now or datetime.now(UTC))
     out["statusError"] = status_error(goal, now or datetime.now(UTC))  # goal list's LAST ERROR
     return out
+
+
+class GoalView(Goal):
+    """A goal view (:func:`goal_view`, as ``goal/get``, ``goal/list`` and ``goal/describe`` send it)
+    read back into a model: what a client reads as ``view.session_id`` and ``view.budgets.max_rounds``
+    rather than as a dict's ``g["sessionId"]``. Every field of :class:`~goals.Goal` (its memory
+    aside, which the view leaves out) and the view's own keys; keys a newer daemon adds are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    notes: list[str] = Field(default_factory=list)
+    #: The last verification's results, as the view sends them (camelCase).
+    last_verification: list[JsonObject] = Field(default_factory=list)
+    last_error: str | None = None
+    why: str | None = None
+    #: What it is doing now (``goal/list``'s goals carry it; :mod:`daemon.rpc.activity`).
+    activity: JsonObject | None = None
 
 
 def _camel(data: dict[str, object]) -> JsonObject:
