@@ -39,7 +39,7 @@ from goals import (
     stable_part,
     transition,
 )
-from goals.policy import MAX_NOTES, MAX_SEEN_CALLS
+from goals.fold import MAX_NOTES, MAX_SEEN_CALLS
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(seconds=60)
