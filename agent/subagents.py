@@ -51,7 +51,15 @@ from agent.events import EventType
 from agent.inbox import cancel_all, enqueue
 from agent.interval import watch_interval
 from agent.messages import Content, Source, SourceKind, parse_content
-from agent.payloads import AssistantMessage, EndReason, ModelCharged, ModelFailed, TurnEnded, parse_payload
+from agent.payloads import (
+    AssistantMessage,
+    ContextCompacted,
+    EndReason,
+    ModelCharged,
+    ModelFailed,
+    TurnEnded,
+    parse_payload,
+)
 from agent.store import Store
 from agent.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry
 from agent.tx import Tx
@@ -68,7 +76,12 @@ ABANDONED = "the delegating call was cancelled"
 #: How long cleaning up after a cancelled call may take.
 ABANDON_TIMEOUT = 30.0
 #: Event kinds that carry spend, as the goal engine counts them.
-_SPEND_TYPES = (EventType.ASSISTANT_MESSAGE, EventType.MODEL_ERROR, EventType.MODEL_CHARGED)
+_SPEND_TYPES = (
+    EventType.ASSISTANT_MESSAGE,
+    EventType.MODEL_ERROR,
+    EventType.MODEL_CHARGED,
+    EventType.CONTEXT_COMPACTED,
+)
 
 
 class DelegateArgs(BaseModel):
@@ -232,6 +245,10 @@ def session_spend(tx: Tx, session_id: str) -> tuple[int, float]:
             case AssistantMessage() | ModelFailed() as call:
                 tokens += call.usage.total if call.usage is not None else 0
                 cost += call.cost
+            case ContextCompacted() as compacted:
+                # A compaction's summary call is charged like any other call.
+                tokens += compacted.usage.total if compacted.usage is not None else 0
+                cost += compacted.cost
             case _:
                 pass
     return tokens, cost

@@ -16,18 +16,20 @@ the submitted message:
   observation; it is never looked up through the message (its id is used only to find the
   receipt, and the interval logic below never sees it);
 * ``usage`` sums the model calls recorded in the interval by the root session and by its
-  subagent sessions (sessions whose ``session/created`` names a parent in the tree).
+  subagent sessions (sessions whose ``session/created`` names a parent in the tree): every call,
+  the summary calls of the context's compaction (``context/compacted``) included, so the tokens it
+  reports are the tokens charged, as the goal engine counts them (``goals.facts.charged``).
 
 Usage has one source of truth per session. A subagent's model calls are its own session's
-``assistant/message`` and ``model/error`` events, and when its delegating call ends
-(``agent.subagents.settle_child``) the parent session records the child's whole spend once more,
-as a ``model/charged`` event naming the child in ``subagentSessionId`` (its grandchildren's
-included, for the goal engine, which counts one session's events). Counting both would count a
-child twice and a grandchild three times, so such a charge counts only when its child is *not* in
-the interval's tree: then the interval never saw the child's calls, and the charge (recorded in
-the interval) is all there is to count, as ``charged_tokens``. A ``model/charged`` event without
-``subagentSessionId`` (a reservation charged in full by crash repair or an interrupted call)
-records spend of its own session that no other event records, and always counts.
+``assistant/message``, ``model/error`` and ``context/compacted`` (a summary call) events, and when
+its delegating call ends (``agent.subagents.settle_child``) the parent session records the child's
+whole spend once more, as a ``model/charged`` event naming the child in ``subagentSessionId`` (its
+grandchildren's included, for the goal engine, which counts one session's events). Counting both
+would count a child twice and a grandchild three times, so such a charge counts only when its child
+is *not* in the interval's tree: then the interval never saw the child's calls, and the charge
+(recorded in the interval) is all there is to count, as ``charged_tokens``. A ``model/charged``
+event without ``subagentSessionId`` (a reservation charged in full by crash repair or an
+interrupted call) records spend of its own session that no other event records, and always counts.
 
 :func:`find_receipt` locates the receipt; :class:`Interval` consumes events after it in commit
 order. Both work on :class:`SessionEvent` values, whatever carried them (the control protocol, or
@@ -44,6 +46,7 @@ from pydantic import BaseModel
 
 from agent import (
     AssistantMessage,
+    ContextCompacted,
     EndReason,
     Event,
     EventType,
@@ -54,6 +57,14 @@ from agent import (
     ModelFailed,
     RunFacts,
     SessionCreated,
+)
+
+#: The events that record spend (a call's usage, a charge), as the goal engine counts them.
+_SPEND_TYPES = (
+    EventType.ASSISTANT_MESSAGE,
+    EventType.MODEL_ERROR,
+    EventType.MODEL_CHARGED,
+    EventType.CONTEXT_COMPACTED,
 )
 
 
@@ -213,7 +224,7 @@ class Interval:
                 self._tree.add(ev.session_id)
 
     def _count(self, ev: SessionEvent) -> None:
-        if ev.type not in (EventType.ASSISTANT_MESSAGE, EventType.MODEL_ERROR, EventType.MODEL_CHARGED):
+        if ev.type not in _SPEND_TYPES:
             return
         u = self.usage
         match ev.payload:
@@ -225,6 +236,14 @@ class Interval:
                     u.cache_read_tokens += call.usage.cache_read_tokens
                     u.cache_write_tokens += call.usage.cache_write_tokens
                 u.cost += call.cost
+            case ContextCompacted() as compacted if compacted.usage is not None:
+                # The summary call of a compaction: a model call like any other.
+                u.model_calls += 1
+                u.input_tokens += compacted.usage.input_tokens
+                u.output_tokens += compacted.usage.output_tokens
+                u.cache_read_tokens += compacted.usage.cache_read_tokens
+                u.cache_write_tokens += compacted.usage.cache_write_tokens
+                u.cost += compacted.cost
             case ModelCharged() as charged:
                 if charged.subagent_session_id in self._tree:
                     return  # the child's calls were counted from its own events (see the module docstring)
