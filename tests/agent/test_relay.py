@@ -91,6 +91,15 @@ async def test_a_remote_enqueue_reaches_the_holder_at_once_and_in_order(nodes: l
     assert next(e.seq for e in seen_a if e.session_id == sid) == 1
 
 
+@pytest.mark.soak
+@pytest.mark.parametrize("repeat", range(200))
+async def test_a_remote_enqueue_reaches_the_holder_200_times(nodes: list[Store], repeat: int) -> None:
+    """Issue 25, must show 7: the test above 200 times in a row, each on fresh stores and a fresh
+    database (its race was a store's first notifications), meant to run while other tests load the
+    machine (``pytest -m soak -k 200_times`` beside the suite)."""
+    await test_a_remote_enqueue_reaches_the_holder_at_once_and_in_order(nodes)
+
+
 async def test_the_slow_poll_catches_what_no_notification_announced(nodes: list[Store]) -> None:
     a, b, _ = nodes
     seen_a = recorder(a)
