@@ -19,8 +19,13 @@ OpenAI-compatible provider (the official SDK underneath) and the real driver run
 
 It also counts the messages the provider converted per request (constant: only what the step
 added) against the messages the request carried, and prints the CPU time the client's event-loop
-thread spent per step (first, middle and last 100 steps): on a machine shared with other work, that
-figure moves far less than the wall-clock ones.
+thread spent per step (first, middle and last 100 steps), and the client process's CPU time per step
+over all its threads (the store's thread included: a cost that grew off the event loop, a query or a
+commit that slows with the turn's length, would show there): on a machine shared with other work,
+those figures move far less than the wall-clock ones. On a loaded machine (load average ~10 on 2
+cores) the wall-clock ratio of the last 100 steps to the first swung from 0.96 to 3.51 between two
+runs while both CPU ratios stayed at 1.02-1.06: the tail's requests are ~400 kB against ~1 kB at
+the start, and a contended machine delays the local server's reading of them, not goald's work.
 
 The tool answers ``--result-bytes`` (default 1,000) a call, so the one turn outgrows the model's
 default 128k-token window (the server counts a request's prompt tokens as its body's bytes / 4 and
@@ -247,6 +252,7 @@ async def tool_loop(db: Path, port: int, steps: int) -> None:
     carried: list[int] = []
     converted: list[int] = []
     cpu: list[float] = []
+    cpu_all: list[float] = []
     estimates: list[int] = []
     likely = ContextMeter.likely
 
@@ -263,6 +269,7 @@ async def tool_loop(db: Path, port: int, steps: int) -> None:
 
         def counting(request: Any) -> int:
             cpu.append(time.thread_time())
+            cpu_all.append(time.process_time())
             before = request.cache.converted if request.cache is not None else 0
             size = measure(request)
             carried.append(len(request.messages))
@@ -284,6 +291,8 @@ async def tool_loop(db: Path, port: int, steps: int) -> None:
     thirds(client, "client time per step (response end -> next request whole)", "steps")
     print(f"  the same to the next request's headers, last 100: {ms(to_head[-100:])}")
     thirds([b - a for a, b in itertools.pairwise(cpu)], "client event-loop thread CPU per step", "steps")
+    # Every thread of the client (the store's too): a cost that grew off the event loop shows here.
+    thirds([b - a for a, b in itertools.pairwise(cpu_all)], "client process CPU per step (all threads)", "steps")
     print(f"  request body: first {stamps[0][3]} B, last {stamps[-1][3]} B")
     print(
         f"  messages per request: carried {carried[0]} -> {carried[-1]} (max {max(carried)}); converted per "
