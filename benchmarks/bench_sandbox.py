@@ -19,7 +19,10 @@ pays for the sandbox, to keep under 15 ms. The load average is printed with the 
 root with cgroup v1's ``cpuacct``, each call's CPU time (every process of it, reparented ones
 included), which a loaded machine hardly changes.
 
-Run: ``python benchmarks/bench_sandbox.py [--calls N]``.
+The resident memory of the benchmark is printed too: ``--heap-mib N`` grows it first, as a daemon's
+heap (starting a command must not cost more the larger the daemon is).
+
+Run: ``python benchmarks/bench_sandbox.py [--calls N] [--heap-mib N]``.
 """
 
 from __future__ import annotations
@@ -116,6 +119,12 @@ async def interleaved(
     return times, cpu_times
 
 
+def resident_mib() -> int:
+    """This process's resident memory, in MiB."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+
 def daemon_layout(tmp: Path) -> tuple[Path, Path, tuple[int, int] | None]:
     """A state directory with a database and a work-directory root under it, a work directory in it,
     and who commands run as: laid out as ``goald serve`` lays them out (as root: the sandbox user,
@@ -188,7 +197,10 @@ async def run(calls: int) -> None:
             await proxy.stop()
     loads.append(os.getloadavg()[0])
     who = "as the sandbox user" if run_as is not None else "as this user"
-    print(f"{calls} rounds, every row once a round in random order; wall time per call; bwrap {who}")
+    print(
+        f"{calls} rounds, every row once a round in random order; wall time per call; bwrap {who}; "
+        f"{resident_mib()} MiB resident"
+    )
     print(f"{'':56} {'median':>9} {'p90':>9} {'CPU':>9}")
     for label, values in times.items():
         used = f"{statistics.median(cpu_times[label]) * 1000:8.2f}ms" if cpu_times[label] else f"{'-':>10}"
@@ -219,7 +231,13 @@ async def run(calls: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=100, help="rounds (each calls every row once)")
+    parser.add_argument(
+        "--heap-mib", type=int, default=0, help="grow this process by N MiB first, as a daemon's memory (default 0)"
+    )
     args = parser.parse_args()
+    heap = bytearray(args.heap_mib << 20)
+    for at in range(0, len(heap), 4096):  # touched: resident, as a daemon's heap is
+        heap[at] = 1
     asyncio.run(run(args.calls))
 
 

@@ -33,6 +33,7 @@ How the bubblewrap command line is built, and why:
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import shutil
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,11 @@ _LAUNCH = (
     f"args=${_LAUNCH_VAR}; filter=${_SECCOMP_VAR}; unset {_LAUNCH_VAR} {_SECCOMP_VAR}; "
     'exec 3< <(printf %s "$args" | base64 -d) 4< <(printf %s "$filter" | base64 -d); unset args filter; exec "$@"'
 )
+
+
+@functools.lru_cache(maxsize=1)
+def _setpriv() -> str:
+    return shutil.which("setpriv", path=DEFAULT_PATH) or "/usr/bin/setpriv"
 
 
 @dataclass(frozen=True)
@@ -213,12 +219,19 @@ class Sandbox:
             _LAUNCH_VAR: base64.b64encode(payload).decode("ascii"),
             _SECCOMP_VAR: base64.b64encode(seccomp.program()).decode("ascii"),
         }
-        drop: list[str] = []
-        if self.run_as is not None:  # a root daemon: bwrap itself runs as the sandbox user
-            uid, gid = self.run_as
-            setpriv = shutil.which("setpriv", path=DEFAULT_PATH) or "/usr/bin/setpriv"
-            drop = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
-        return [bash, "-c", script, "goald-sandbox", *drop, *self.argv(cmd, setup_fd=3)], env
+        return [bash, "-c", script, "goald-sandbox", *self.user_switch(), *self.argv(cmd, setup_fd=3)], env
+
+    def user_switch(self) -> list[str]:
+        """What bwrap's command line starts with so that bwrap runs as :attr:`run_as` (a root daemon's
+        sandbox user): ``setpriv`` sets the real, effective and saved ids, drops the supplementary
+        groups (and with them every capability), then execs bwrap, keeping its descriptors. Not
+        ``subprocess``'s ``user=``: with it CPython forks the whole daemon instead of vforking it,
+        which costs a root daemon milliseconds per command, more the larger its memory
+        (``benchmarks/bench_sandbox.py``). Empty when bwrap runs as the daemon's own user."""
+        if self.run_as is None:
+            return []
+        uid, gid = self.run_as
+        return [_setpriv(), f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
 
     def limit_group(self) -> Group | None:
         """A new group under this sandbox's limits for one long-running command started through

@@ -34,7 +34,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
@@ -119,7 +119,6 @@ async def _start(
     args = _ArgsPipe()
     filter_fd = -1
     fds: tuple[int, ...] = ()
-    user: dict[str, Any] = {}
     fd_numbers = (workdir_fd, -1)
     try:
         if info is None:
@@ -130,12 +129,10 @@ async def _start(
             args.open()
             argv = sandbox.argv(cmd, setup_fd=args.read_fd)
             argv[1:1] = ["--info-fd", str(info.write_fd)]
+            argv[:0] = sandbox.user_switch()
             # bwrap closes the work directory's and the filter's descriptors once used, and the
             # others are its own (--info-fd, --args): the command holds 0, 1 and 2 only (the census).
             fds = (info.write_fd, args.read_fd, workdir_fd, filter_fd)
-            if sandbox.run_as is not None:
-                uid, gid = sandbox.run_as
-                user = {"user": uid, "group": gid, "extra_groups": []}
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -147,7 +144,6 @@ async def _start(
                 stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=fds,
-                **user,
             )
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
