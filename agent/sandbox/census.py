@@ -13,9 +13,9 @@ it prints one JSON object, :func:`census` of what it saw:
 * ``fds``: the open descriptors (0, 1, 2 only);
 * ``mounts``: every mount point, and those without ``nosuid`` or ``nodev`` (the device nodes of
   ``/dev`` excepted: a device node works only where devices are allowed);
-* ``uid``/``gid`` inside; who the command is on the host is read outside, from the owner of a file
-  it made (:func:`owner`): never root, the sandbox user for a root daemon, the daemon's own user
-  otherwise;
+* ``uid``/``gid`` inside, and ``groups``, the supplementary ones (none for a root daemon's
+  commands); who the command is on the host is read outside, from the owner of a file it made
+  (:func:`owner`): never root, the sandbox user for a root daemon, the daemon's own user otherwise;
 * ``caps``: every capability set, all empty; ``no_new_privs`` 1; ``seccomp`` 2 (a filter);
 * ``keys``: the keys ``/proc/keys`` shows (none: it is covered), and ``forbidden``: what became of a
   child that tried a forbidden call (``keyctl``, a set-user-ID ``chmod``, a user namespace, ``mount``,
@@ -66,6 +66,7 @@ out["without_nosuid"] = sorted(set(nosuid))
 out["without_nodev"] = sorted(set(nodev))
 status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
 out["uid"] = int(status["Uid"].split()[0]); out["gid"] = int(status["Gid"].split()[0])
+out["groups"] = sorted(set(os.getgroups()) - {out["gid"]})
 open("census-owner", "w").close()  # its owner on the host is read outside (owner())
 out["caps"] = {k: int(status[k].strip(), 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
 out["no_new_privs"] = int(status["NoNewPrivs"]); out["seccomp"] = int(status["Seccomp"])
@@ -166,6 +167,9 @@ def expected(sandbox: Sandbox, *, grouped: bool, extra_env: tuple[str, ...] = ()
         "without_nodev": sorted(DEVICE_MOUNTS),
         "uid": 0 if sandbox.run_as is None and os.getuid() == 0 else uid,
         "gid": 0 if sandbox.run_as is None and os.getgid() == 0 else gid,
+        # A root daemon's commands hold no supplementary group; a daemon of its own user keeps its
+        # groups (an unprivileged bwrap cannot drop them), shown as the overflow group.
+        "groups": [] if sandbox.run_as is not None else "host",
         "caps": dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0),
         "no_new_privs": 1,
         "seccomp": 2,
