@@ -12,15 +12,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from daemon.display import exit_text, provider_words, span, status_text, when
+from daemon.rpc.views import GoalView
 from daemon.web.html import TOKENS, h, kv, rel, used_text
 
 
-def actions(g: Mapping[str, Any], csrf: str, read_only: bool) -> str:
+def actions(g: GoalView, csrf: str, read_only: bool) -> str:
     """Pause, resume, cancel and send: forms that post with the CSRF token (none for a read-only token)."""
     if read_only:
         return '<p class="note">This token is read-only: it cannot pause, resume, cancel or send.</p>'
-    gid = h(g.get("id"))
-    status = str(g.get("status"))
+    gid = h(g.id)
+    status = g.status.value
     hidden = f'<input type="hidden" name="csrf" value="{h(csrf)}">'
 
     def button(action: str, enabled: bool) -> str:
@@ -56,18 +57,17 @@ def goal_page(
     d: Mapping[str, Any], timeline: str, *, csrf: str, read_only: bool, last_seq: int, flash: str | None = None
 ) -> str:
     """One goal: describe data, actions, burn-down chart, timeline."""
-    g: Mapping[str, Any] = d.get("goal") or {}
-    gid = str(g.get("id"))
+    g = GoalView.model_validate(d["goal"])
+    gid = str(g.id)
     note = f'<p class="flash">{h(flash)}</p>' if flash else ""
-    b = g.get("budgets") or {}
-    budget = bool(b.get("maxTokensTotal") or b.get("maxCost"))
+    budget = bool(g.budgets.max_tokens_total or g.budgets.max_cost)
     chart = "Burn-down" if budget else "Usage (no budget)"
     alt = "tokens and cost left of the budget over time" if budget else "tokens and cost used over time"
     return (
-        f'<article id="goal" data-goal="{h(gid)}" data-session="{h(g.get("sessionId"))}" data-last-seq="{last_seq}">'
-        f"<h1>{h(g.get('title'))} <small>{h(g.get('key') or gid)}</small></h1>{note}"
+        f'<article id="goal" data-goal="{h(gid)}" data-session="{h(g.session_id)}" data-last-seq="{last_seq}">'
+        f"<h1>{h(g.title)} <small>{h(g.key or gid)}</small></h1>{note}"
         + actions(g, csrf, read_only)
-        + kv(describe_rows(d))
+        + kv(describe_rows(d, g))
         + f"<h2>{chart}</h2>"
         + '<figure class="chart">'
         f'<img id="burn" src="/goals/{h(gid)}/burn.svg" alt="{alt}"'
@@ -76,29 +76,29 @@ def goal_page(
     )
 
 
-def describe_rows(d: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The goal's facts as (heading, HTML) rows: what ``goald goal describe`` shows."""
-    g: Mapping[str, Any] = d.get("goal") or {}
+def describe_rows(d: Mapping[str, Any], g: GoalView | None = None) -> list[tuple[str, str]]:
+    """The goal's facts as (heading, HTML) rows: what ``goald goal describe`` shows (``g``: its goal,
+    read as a :class:`GoalView`, if the caller has read it already)."""
+    g = g if g is not None else GoalView.model_validate(d["goal"])
     act = d.get("activity") or {}
-    verify = g.get("verify") or []
-    results = _verification_results(g.get("lastVerification") or [])
-    why = d.get("why") or (d.get("goal") or {}).get("why")
+    results = _verification_results(g.last_verification)
+    why = d.get("why") or g.why
     until = f" until {h(when(act['until']))} ({rel(act['until'])})" if act.get("until") else ""
     return [
-        ("objective", f'<div class="objective">{h(g.get("objective"))}</div>'),
-        ("status", f'<span id="goal-status" class="status st-{h(g.get("status"))}">{h(status_text(dict(g)))}</span>'),
+        ("objective", f'<div class="objective">{h(g.objective)}</div>'),
+        ("status", f'<span id="goal-status" class="status st-{h(g.status.value)}">{h(status_text(d["goal"]))}</span>'),
         ("why", f'<span id="goal-why" class="err">{h(why or "-")}</span>'),
         ("activity", f'<span id="goal-activity">{h(act.get("text"))}{until}</span>'),
         ("model", _model_cell(g, d.get("provider"))),
         *_budget_rows(g),
-        ("work directory", f"<code>{h(g.get('workdir'))}</code>"),
+        ("work directory", f"<code>{h(g.workdir)}</code>"),
         ("schedule", _schedule_cell(d.get("schedule"))),
-        ("verification", "<br>".join(f"<code>$ {h(v.get('cmd'))}</code>" for v in verify) or "none (unverified)"),
+        ("verification", "<br>".join(f"<code>$ {h(v.cmd)}</code>" for v in g.verify) or "none (unverified)"),
         *([("last verification", results)] if results else []),
-        *([("result", h(g.get("resultSummary")))] if g.get("resultSummary") else []),
-        ("created", f"{h(when(g.get('createdAt')))} ({rel(g.get('createdAt'))})"),
-        ("session", f"<code>{h(g.get('sessionId'))}</code>"),
-        *([("node", _node_text(d.get("node"), str(g.get("status"))))] if "node" in d else []),
+        *([("result", h(g.result_summary))] if g.result_summary else []),
+        ("created", f"{h(when(g.created_at))} ({rel(g.created_at)})"),
+        ("session", f"<code>{h(g.session_id)}</code>"),
+        *([("node", _node_text(d.get("node"), g.status.value))] if "node" in d else []),
     ]
 
 
@@ -110,49 +110,39 @@ def _node_text(node: str | None, status: str) -> str:
     return f'<span id="goal-node">{h(why)}</span>'
 
 
-def _budget_rows(g: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _budget_rows(g: GoalView) -> list[tuple[str, str]]:
     """Rounds, tokens and cost used of their budgets; wall time and deadline when the goal has them."""
-    b = g.get("budgets") or {}
+    b = g.budgets
     return [
-        (
-            "rounds",
-            f'<span id="goal-rounds">{used_text(float(g.get("rounds") or 0), b.get("maxRounds"), TOKENS)}</span>',
-        ),
-        (
-            "tokens",
-            f'<span id="goal-tokens">{used_text(float(g.get("tokens") or 0), b.get("maxTokensTotal"), TOKENS)}</span>',
-        ),
-        ("cost", f'<span id="goal-cost">{used_text(float(g.get("cost") or 0.0), b.get("maxCost"), "{:.4f}")}</span>'),
-        *(
-            [("wall time", h(f"{span(g.get('wallUsed') or 0)} of {span(b['maxWallSeconds'])}"))]
-            if b.get("maxWallSeconds")
-            else []
-        ),
-        *([("deadline", f"{h(when(b['deadline']))} ({rel(b['deadline'])})")] if b.get("deadline") else []),
+        ("rounds", f'<span id="goal-rounds">{used_text(float(g.rounds), b.max_rounds, TOKENS)}</span>'),
+        ("tokens", f'<span id="goal-tokens">{used_text(float(g.tokens), b.max_tokens_total, TOKENS)}</span>'),
+        ("cost", f'<span id="goal-cost">{used_text(float(g.cost), b.max_cost, "{:.4f}")}</span>'),
+        *([("wall time", h(f"{span(g.wall_used)} of {span(b.max_wall_seconds)}"))] if b.max_wall_seconds else []),
+        *([("deadline", f"{h(when(b.deadline))} ({rel(b.deadline)})")] if b.deadline else []),
         *_infra_rows(g),
     ]
 
 
-def _infra_rows(g: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _infra_rows(g: GoalView) -> list[tuple[str, str]]:
     """The infrastructure's share, apart: rounds re-run (not counted) and tokens charged for
     interrupted calls (in the tokens above), when there are any."""
     rows = []
-    rerun, streak = int(g.get("infraRounds") or 0), int(g.get("infraStreak") or 0)
-    if rerun or streak:
-        limit = (g.get("rules") or {}).get("infraRetries")
-        text = f"{rerun} round(s) cut short, run again, not counted ({streak} in a row" + (
-            f", limit {limit})" if limit else ")"
+    if g.infra_rounds or g.infra_streak:
+        text = (
+            f"{g.infra_rounds} round(s) cut short, run again, not counted"
+            f" ({g.infra_streak} in a row, limit {g.rules.infra_retries})"
         )
         rows.append(("infra retries", f'<span id="goal-infra">{h(text)}</span>'))
-    interrupted = int(g.get("interruptedTokens") or 0)
-    if interrupted:
-        rows.append(("interrupted calls", h(f"{interrupted:,} tokens charged for interrupted calls (in the tokens)")))
+    if g.interrupted_tokens:
+        rows.append(
+            ("interrupted calls", h(f"{g.interrupted_tokens:,} tokens charged for interrupted calls (in the tokens)"))
+        )
     return rows
 
 
-def _model_cell(g: Mapping[str, Any], prov: Mapping[str, Any] | None) -> str:
+def _model_cell(g: GoalView, prov: Mapping[str, Any] | None) -> str:
     """The model, with its provider's state (``ok``, ``failing (N in a row, last: ...)``, ``open``)."""
-    model = h(g.get("model"))
+    model = h(g.model)
     if prov:
         model += h(f"  (provider {prov.get('name')}: {provider_words(prov)})")
     return model
