@@ -369,35 +369,82 @@ def assert_final(line: dict[str, Any], g: dict[str, Any]) -> None:
     assert line["cost"] == f"{g['cost']:.4f}" and g["cost"] > 0
 
 
+async def watched(d: Daemon, paused: str | None, *watchers: tuple[str, ...]) -> list[tuple[int, str, str]]:
+    """Run each ``goald`` watcher over the rest of a goal, however slowly the CLI starts.
+
+    Every watcher is started and read until its first line (so it is watching) before the goal goes
+    on: with ``paused`` (a goal id) the goal is paused first and resumed once all watch; without, the
+    goal itself must be slow enough at its start (a held first call). Returns each watcher's ``(exit
+    code, stdout, stderr)`` when it ends with the goal. Starting a watcher on a running goal instead
+    races the goal: under load the CLI can start after the rounds the test expects to see.
+    """
+    if paused is not None:
+        code, _, err = await d.acli("goal", "pause", paused)
+        assert code == 0, err
+        await wait_goal(d.socket_path, paused, {"paused"})
+    procs = [
+        await asyncio.create_subprocess_exec(
+            *goald_argv(),
+            "--config",
+            str(d.config_path),
+            *argv,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for argv in watchers
+    ]
+    try:
+        async with asyncio.timeout(LIMIT):
+            firsts = [await proc.stdout.readline() for proc in procs if proc.stdout is not None]
+            assert all(firsts), "a watcher ended before its first line"
+            if paused is not None:
+                code, _, err = await d.acli("goal", "resume", paused)
+                assert code == 0, err
+            ends = [await proc.communicate() for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    return [
+        (proc.returncode or 0, (first + out).decode(), err.decode())
+        for proc, first, (out, err) in zip(procs, firsts, ends, strict=True)
+    ]
+
+
 async def test_goal_show_watch_prints_a_line_per_change_until_the_goal_ends(daemon: Daemon) -> None:
     d = daemon
-    gid, _ = await add_goal(d, "Notes [rounds=3 delay=0.5]", *BUDGETS, "--verify", "test -f round3.txt")
-    (code, out, err), (jcode, jout, jerr) = await asyncio.gather(
-        d.acli("goal", "show", gid, "--watch", limit=LIMIT),
-        d.acli("goal", "show", gid, "--watch", "--json", limit=LIMIT),
+    # The first round's call is slow (8 s), so the watchers start while the goal is at round 0 however
+    # slowly the CLI starts; a pause would not do here: a watch ends when the goal stops.
+    gid, _ = await add_goal(
+        d, "Notes [rounds=3 delay=0.5 hold_round=1 hold=8]", *BUDGETS, "--verify", "test -f round3.txt"
+    )
+    (code, out, err), (jcode, jout, jerr) = await watched(
+        d, None, ("goal", "show", gid, "--watch"), ("goal", "show", gid, "--watch", "--json")
     )
     assert code == 0, err
     g = await show(d, gid)
     lines = goal_lines_of(out, gid)
     assert len(lines) == len(out.splitlines()) >= 3
     assert [x["line"] for x in lines] == [x["line"] for i, x in enumerate(lines) if i == 0 or x != lines[i - 1]]
-    assert lines[0]["status"] == "active" and int(lines[0]["rounds"]) < 3
+    assert lines[0]["status"] == "active" and int(lines[0]["rounds"]) == 0
     rounds = [int(x["rounds"]) for x in lines]
     tokens = [int(x["tokens"].replace(",", "")) for x in lines]
     assert rounds == sorted(rounds) and tokens == sorted(tokens) and tokens[0] < tokens[-1]
     assert_final(lines[-1], g)
     # With --json: the goal as one JSON object a line, each change once, the last the ended goal.
     assert jcode == 0, jerr
-    watched = [json.loads(line) for line in jout.splitlines()]
-    assert len(watched) >= 2 and watched[0]["status"] == "active" and watched[-1] == g
+    changes = [json.loads(line) for line in jout.splitlines()]
+    assert len(changes) >= 2 and changes[0]["status"] == "active" and changes[-1] == g
 
 
 async def test_goal_logs_follow_shows_events_and_the_goal_against_its_budget_until_it_ends(daemon: Daemon) -> None:
     d = daemon
     gid, sid = await add_goal(d, "Notes [rounds=3 delay=0.5]", *BUDGETS, "--verify", "test -f round3.txt")
-    (code, out, err), (jcode, jout, jerr) = await asyncio.gather(
-        d.acli("goal", "logs", gid, "--follow", limit=LIMIT),
-        d.acli("goal", "logs", gid, "-f", "--json", limit=LIMIT),
+    (code, out, err), (jcode, jout, jerr) = await watched(
+        d, gid, ("goal", "logs", gid, "--follow"), ("goal", "logs", gid, "-f", "--json")
     )
     assert code == 0, err
     events = await all_events(d.socket_path, sid)
@@ -411,7 +458,7 @@ async def test_goal_logs_follow_shows_events_and_the_goal_against_its_budget_unt
     lines = goal_lines_of(out, gid)
     assert len(event_lines) + len(lines) == len(out.splitlines())
     assert [int(x["rounds"]) for x in lines] == sorted(int(x["rounds"]) for x in lines)
-    assert {int(x["rounds"]) for x in lines} >= {2, 3} and lines[0]["status"] == "active"
+    assert {int(x["rounds"]) for x in lines} >= {2, 3} and lines[0]["status"] == "paused"
     assert_final(lines[-1], g)
     # --json: the events only, one JSON object a line.
     assert jcode == 0, jerr
