@@ -14,7 +14,8 @@ Modules: the goal and its lifecycle (``model``), the engine's loop (``engine``) 
 (``facts``: an interval's events read into facts; ``measure``: the work directory and the goal's
 commands; ``policy``: the pure decision, with its input and output types in ``decision`` and the
 budget arithmetic in ``budgets``; ``evaluations``: one evaluation per goal at a time, retried;
-``timers``; ``creation``; ``operations``: a person's pause, resume, cancel, edit and delete), the
+``timers``; ``creation``; ``operations``: a person's pause, resume, cancel, edit and delete;
+``requests``: the engine's person-facing methods; ``following``: the goals it follows), the
 continuation text (``continuation``), the goal tools and tool policy (``tools``), verification and
 fingerprints (``verify``), work-directory claims (``locks``), the ``goals`` table (``schema``,
 ``rows``, ``queries``, ``store``), event payloads (``payloads``), pruning (``retention``), why a goal

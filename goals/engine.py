@@ -26,7 +26,10 @@ modules: reading the interval's events (:mod:`goals.facts`), measuring the work 
 running the goal's commands (:mod:`goals.measure`), the decision (:mod:`goals.policy`), the
 timers (:mod:`goals.timers`), running evaluations one at a time per goal with their retries
 (:mod:`goals.evaluations`), creating a goal (:mod:`goals.creation`) and a person's changes to it
-(:mod:`goals.operations`: the transactions behind pause, resume, cancel, edit and delete).
+(:mod:`goals.operations`: the transactions behind pause, resume, cancel, edit and delete). The
+engine's class is made of three by concern: the person-facing requests (:mod:`goals.requests`),
+which goals it follows with their timers and wake-ups (:mod:`goals.following`), and here its
+lifecycle and the evaluation: read, decide, fenced commit.
 """
 
 from __future__ import annotations
@@ -37,61 +40,35 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from loguru import logger
 
-from agent import (
-    Agent,
-    AgentStatus,
-    Event,
-    InvalidInput,
-    NotFound,
-    Runtime,
-    SessionState,
-    Tx,
-    is_idle,
-    read_events,
-)
-from goals.budgets import guard_limits, time_ends
-from goals.creation import check_workdir, create_goal
+from agent import AgentStatus, Event, InvalidInput, Runtime, SessionState, Tx, read_events
+from goals.budgets import time_ends
 from goals.decision import Decision, DecisionKind, PolicyInput
-from goals.errors import GoalError, InvalidGoal, StaleDecision
+from goals.errors import GoalError, StaleDecision
 from goals.evaluations import EvaluationRuns
 from goals.facts import interval_facts
 from goals.fingerprint_limits import FingerprintLimits, WalkStats, WalkStopped
+from goals.following import GoalFollowing
 from goals.measure import Fingerprinter, Measured, measure
-from goals.model import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopReason, VerifyCommand
-from goals.operations import (
-    change_status,
-    check_edit,
-    delete_goal,
-    edit_goal,
-    log_change,
-    log_deleted,
-    paused_for,
-    resume_goal,
-)
-from goals.payloads import Caller
+from goals.model import Goal, GoalStatus
+from goals.operations import log_change
 from goals.policy import decide, disk_over
+from goals.requests import GoalRequests
 from goals.store import (
-    GOAL_CHANGED,
     GOAL_FINGERPRINT,
     GOAL_VERIFIED,
     MIGRATIONS,
     emit_changed,
     emit_counted,
-    goals_of_session,
     issue_continuation,
-    list_goals,
-    live_goal_of_session,
     live_goals,
     load_goal,
-    resolve_goal_id,
     save_goal,
 )
-from goals.timers import GoalTimers, due_of
-from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
+from goals.timers import GoalTimers
 from goals.verify import CommandRunner, run_command, within
 
 #: How often a goal held back (:attr:`GoalEngine.hold`) is looked at again, in seconds.
@@ -105,7 +82,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class GoalEngine:
+class GoalEngine(GoalRequests, GoalFollowing):
     """Goals over a :class:`~agent.Runtime`. Use ``async with GoalEngine.running(rt) as engine``."""
 
     def __init__(
@@ -208,178 +185,10 @@ class GoalEngine:
         """Wait until no evaluation is running."""
         await self._runs.settled()
 
-    @property
-    def live_goal_count(self) -> int:
-        """How many goals the engine follows (the active and paused ones)."""
-        return len(self._sessions)
-
     def add_decision_listener(self, listener: DecisionListener) -> Callable[[], None]:
         """Observe every committed decision with the inputs it was taken from."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
-
-    # -- the public API --------------------------------------------------------------------
-
-    async def create(
-        self,
-        spec: GoalSpec,
-        *,
-        goal_id: GoalId | None = None,
-        caller: Caller | None = None,
-        also: Callable[[Tx, Goal], object] | None = None,
-    ) -> Goal:
-        """Create a goal; round 1's continuation is enqueued in the same transaction.
-
-        A repeated ``idempotency_key`` returns the goal first created with it. ``caller`` (uid, pid)
-        is recorded in the creation's ``goal/changed`` event. ``also`` runs in the creation's
-        transaction with the goal (new, or the one its idempotency key found): what it writes
-        commits with the goal, and what it raises rolls the creation back and propagates (a
-        schedule claims its fire this way).
-        """
-        if self.model_check is not None:
-            self.model_check(spec.model)
-        workdir = check_workdir(spec.workdir, self.allowed_roots)
-        # The work directory as it is at creation: round 1's progress is measured against it.
-        baseline = (await self.fingerprinter.walk(workdir)).known if workdir is not None else None
-        now = self.clock()
-        goal_id = goal_id or GoalId.new()
-        policy = goal_policy(spec.tools)
-
-        def run(tx: Tx) -> tuple[Goal, bool]:
-            made = create_goal(
-                tx, spec, goal_id=goal_id, workdir=workdir, baseline=baseline, policy=policy, now=now, caller=caller
-            )
-            if also is not None:
-                also(tx, made[0])
-            return made
-
-        goal, created = await self.store.transact(run)
-        if created:
-            log_change(None, goal)
-            self._track(goal)
-            await self._attach(goal)
-        return goal
-
-    async def get(self, goal_ref: str) -> Goal:
-        """A goal by id or unique id prefix."""
-        return await self.store.read(lambda conn: load_goal(conn, resolve_goal_id(conn, goal_ref)))
-
-    async def list_goals(
-        self, status: GoalStatus | str | None = None, *, schedule_id: str | None = None, since: datetime | None = None
-    ) -> list[Goal]:
-        """Goals, newest first; optionally of one status, of one schedule, created since a time."""
-        wanted = GoalStatus(status) if status is not None else None
-        return await self.store.read(lambda conn: list_goals(conn, wanted, schedule_id=schedule_id, since=since))
-
-    async def pause(self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Caller | None = None) -> Goal:
-        """Pause: a queued continuation is cancelled; a running turn finishes; nothing new starts."""
-        return await self._change(goal_ref, GoalStatus.PAUSED, reason, "goal paused", caller)
-
-    async def cancel(self, goal_ref: str, reason: str = StopReason.BY_REQUEST, *, caller: Caller | None = None) -> Goal:
-        """Cancel: the queued continuation is cancelled and a running turn is interrupted."""
-        goal = await self._change(goal_ref, GoalStatus.CANCELLED, reason, "goal cancelled", caller)
-        agent = self.rt.live_agents.get(goal.session_id)
-        if agent is not None:
-            await agent.interrupt(caller=caller)
-        return goal
-
-    async def resume(
-        self,
-        goal_ref: str,
-        budgets: Budgets | None = None,
-        *,
-        reopen: bool = False,
-        caller: Caller | None = None,
-    ) -> Goal:
-        """Resume a paused or exhausted goal (an exhausted one needs budgets that are not spent).
-
-        ``reopen``: an ended goal (completed, failed, cancelled) may be resumed too, with its own
-        budgets (which must not be spent): a person's message to it asked for that explicitly.
-        """
-        now = self.clock()
-        goal, before = await self.store.transact(
-            lambda tx: resume_goal(tx, goal_ref, now, budgets=budgets, reopen=reopen, caller=caller)
-        )
-        log_change(before, goal)
-        await self._sync_guard(goal)
-        self._track(goal)
-        if goal.memory.pending_claim is not None:
-            self.kick(goal.id)  # a claim made while paused is decided now (verified at this idle)
-        return goal
-
-    async def resume_all(
-        self, reason: str | None = None, *, caller: Caller | None = None
-    ) -> list[tuple[str, Goal | Exception]]:
-        """Resume every paused goal (with ``reason``: only those paused for it, e.g. ``auth_error``
-        after a key was fixed; a reason such as ``model_error: ...`` matches ``model_error``).
-
-        Each goal is resumed on its own: one that cannot be (it changed meanwhile) is reported
-        with its error and the others go on. Returns ``(goal id, resumed goal or error)``.
-        """
-        paused = await self.list_goals(GoalStatus.PAUSED)
-        out: list[tuple[str, Goal | Exception]] = []
-        for goal in sorted(paused, key=lambda g: g.id):
-            if not paused_for(goal, reason):
-                continue
-            try:
-                out.append((goal.id, await self.resume(goal.id, caller=caller)))
-            except (GoalError, InvalidInput, NotFound) as exc:
-                out.append((goal.id, exc))
-        return out
-
-    async def delete(self, goal_ref: str) -> tuple[Goal, int]:
-        """Delete an ended goal, and its session with the session's events when no other goal ran
-        on it; returns the goal as it was and how many sessions went. The work directory stays.
-
-        Raises:
-            InvalidGoal: the goal is active or paused (cancel it first).
-        """
-        goal = await self.get(goal_ref)
-        if goal.status.live:
-            raise InvalidGoal(f"goal {goal.id} is {goal.status.value}: cancel it before deleting it")
-        on_session = await self.store.read(lambda conn: goals_of_session(conn, goal.session_id))
-        others = [g for g in on_session if g != goal.id]
-        if not others:
-            # An ended goal's session is idle; a loaded agent is let go before its rows are.
-            await self.rt.unload(goal.session_id)
-
-        sessions = await self.store.transact(lambda tx: delete_goal(tx, goal.id, None if others else goal.session_id))
-        self._forget(goal)
-        log_deleted(goal, sessions)
-        return goal, sessions
-
-    async def update(
-        self,
-        goal_ref: str,
-        *,
-        objective: str | None = None,
-        title: str | None = None,
-        budgets: Budgets | None = None,
-        verify: list[VerifyCommand] | None = None,
-        progress: VerifyCommand | Literal["unchanged"] | None = "unchanged",
-        caller: Caller | None = None,
-    ) -> Goal:
-        """Edit a goal's objective, title, budgets, verification or progress command (durable; used
-        from the next round). ``progress=None`` removes the progress command. What changed (each
-        field before and after) and ``caller`` are recorded in a ``goal/edited`` event."""
-        now = self.clock()
-        check_edit(objective, title)
-        goal = await self.store.transact(
-            lambda tx: edit_goal(
-                tx,
-                goal_ref,
-                now,
-                objective=objective,
-                title=title,
-                budgets=budgets,
-                verify=verify,
-                progress=progress,
-                caller=caller,
-            )
-        )
-        await self._sync_guard(goal)
-        self._track(goal)
-        return goal
 
     # -- evaluation ------------------------------------------------------------------------
 
@@ -503,22 +312,6 @@ class GoalEngine:
         self.held[goal.id] = why
         self._timers.no_later_than(goal.id, self.clock() + timedelta(seconds=HOLD_RECHECK_SECONDS))
 
-    async def _change(
-        self,
-        goal_ref: str,
-        status: GoalStatus,
-        reason: str,
-        cancel_reason: str,
-        caller: Caller | None = None,
-    ) -> Goal:
-        now = self.clock()
-        goal, before = await self.store.transact(
-            lambda tx: change_status(tx, goal_ref, status, reason, cancel_reason, now, caller)
-        )
-        log_change(before, goal)
-        self._track(goal)
-        return goal
-
     def _runner(self, goal: Goal) -> CommandRunner:
         """Where ``goal``'s verification and progress commands run."""
         return self.runner_for(goal) if self.runner_for is not None else self.runner
@@ -540,99 +333,6 @@ class GoalEngine:
             return goal
         logger.error("goal {} failed: {}", goal.id, fault)
         return await self._change(goal.id, GoalStatus.FAILED, fault, "goal failed")
-
-    async def _attach(self, goal: Goal) -> None:
-        agent = self.rt.live_agents.get(goal.session_id)
-        if agent is not None:
-            # The session was live before it became the goal's: it takes the goal's policy now.
-            policy = goal_policy(goal.tools) or agent.tools.policy
-            if policy is not None:
-                agent.tools.policy = policy.allowing(*GOAL_TOOL_NAMES)
-            agent.add_tools(list(goal_tools()))
-            agent.guard = await self.rt.guard(goal.guard_id)
-
-    async def _sync_guard(self, goal: Goal) -> None:
-        guard = await self.rt.guard(goal.guard_id)
-        guard.limits = guard_limits(goal, self.clock())
-
-    def follows(self, session_id: str) -> bool:
-        """Whether the engine follows a live goal of ``session_id``."""
-        return session_id in self._sessions
-
-    async def adopt(self, session_id: str, *, check: Callable[[Goal], str | None] | None = None) -> Goal | None:
-        """Follow the live goal of a session this node has just taken over (a cluster's lease), and
-        make its pending decision; returns it (``None``: the session has no live goal).
-
-        ``check`` may give a reason to pause the goal with instead (its work directory is not on
-        this node: it must not start over in an empty one)."""
-        goal = await self.store.read(lambda conn: live_goal_of_session(conn, session_id))
-        if goal is None:
-            return None
-        goal = await self._fail_if_faulty(goal)
-        missing_workdir = check(goal) if check is not None else None
-        if missing_workdir is not None and goal.status is GoalStatus.ACTIVE:
-            goal = await self._change(goal.id, GoalStatus.PAUSED, missing_workdir, "goal paused")
-        self._track(goal)
-        if goal.status is GoalStatus.ACTIVE:
-            self.kick(goal.id)
-        return goal
-
-    def drop(self, session_id: str) -> None:
-        """Stop following the goal of a session this node no longer holds."""
-        goal_id = self._sessions.pop(session_id, None)
-        if goal_id is not None:
-            self._timers.drop(goal_id)
-
-    def _track(self, goal: Goal) -> None:
-        if self.owns is not None and not self.owns(goal.session_id):
-            self._forget(goal)  # another node follows it
-            return
-        if goal.status.live:
-            self._sessions[goal.session_id] = goal.id
-        else:
-            self._forget(goal)
-            return
-        self._timers.set(goal.id, due_of(goal))
-
-    def _forget(self, goal: Goal) -> None:
-        self.held.pop(goal.id, None)
-        if self._sessions.get(goal.session_id) == goal.id:
-            del self._sessions[goal.session_id]
-        self._timers.drop(goal.id)
-
-    def _on_event(self, event: Event) -> None:
-        if event.type == GOAL_CHANGED and self.store.relaying:
-            self._cancelled_elsewhere(event)
-            return
-        if not is_idle(event):
-            return
-        goal_id = self._sessions.get(event.session_id)
-        if goal_id is not None:
-            self.kick(goal_id)
-
-    def _cancelled_elsewhere(self, event: Event) -> None:
-        """A goal cancelled through another node (its ``goal/changed`` relayed here): when this node
-        drives the goal's session, its running turn is interrupted, as :meth:`cancel` does on the
-        node it is asked on."""
-        if event.data.get("status") != GoalStatus.CANCELLED.value:
-            return
-        if self.owns is not None and not self.owns(event.session_id):
-            return
-        agent = self.rt.live_agents.get(event.session_id)
-        if agent is not None:
-            logger.info(
-                "goal {} was cancelled on another node: interrupting its running turn", event.data.get("goalId")
-            )
-            caller = {k: v for k, v in event.data.items() if k in ("uid", "pid", "web")}
-            self.rt.spawn(_interrupt(agent, caller))
-
-
-async def _interrupt(agent: Agent, caller: dict[str, Any]) -> None:
-    """Interrupt a goal's running turn for a cancel made on another node (a failure is logged)."""
-    try:
-        await agent.interrupt(caller=caller)
-    except Exception as exc:  # e.g. the lease was lost meanwhile: the new holder repairs the turn
-        logger.warning("could not interrupt the cancelled goal's turn in session {}: {}", agent.session_id, exc)
 
 
 def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:
@@ -706,7 +406,4 @@ def _walk_data(goal: Goal, walk: WalkStats) -> dict[str, Any]:
     }
 
 
-__all__ = [
-    "GoalEngine",
-    "guard_limits",
-]
+__all__ = ["GoalEngine"]

@@ -1,0 +1,126 @@
+"""Which goals the goal engine follows: the live goals of the sessions this node drives.
+
+:class:`GoalFollowing` is that part of :class:`~goals.engine.GoalEngine` (which is one): the map from
+a session to its live goal, each goal's durable timers, the committed idles that wake an evaluation,
+and in a cluster the goals of sessions whose lease this node takes over (:meth:`~GoalFollowing.adopt`)
+or gives up (:meth:`~GoalFollowing.drop`), and a cancel made on another node reaching the turn it
+interrupts here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from agent import Agent, Event, Runtime, Store, is_idle
+from goals.model import Goal, GoalStatus
+from goals.payloads import Caller
+from goals.store import GOAL_CHANGED, live_goal_of_session
+from goals.timers import GoalTimers, due_of
+
+
+class GoalFollowing:
+    """The goals the engine follows (mixed into :class:`~goals.engine.GoalEngine`)."""
+
+    rt: Runtime
+    store: Store
+    owns: Callable[[str], bool] | None
+    held: dict[str, str]
+    _sessions: dict[str, str]
+    _timers: GoalTimers
+
+    if TYPE_CHECKING:  # the engine's
+
+        def kick(self, goal_id: str) -> None: ...
+
+        async def _fail_if_faulty(self, goal: Goal) -> Goal: ...
+
+        async def _change(
+            self, goal_ref: str, status: GoalStatus, reason: str, cancel_reason: str, caller: Caller | None = None
+        ) -> Goal: ...
+
+    @property
+    def live_goal_count(self) -> int:
+        """How many goals the engine follows (the active and paused ones)."""
+        return len(self._sessions)
+
+    def follows(self, session_id: str) -> bool:
+        """Whether the engine follows a live goal of ``session_id``."""
+        return session_id in self._sessions
+
+    async def adopt(self, session_id: str, *, check: Callable[[Goal], str | None] | None = None) -> Goal | None:
+        """Follow the live goal of a session this node has just taken over (a cluster's lease), and
+        make its pending decision; returns it (``None``: the session has no live goal).
+
+        ``check`` may give a reason to pause the goal with instead (its work directory is not on
+        this node: it must not start over in an empty one)."""
+        goal = await self.store.read(lambda conn: live_goal_of_session(conn, session_id))
+        if goal is None:
+            return None
+        goal = await self._fail_if_faulty(goal)
+        missing_workdir = check(goal) if check is not None else None
+        if missing_workdir is not None and goal.status is GoalStatus.ACTIVE:
+            goal = await self._change(goal.id, GoalStatus.PAUSED, missing_workdir, "goal paused")
+        self._track(goal)
+        if goal.status is GoalStatus.ACTIVE:
+            self.kick(goal.id)
+        return goal
+
+    def drop(self, session_id: str) -> None:
+        """Stop following the goal of a session this node no longer holds."""
+        goal_id = self._sessions.pop(session_id, None)
+        if goal_id is not None:
+            self._timers.drop(goal_id)
+
+    def _track(self, goal: Goal) -> None:
+        if self.owns is not None and not self.owns(goal.session_id):
+            self._forget(goal)  # another node follows it
+            return
+        if goal.status.live:
+            self._sessions[goal.session_id] = goal.id
+        else:
+            self._forget(goal)
+            return
+        self._timers.set(goal.id, due_of(goal))
+
+    def _forget(self, goal: Goal) -> None:
+        self.held.pop(goal.id, None)
+        if self._sessions.get(goal.session_id) == goal.id:
+            del self._sessions[goal.session_id]
+        self._timers.drop(goal.id)
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == GOAL_CHANGED and self.store.relaying:
+            self._cancelled_elsewhere(event)
+            return
+        if not is_idle(event):
+            return
+        goal_id = self._sessions.get(event.session_id)
+        if goal_id is not None:
+            self.kick(goal_id)
+
+    def _cancelled_elsewhere(self, event: Event) -> None:
+        """A goal cancelled through another node (its ``goal/changed`` relayed here): when this node
+        drives the goal's session, its running turn is interrupted, as :meth:`cancel` does on the
+        node it is asked on."""
+        if event.data.get("status") != GoalStatus.CANCELLED.value:
+            return
+        if self.owns is not None and not self.owns(event.session_id):
+            return
+        agent = self.rt.live_agents.get(event.session_id)
+        if agent is not None:
+            logger.info(
+                "goal {} was cancelled on another node: interrupting its running turn", event.data.get("goalId")
+            )
+            caller = {k: v for k, v in event.data.items() if k in ("uid", "pid", "web")}
+            self.rt.spawn(_interrupt(agent, caller))
+
+
+async def _interrupt(agent: Agent, caller: dict[str, Any]) -> None:
+    """Interrupt a goal's running turn for a cancel made on another node (a failure is logged)."""
+    try:
+        await agent.interrupt(caller=caller)
+    except Exception as exc:  # e.g. the lease was lost meanwhile: the new holder repairs the turn
+        logger.warning("could not interrupt the cancelled goal's turn in session {}: {}", agent.session_id, exc)
