@@ -13,7 +13,8 @@ from pathlib import Path
 
 from loguru import logger
 
-from daemon.checks import StateDirUnusable, config_findings, socket_gid, state_dir_problem
+from daemon.checks import StateDirUnusable, socket_gid, state_dir_problem
+from daemon.config_check import config_findings
 from daemon.declared import check_declared
 from daemon.ports import HostPort
 from daemon.rpc.protocol import Dispatcher

@@ -234,7 +234,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
     from agent.errors import SchemaTooNew
     from agent.schema import MigrationFailed
-    from daemon.checks import StateDirUnusable, config_findings, state_dir_problem
+    from daemon.checks import StateDirUnusable, state_dir_problem
+    from daemon.config_check import config_findings
     from daemon.host import Host
     from daemon.lock import StateDirLocked
     from daemon.settings import ConfigError
@@ -358,7 +359,7 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    from daemon.checks import config_findings
+    from daemon.config_check import config_findings
     from daemon.declared import check_declared
     from daemon.host import Host
     from daemon.settings import ConfigError, load_settings

@@ -19,7 +19,7 @@ from agent.sandbox import Sandbox, SandboxUser, sandbox_user
 from agent.sandbox.identity import blocker, hand_over, prepare_root
 from agent.tools.base import ToolContext
 from agent.tools.shell import Shell
-from daemon.checks import config_findings
+from daemon.config_check import config_findings
 from daemon.settings import load_settings
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only a root daemon has a sandbox user")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import daemon.disk as disk
-from daemon.checks import config_findings
+from daemon.config_check import config_findings
 from daemon.disk import StoreDisk
 from daemon.settings import StorageSettings, load_settings
 
