@@ -145,7 +145,13 @@ async def test_status_lists_every_node_with_its_leases(cluster: Cluster, pg_dsn:
 async def test_drain_hands_a_node_s_sessions_back_at_their_next_idle(cluster: Cluster, pg_dsn: str) -> None:
     a, b = await cluster(2)
     b_id = (await rpc(b.socket_path, "daemon/health"))["cluster"]["nodeId"]
-    ids = await add_goals(b, 4, "[rounds=12 delay=0.2]") + await add_goals(a, 2, "[rounds=12 delay=0.2]")
+    # n1's goals must still be running when n1 is empty, or their going on on n0 pins nothing. The
+    # drain takes the CLI's start, a heartbeat and at most one round of each: whatever the load,
+    # far less than the 90 model calls of 0.2 s each (18 s of the model alone) that n1's goals
+    # need before they can complete; checked below, not assumed.
+    rounds = 30
+    on_b = await add_goals(b, 4, f"[rounds={rounds} delay=0.2]")
+    ids = on_b + await add_goals(a, 2, "[rounds=12 delay=0.2]")
 
     async def b_holds() -> bool:
         return (await nodes_of(a))["n1"]["leases"] >= 4
@@ -161,16 +167,30 @@ async def test_drain_hands_a_node_s_sessions_back_at_their_next_idle(cluster: Cl
 
     await until(b_empty, "node n1 handing every session back", limit=60)
     turns_then = turns_on(pg_dsn, b_id)
-    assert statuses(pg_dsn, ids).get("active", 0) > 0, "the goals should still be running when n1 is empty"
+    handed_back = q(pg_dsn, "SELECT id, status, rounds FROM goals WHERE id = ANY(%s)", on_b)
+    assert [r for r in handed_back if r[1] != "active" or r[2] >= rounds] == [], (
+        f"n1's goals should be handed back with rounds left: {handed_back}"
+    )
 
     # The goals go on, on n0 alone; n1 holds nothing and starts no turn while they run.
     async def completed() -> bool:
         assert (await nodes_of(a))["n1"]["leases"] == 0
         return statuses(pg_dsn, ids).get("completed", 0) == len(ids)
 
-    await until(completed, "every goal completed on n0", limit=120, step=0.25)
+    await until(completed, "every goal completed on n0", limit=180, step=0.25)
     assert turns_on(pg_dsn, b_id) == turns_then
-    assert q(pg_dsn, "SELECT DISTINCT rounds, status_reason FROM goals") == [(12, "verified")]
+    assert sorted(q(pg_dsn, "SELECT rounds, status_reason FROM goals WHERE id = ANY(%s)", ids)) == (
+        [(12, "verified")] * 2 + [(rounds, "verified")] * 4
+    )
+    # Each of n1's goals ran its last rounds on n0 (it was handed back, not finished on n1).
+    sessions = [r[0] for r in q(pg_dsn, "SELECT session_id FROM goals WHERE id = ANY(%s)", on_b)]
+    finished_on = q(
+        pg_dsn,
+        "SELECT DISTINCT ON (session_id) data::jsonb->>'node' FROM events WHERE session_id = ANY(%s)"
+        " AND type = 'turn/start' ORDER BY session_id, seq DESC",
+        sessions,
+    )
+    assert len(finished_on) == 4 and all(r[0] != b_id for r in finished_on), finished_on
     dup = q(
         pg_dsn,
         "SELECT session_id, source_ref FROM inbox WHERE source_kind = 'goal' AND fate = 'admitted'"
