@@ -15,9 +15,9 @@ each try, so it fails two or three times and the test takes about a minute and a
 per-push run, 18 s with the goal's ``rules.errorBackoffSeconds`` at 16 s (given through
 ``goal/create``, which takes the goal's stop rules): the same path, one failed try (4 attempts in
 about 3.5 s) and the second after the port opened (at about 19.5 s, where the default backoff
-would wait until 33.5 s). The outage leaves the three CLI reads about 14 s on a loaded machine.
-``goald status`` is read first: the provider is ``failing`` between the first try and the second,
-whose first failure (the 5th in a row) would open its breaker.
+would wait until 33.5 s). The three CLI reads run at once and have about 14 s: ``goald status``
+must come between the first try and the second (whose first failure, the 5th in a row, would open
+the provider's breaker), ``goal show`` and ``goal list`` before the port opens.
 """
 
 from __future__ import annotations
@@ -158,12 +158,6 @@ async def test_a_closed_port_spends_no_round_and_the_goal_completes_in_its_three
         during = await until(waiting, "the goal waiting for the provider", limit=outage - 2)
         assert time.monotonic() < opens_at, "the outage ended before the goal was seen waiting"
         assert (during["status"], during["rounds"], during["errorStreak"]) == ("active", 0, 0)
-        # Read first: the provider is failing from the first try's last attempt (4 to a try) to the
-        # second try's first, which would open its breaker (5 in a row).
-        code, status, err = await d.acli("status")
-        assert code == 0, err
-        line = next(x.strip() for x in status.splitlines() if x.strip().startswith("oa "))
-        assert re.fullmatch(r"oa failing \(\d+ in a row, last: connection: .+\)", line), line
 
         async def cli_waiting(*args: str) -> str | None:
             """The output of ``goald ARGS`` once it says the goal waits (a try of the round, a few
@@ -172,7 +166,18 @@ async def test_a_closed_port_spends_no_round_and_the_goal_completes_in_its_three
             assert code == 0, err
             return out if "waiting for provider" in out else None
 
-        show = await until(lambda: cli_waiting("goal", "show", gid), "goal show: waiting", limit=outage - 2)
+        # The three reads at once (each CLI call takes seconds on a loaded machine): the provider is
+        # failing from the first try's last attempt (4 to a try) to the second try's first, which
+        # would open its breaker (5 in a row), and all three must come before the port opens.
+        (code, status, err), show, listed = await asyncio.gather(
+            d.acli("status"),
+            until(lambda: cli_waiting("goal", "show", gid), "goal show: waiting", limit=outage - 2),
+            until(lambda: cli_waiting("goal", "list"), "goal list: waiting", limit=outage - 2),
+        )
+        assert time.monotonic() < opens_at, "the outage ended before goal show, goal list and status were read"
+        assert code == 0, err
+        line = next(x.strip() for x in status.splitlines() if x.strip().startswith("oa "))
+        assert re.fullmatch(r"oa failing \(\d+ in a row, last: connection: .+\)", line), line
         assert field(show, "status") == "active"
         why = field(show, "why")
         assert why.startswith("waiting for the provider: connection") and "not counted as rounds" in why, why
@@ -181,10 +186,8 @@ async def test_a_closed_port_spends_no_round_and_the_goal_completes_in_its_three
         )), show  # fmt: skip
         assert field(show, "rounds") == "0 of 3 used, 3 left"
         assert field(show, "retries").startswith("1 round(s) cut short by infrastructure trouble, run again")
-        listed = await until(lambda: cli_waiting("goal", "list"), "goal list: waiting", limit=outage - 2)
         row = next(line for line in listed.splitlines() if line.startswith(gid))
         assert re.search(r"\bactive\s+-\s+waiting for provider until \d\d:\d\d\s", row), row
-        assert time.monotonic() < opens_at, "the outage ended before goal show, goal list and status were read"
 
         # The port opens: the next try of round 1 gets its answer, and the goal runs its 3 rounds.
         await asyncio.sleep(max(0.0, opens_at - time.monotonic()))
