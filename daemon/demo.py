@@ -34,7 +34,6 @@ from daemon.demo_model import DEMO_OBJECTIVE, DEMO_VERIFY
 from daemon.display import describe_event, goal_line
 from daemon.host import Host
 from daemon.lock import StateDirLocked
-from daemon.rpc.views import goal_view
 from daemon.settings import load_settings
 from goals import GOAL_CHANGED, Goal, GoalChanged, GoalSpec, GoalStatus, VerifyCommand
 
@@ -72,7 +71,7 @@ async def run_demo(state_dir: Path | None, out: TextIO, *, plain: bool = False) 
         print(note, file=sys.stderr, flush=True)
         final, workdir = await _run_goal(host, say, live=not plain and out.isatty())
         say("")
-        say(goal_line(goal_view(final)))
+        say(goal_line(final))
         report = workdir / "report.md"
         if report.exists():
             say("report.md:")

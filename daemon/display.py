@@ -51,7 +51,7 @@ from goals import (
     GoalProgressNoted,
     GoalVerified,
 )
-from goals.model import GoalSpec
+from goals.model import Goal, GoalSpec
 from goals.why import reason_text as _reason_text
 
 if TYPE_CHECKING:
@@ -161,10 +161,13 @@ def reason_text(reason: str | None) -> str:
     return _reason_text(reason)
 
 
-def status_text(g: dict[str, Any]) -> str:
-    """``status (reason)`` of a goal as the protocol shows it."""
-    reason = reason_text(g.get("statusReason"))
-    return f"{g['status']} ({reason})" if reason else str(g["status"])
+def status_text(g: Mapping[str, Any] | Goal) -> str:
+    """``status (reason)`` of a goal, or of a goal as the protocol shows it."""
+    if isinstance(g, Goal):
+        status, reason = g.status.value, reason_text(g.status_reason)
+    else:
+        status, reason = str(g["status"]), reason_text(g.get("statusReason"))
+    return f"{status} ({reason})" if reason else status
 
 
 # -- times -----------------------------------------------------------------------------------
@@ -231,25 +234,27 @@ def _budget(used: float, limit: float | None, fmt: str = "{:,.0f}") -> str:
     return fmt.format(used) + (f" / {fmt.format(limit)}" if limit is not None else "")
 
 
-def goal_line(g: dict[str, Any]) -> str:
-    """A one-line summary of a goal."""
-    b = g.get("budgets", {})
+def goal_line(g: Goal | Mapping[str, Any]) -> str:
+    """A one-line summary of a goal: the engine's, or a goal view (read as a :class:`GoalView`)."""
+    if not isinstance(g, Goal):
+        g = GoalView.model_validate(g)
+    b = g.budgets
     return (
-        f"{g['id']}  {status_text(g)}  rounds {_budget(g['rounds'], b.get('maxRounds'))}  "
-        f"tokens {_budget(g['tokens'], b.get('maxTokensTotal'))}  cost {_budget(g['cost'], b.get('maxCost'), '{:.4f}')}"
-        f"  {g['title']}"
+        f"{g.id}  {status_text(g)}  rounds {_budget(g.rounds, b.max_rounds)}  "
+        f"tokens {_budget(g.tokens, b.max_tokens_total)}  cost {_budget(g.cost, b.max_cost, '{:.4f}')}"
+        f"  {g.title}"
     )
 
 
-def goal_lines(g: dict[str, Any]) -> list[str]:
+def goal_lines(g: GoalView) -> list[str]:
     """A goal in a few lines (the live panel of ``--watch`` and ``logs --follow``)."""
-    lines = [goal_line(g), f"session {g['sessionId']}  workdir {g.get('workdir')}", f"objective: {g['objective']}"]
-    for note in g.get("notes", [])[-5:]:
+    lines = [goal_line(g), f"session {g.session_id}  workdir {g.workdir}", f"objective: {g.objective}"]
+    for note in g.notes[-5:]:
         lines.append(f"note: {note}")
-    for r in g.get("lastVerification", []):
+    for r in g.last_verification:
         lines.append(f"verify: $ {r['cmd']} -> {exit_text(r)}")
-    if g.get("resultSummary"):
-        lines.append(f"result: {g['resultSummary']}")
+    if g.result_summary:
+        lines.append(f"result: {g.result_summary}")
     return lines
 
 
@@ -502,7 +507,7 @@ class GoalDisplay:
         if self._live is not None:
             from rich.text import Text
 
-            self._live.update(Text("\n".join(goal_lines(g))), refresh=True)
+            self._live.update(Text("\n".join(goal_lines(GoalView.model_validate(g)))), refresh=True)
             return
         line = json.dumps(g, sort_keys=True, default=str) if self._as_json else goal_line(g)
         if line != self._last:

@@ -65,7 +65,6 @@ from daemon.acp.session import AcpSession
 from daemon.acp.updates import ACP_SOURCE_REF, Update, agent_text, goal_commands, tool_kind, tool_title
 from daemon.display import goal_line
 from daemon.ports import HostPort
-from daemon.rpc.views import goal_view
 from goals import Goal, GoalEngine, GoalSpec, GoalStatus, latest_goal_of_session, live_goal_of_session
 
 INVALID_PARAMS = -32602
@@ -363,7 +362,7 @@ class AcpBridge:
             goal = await self._session_goal(view.session_id, live=False)
             if goal is None:
                 return "This session has no goal. Start one with /goal OBJECTIVE."
-            lines = [goal_line(goal_view(goal))]
+            lines = [goal_line(goal)]
             lines += [f"- {note}" for note in goal.memory.notes[-5:]]
             if goal.result_summary:
                 lines.append(f"Result: {goal.result_summary}")
