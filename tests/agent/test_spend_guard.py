@@ -514,7 +514,9 @@ async def test_a_retry_backoff_never_sleeps_past_the_deadline(open_runtime) -> N
     model.assert_done()
     [end] = ends
     assert end.data["reason"] == "budget" and "has passed" in end.data["error"]
-    assert (idle_at - deadline).total_seconds() < 0.5
+    # Not the 60 s the server asked for: the backoff was cut at the deadline (the bound is only far
+    # inside that minute, not a speed check a loaded machine could fail).
+    assert (idle_at - deadline).total_seconds() < 30
 
 
 def test_spend_guard_reservations_hold_until_settled() -> None:
