@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from daemon.cli.goal import print_json
-from daemon.cli.parser import EXIT_OK
+from daemon.cli.parser import EXIT_OK, print_json
 from daemon.client import Connection
 from daemon.display import span
 

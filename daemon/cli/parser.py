@@ -8,9 +8,10 @@ holds the state directory; 77 the caller may not open the socket; 78 invalid con
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import datetime
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from daemon import __version__
 from daemon.cli.examples import add_examples
@@ -386,3 +387,8 @@ def parse_deadline(raw: str | None, flag: str = "--deadline") -> str | None:
     if value.tzinfo is None:
         raise UsageError(f"{flag} {raw!r} needs a time zone (e.g. Z or +01:00)")
     return value.isoformat()
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as indented JSON (a command's ``--json``)."""
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from daemon.cli.goal import goal_session, print_json
-from daemon.cli.parser import EXIT_OK
+from daemon.cli.goal import goal_session
+from daemon.cli.parser import EXIT_OK, print_json
 from daemon.client import Connection
 
 

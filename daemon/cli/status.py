@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from daemon.cli.goal import print_json
 from daemon.cli.node import cluster_lines
-from daemon.cli.parser import EXIT_OK
+from daemon.cli.parser import EXIT_OK, print_json
 from daemon.client import Connection
 from daemon.display import age, provider_words, span, use_utc, when
 
