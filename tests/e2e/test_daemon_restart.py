@@ -73,7 +73,9 @@ async def test_a_goal_resumes_by_itself_after_a_restart_and_nothing_is_duplicate
         # The grace period (0.5 s) runs out, so the turn is ended, as interrupted, and the process exits 0.
         started = time.monotonic()
         assert await asyncio.to_thread(d.terminate, LIMIT) == 0
-        assert time.monotonic() - started < 0.5 + 2.5
+        # Not the minute of the held call: the grace cut it (the bound is far inside that minute,
+        # not a speed check a loaded machine could fail; the turn's "interrupted" end is checked below).
+        assert time.monotonic() - started < 30
     else:
         await asyncio.to_thread(d.kill)
         assert d.socket_path.exists(), "kill -9 leaves the socket file behind"
@@ -121,8 +123,9 @@ async def test_a_goal_resumes_by_itself_after_a_restart_and_nothing_is_duplicate
     [
         # The model call outlasts the grace period: the turn is ended ``interrupted`` at its end.
         (1.0, 60.0, "interrupted"),
-        # The model answers within the grace period: the turn ends at that safe point by itself.
-        (5.0, 1.5, "end_turn"),
+        # The model answers well within the grace period: the turn ends at that safe point by itself,
+        # and the daemon exits then, not when the grace runs out.
+        (30.0, 1.5, "end_turn"),
     ],
     ids=["model-outlasts-grace", "turn-ends-within-grace"],
 )
@@ -149,7 +152,8 @@ async def test_sigterm_during_a_turn_exits_0_within_grace_and_loses_nothing_ackn
         took = time.monotonic() - started
     assert code == 0
     if first_turn == "interrupted":
-        assert grace <= took < grace + 2.5, f"stopped after {took:.2f}s with a grace of {grace}s"
+        # Waited out the grace, not the model call's minute (the upper bound is far inside it).
+        assert grace <= took < delay / 2, f"stopped after {took:.2f}s with a grace of {grace}s"
     else:
         assert took < grace, f"stopped after {took:.2f}s although the turn ended after {delay}s"
 
