@@ -9,8 +9,9 @@
   ends a walk between chunks (counted: at most the chunk in flight is read after it), and
   :class:`Fingerprinter` does not wait even for a walk stuck in a system call.
 * Engine (a real runtime and goal engine on SQLite): with the 1,000 sparse files in its work
-  directory, a goal decides within 2 s; a bounded walk says so in a ``goal/fingerprint`` event;
-  stopping the engine while a walk hangs returns while it still hangs, and decides nothing.
+  directory, a goal decides on a whole fingerprint (no bound applied); a bounded walk says so in a
+  ``goal/fingerprint`` event; stopping the engine while a walk hangs returns while it still hangs,
+  and decides nothing.
 """
 
 from __future__ import annotations
@@ -275,7 +276,9 @@ def _engine_runtime(db_path: Path, *, delay: float = 0.0, **engine_kw: Any) -> A
     return rig()
 
 
-async def test_a_goal_over_a_thousand_sparse_files_decides_within_two_seconds(db_path: Path, tmp_path: Path) -> None:
+async def test_a_goal_over_a_thousand_sparse_files_decides_on_a_whole_fingerprint(
+    db_path: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     sparse_tree(work)
     decided = asyncio.Event()
@@ -285,10 +288,15 @@ async def test_a_goal_over_a_thousand_sparse_files_decides_within_two_seconds(db
         seen.append((inp, decision))
         decided.set()
 
-    async with _engine_runtime(db_path) as (rt, engine):
+    # The time bound is put off so that a loaded machine cannot cut the walk; the byte bound (256
+    # MiB, 0.4 % of the apparent size) stays: the files are cheap by count (no bound applied, so no
+    # ``goal/fingerprint`` event), not by a clock. The time limit is only a guard against a hang;
+    # the time taken is printed.
+    limits = FingerprintLimits(max_seconds=600)
+    async with _engine_runtime(db_path, fingerprint_limits=limits) as (rt, engine):
         engine.add_decision_listener(on_decision)
         started = time.monotonic()
-        async with asyncio.timeout(2.0):
+        async with asyncio.timeout(60):
             goal = await engine.create(GoalSpec(objective="Tidy the files.", workdir=str(work)))
             await decided.wait()
         took = time.monotonic() - started
