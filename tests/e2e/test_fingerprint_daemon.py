@@ -2,8 +2,10 @@
 "the daemon's own reads are bounded").
 
 * A goal whose work directory holds 1,000 sparse 64 MiB files (62.5 GiB apparent, nothing on disk:
-  the attack of the issue) is decided within 2 s of its first idle: its round 2 continuation is
-  queued within 2 s of round 1's idle status.
+  the attack of the issue) is decided at its first idle on a whole fingerprint: its round 2
+  continuation is queued and no bound applied (reading the apparent size would hit the 256 MiB byte
+  bound and say so in a ``goal/fingerprint`` event; the time bound is put off so that load cannot
+  cut the walk). Counted, not timed: the time from the idle to the decision is printed.
 * SIGTERM while a walk of the work directory runs: the daemon exits within 2 s, and the walk's
   idle decides nothing (no round 2 continuation). To be sure a walk runs when the signal comes, the
   test makes one long on purpose (1 GiB of real content written during round 1, the byte and time
@@ -63,11 +65,11 @@ def _round_queued(events: list[dict[str, Any]], goal_id: str, round_no: int) -> 
     )
 
 
-async def test_a_goal_over_a_thousand_sparse_files_decides_within_two_seconds(tmp_path: Path) -> None:
+async def test_a_goal_over_a_thousand_sparse_files_decides_on_a_whole_fingerprint(tmp_path: Path) -> None:
     state = tmp_path / "state"
     work = state / "work" / "sparse"
     sparse_tree(work)
-    d = Daemon(state, config=TEST_MODELS)
+    d = Daemon(state, config={**TEST_MODELS, "fingerprint_max_seconds": 600.0})
     try:
         d.start()
         goal = await rpc(
@@ -83,8 +85,8 @@ async def test_a_goal_over_a_thousand_sparse_files_decides_within_two_seconds(tm
     assert queued is not None
     idle = max((e for e in events if e["seq"] < queued["seq"] and e["type"] == "status"), key=lambda e: e["seq"])
     assert idle["data"]["status"] == "idle"
+    assert not [e for e in events if e["type"] == "goal/fingerprint"]  # no bound applied
     took = (_at(queued) - _at(idle)).total_seconds()
-    assert took < 2.0, f"round 1's idle was decided {took:.2f}s after it"
     print(f"decided {took:.3f}s after round 1's idle")
 
 
