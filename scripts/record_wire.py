@@ -28,6 +28,22 @@ OpenAI-compatible provider sends them (streamed, ``stream_options.include_usage`
 ``--only NAME`` (repeatable: ``props``, ``cut``, ``refusal``, ``format-error``, ``tokenize``)
 records only those, leaving the other files as they are.
 
+``--llama-cpp-python PYTHON`` records llama-cpp-python's server instead (``PYTHON -m
+llama_cpp.server``, the package from its sdist, its native library from ``LLAMA_CPP_LIB_PATH``, the
+same GGUF, ``n_ctx`` 2048): ``llama_cpp_python_empty_200.captured.response.json``, its answer to a
+streamed chat completion whose prompt overflows the window, as ``status``, ``headers``, ``body``
+(``chunked``: sent with chunked transfer encoding). Nothing of llama-cpp-python is compiled::
+
+    C=~/.cache/goald-real-model
+    python3 -m venv $C/lcp-venv && $C/lcp-venv/bin/pip install numpy diskcache jinja2 typing-extensions \
+        uvicorn fastapi pydantic-settings sse-starlette 'starlette-context<0.4' PyYAML
+    cmake -S $C/src/llama_cpp_python-0.3.36/vendor/llama.cpp -B $C/build/shared-0.3.36 -DBUILD_SHARED_LIBS=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF && cmake --build $C/build/shared-0.3.36 \
+        --target llama -j 2
+    LLAMA_CPP_LIB_PATH=$C/build/shared-0.3.36/bin LD_LIBRARY_PATH=$C/build/shared-0.3.36/bin \
+        PYTHONPATH=$C/src/llama_cpp_python-0.3.36 .venv/bin/python scripts/record_wire.py \
+        --llama-cpp-python $C/lcp-venv/bin/python
+
 The hand-written recordings of the same faults stay beside them (``tests/wire/README.md``);
 ``tests/agent/test_recorded_faults.py`` replays both. Usage::
 
@@ -57,6 +73,8 @@ from realkit import (  # noqa: E402
     LlamaServer,
     artifacts,
     cache_dir,
+    free_port,
+    http_json,
     sse_objects,
     tool_template,
 )
@@ -299,17 +317,88 @@ def record_tokenize(port: int, out: Path, origin: str) -> Path:
 RECORDINGS = ("props", "cut", "refusal", "format-error", "tokenize")
 
 
+def record_llama_cpp_python(python: str, gguf: Path, out: Path, ctx: int) -> Path:
+    """llama-cpp-python's server (``python -m llama_cpp.server``) answering a streamed request whose
+    prompt overflows its ``n_ctx``: what it sends, as sent."""
+    import os
+    import subprocess
+
+    port = free_port()
+    log = cache_dir() / "record_wire.llama-cpp-python.log"
+    argv = [
+        python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL_NAME,
+        "--n_ctx", str(ctx), "--n_threads", "2", "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    with open(log, "ab") as sink:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"llama_cpp.server exited {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if http_json(f"http://127.0.0.1:{port}/v1/models", timeout=2)[0] == 200:
+                    break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"llama_cpp.server not ready within 300 s: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        version = subprocess.run(
+            [python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
+            check=False,
+        ).stdout.strip()
+        body = overflowing_body()
+        status, headers, raw = post(port, "/v1/chat/completions", body)
+        print(f"llama-cpp-python {version}: HTTP {status}, headers {kept(headers)}, body {raw[:300]!r}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    names = {k.lower() for k, _ in headers}
+    path = out / "llama_cpp_python_empty_200.captured.response.json"
+    record = {
+        "_comment": (
+            f"goald tests/wire recording, CAPTURED by scripts/record_wire.py from llama-cpp-python {version}'s"
+            f" server (python -m llama_cpp.server, the package from its sdist on the llama.cpp library built"
+            f" from the same sources), model {gguf.name}, --n_ctx {ctx}, on {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}:"
+            f" the answer to a streamed chat completion of {len(body)} bytes (tools offered, max_tokens 256)"
+            f" over its {ctx}-token context"
+        ),
+        "status": status,
+        "headers": {k.lower(): v for k, v in headers if k.lower() in (*KEPT_HEADERS, "x-accel-buffering")},
+        "chunked": "transfer-encoding" in names,
+        "body": raw.decode(),
+    }
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "wire", help="where to write (default tests/wire)")
     ap.add_argument("--ctx", type=int, default=2048, help="the server's context size (default 2048)")
     ap.add_argument("--only", action="append", choices=RECORDINGS, help="record only this (repeatable; default: all)")
+    ap.add_argument(
+        "--llama-cpp-python",
+        metavar="PYTHON",
+        help="record llama-cpp-python's server instead, run by this Python (LLAMA_CPP_LIB_PATH: its library)",
+    )
     args = ap.parse_args()
     found = artifacts()
     if isinstance(found, str):
         print(found, file=sys.stderr)
         return 2
     binary, gguf = found
+    if args.llama_cpp_python:
+        print(f"wrote {record_llama_cpp_python(args.llama_cpp_python, gguf, args.out, args.ctx)}")
+        return 0
     log = cache_dir() / "record_wire.llama-server.log"
     started = time.monotonic()
     template = tool_template()

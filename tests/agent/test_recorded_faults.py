@@ -13,9 +13,9 @@ written by hand and one captured from a real ``llama-server`` (``*.captured.*``,
   once and the retry fits;
 * a model whose window the configuration does not set asks the server at first use (``/props``,
   ``/v1/models``, ``/api/show``), once, and a 404 changes nothing;
-* llama-cpp-python's empty HTTP 200 after a prompt near the window is a probable overflow: the
-  view is compacted and the request retried once, the empty attempt charged nothing and never
-  counted against the provider's circuit breaker;
+* llama-cpp-python's empty HTTP 200 after a prompt near the window (written by hand, and captured
+  from its real server) is a probable overflow: the view is compacted and the request retried
+  once, the empty attempt charged nothing and never counted against the provider's circuit breaker;
 * a keep-alive connection the server closed after a streamed answer (llama-server's answer ends
   without ``Connection: close``) fails nothing: the next request is sent again at once on a new
   connection, with no failed attempt recorded and no breaker count;
@@ -255,12 +255,17 @@ async def test_a_configured_window_is_not_asked(server: ProviderServer, db_path:
     assert server.probes == []
 
 
+@pytest.mark.parametrize(
+    "recording",
+    ["llama_cpp_python_empty_200.response.json", "llama_cpp_python_empty_200.captured.response.json"],
+    ids=["by-hand", "captured"],
+)
 async def test_an_empty_200_after_a_prompt_near_the_window_is_a_probable_overflow(
-    server: ProviderServer, db_path: Path
+    server: ProviderServer, db_path: Path, recording: str
 ) -> None:
     server.add(
         Respond.stream(openai_text(["noted"], usage=oa_usage(700, 2))),
-        recorded_response("llama_cpp_python_empty_200.response.json"),
+        recorded_response(recording),
         Respond.stream(openai_text(["Earlier: the user sent a long message A."], usage=oa_usage(650, 12))),
         Respond.stream(openai_text(["done"], usage=oa_usage(800, 1))),
     )
