@@ -6,10 +6,12 @@
   continuation is queued and no bound applied (reading the apparent size would hit the 256 MiB byte
   bound and say so in a ``goal/fingerprint`` event; the time bound is put off so that load cannot
   cut the walk). Counted, not timed: the time from the idle to the decision is printed.
-* SIGTERM while a walk of the work directory runs: the daemon exits within 2 s, and the walk's
-  idle decides nothing (no round 2 continuation). To be sure a walk runs when the signal comes, the
-  test makes one long on purpose (1 GiB of real content written during round 1, the byte and time
-  bounds raised) and waits until the daemon holds one of those files open.
+* SIGTERM while a walk of the work directory runs: the daemon exits 0 without waiting for the walk,
+  and the walk's idle decides nothing (no round 2 continuation: a walk left to finish would have
+  let the stopping engine decide it; that is the proof, and the exit's time is only printed). To
+  be sure a walk runs when the signal comes, the test makes one long on purpose (1 GiB of real
+  content written during round 1, the byte and time bounds raised) and waits until the daemon
+  holds one of those files open.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def _holds_open(pid: int, directory: Path) -> bool:
     return False
 
 
-async def test_sigterm_while_a_walk_runs_exits_within_two_seconds(tmp_path: Path) -> None:
+async def test_sigterm_while_a_walk_runs_exits_without_waiting_for_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
     work = state / "work" / "big"
     sparse_tree(work)
@@ -143,7 +145,6 @@ async def test_sigterm_while_a_walk_runs_exits_within_two_seconds(tmp_path: Path
     finally:
         d.close()
     assert code == 0, d.stderr()
-    assert took < 2.0, f"the daemon took {took:.2f}s to exit after SIGTERM during a walk"
     print(f"exited {took:.3f}s after SIGTERM during a walk")
     # The walk's idle decided nothing: no round 2 (the next start decides it).
     with sqlite3.connect(state / "goald.db") as db:
