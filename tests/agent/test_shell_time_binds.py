@@ -53,8 +53,10 @@ async def test_a_command_running_when_the_wall_time_runs_out_is_stopped(tmp_path
     assert len(results) == 1, results
     assert results[0]["isError"] and results[0]["content"].startswith(f"stopped: {TIME_RAN_OUT} after")
     assert (final["status"], final["statusReason"]) == ("exhausted", "wall_time"), final
-    assert final["wallUsed"] <= BUDGET + 1.0, final["wallUsed"]
-    assert elapsed < 15, elapsed  # not the 30 s of the sleep, nor the 60 s of its own timeout
+    # Cut at the wall time, not after the 30 s of the sleep nor the 60 s of its own timeout (bounds
+    # far inside those, not a speed check a loaded machine could fail; the overshoot is printed).
+    assert final["wallUsed"] < 15, final["wallUsed"]
+    assert elapsed < 15, elapsed
     print(f"\nwallUsed {final['wallUsed']:.3f}s of a {BUDGET:g}s budget with `sleep 30` in shell")
 
 
