@@ -65,20 +65,26 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+#: The waits between tries of a busy group's removal: short first (the kernel usually lets go of
+#: exited processes within a millisecond or two, and a command's result waits for its group), then
+#: 20 ms apart, about a second in all.
+_RMDIR_WAITS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, *([0.02] * 48))
+
+
 async def _rmdir(path: Path) -> None:
     """Remove an emptied cgroup. The kernel may take a moment to let go of exited processes, so a
     busy group is tried again for up to about a second; a group still busy then is left, logged."""
-    for attempt in range(50):
+    for wait in (*_RMDIR_WAITS, None):
         try:
             os.rmdir(path)
             return
         except FileNotFoundError:
             return
         except OSError as exc:
-            if attempt == 49:
+            if wait is None:
                 logger.warning("cgroup {} not removed: {}", path, exc.strerror)
                 return
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(wait)
 
 
 def clean_stale(parent: Path) -> None:
