@@ -53,6 +53,7 @@ from goals import (
 )
 from goals.model import Goal, GoalSpec
 from goals.why import reason_text as _reason_text
+from goals.why import span
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -195,23 +196,6 @@ def when(value: str | datetime | None, tz: Any = None) -> str:
         return "-"
     zone = UTC if _UTC[0] else tz
     return dt.astimezone(zone).isoformat(sep=" ", timespec="seconds")
-
-
-def span(seconds: float) -> str:
-    """A duration in a few characters: ``45s``, ``1m20s``, ``12m``, ``3h05m``, ``2d4h``."""
-    s = int(abs(seconds))
-    if s < 60:
-        return f"{s}s"
-    m, sec = divmod(s, 60)
-    if m < 10:
-        return f"{m}m{sec:02d}s" if sec else f"{m}m"
-    if m < 60:
-        return f"{m}m"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m" if m else f"{h}h"
-    d, h = divmod(h, 24)
-    return f"{d}d{h}h" if h else f"{d}d"
 
 
 def age(value: str | datetime | None, now: datetime | None = None) -> str:

@@ -111,16 +111,22 @@ def too_small_for_one_call(budget: int, reserves: int, *, at_least: bool = False
     )
 
 
-def duration(seconds: float) -> str:
-    """Seconds in a few characters: ``45s``, ``30m``, ``1h``, ``1h30m``."""
-    s = round(seconds)
+def span(seconds: float) -> str:
+    """A duration in a few characters: ``45s``, ``1m20s``, ``12m``, ``3h05m``, ``2d4h`` (the one
+    spelling of a duration: reasons, ``goal show``, ``goald status``, the status page)."""
+    s = int(abs(seconds))
     if s < 60:
         return f"{s}s"
     m, sec = divmod(s, 60)
-    if m < 60:
+    if m < 10:
         return f"{m}m{sec:02d}s" if sec else f"{m}m"
+    if m < 60:
+        return f"{m}m"
     h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if m else f"{h}h"
+    if h < 24:
+        return f"{h}h{m:02d}m" if m else f"{h}h"
+    d, h = divmod(h, 24)
+    return f"{d}d{h}h" if h else f"{d}d"
 
 
 def why(goal: Goal, now: datetime) -> str | None:
@@ -184,7 +190,7 @@ def _waiting(goal: Goal, now: datetime) -> str | None:
         what = "waiting for the provider" if code == WAIT_PROVIDER else "waiting after interrupted turns"
         out = f"{what}: {text}; {n} attempt(s) in a row cut short before the model's work, not counted as rounds"
         if n > rules.infra_retries:
-            every = duration(rules.error_backoff_max_seconds)
+            every = span(rules.error_backoff_max_seconds)
             out += f" (past its {rules.infra_retries} retries: one try every {every})"
         return out
     if code == StopReason.MODEL_ERROR:
@@ -259,8 +265,8 @@ def _exhausted(goal: Goal) -> str | None:
             when = b.deadline.isoformat(timespec="seconds") if b.deadline is not None else "its deadline"
             return f"{cause or f'the deadline {when} passed'}; set a later --deadline to resume it"
         case StopReason.WALL_TIME:
-            limit = f" of {duration(b.max_wall_seconds)}" if b.max_wall_seconds is not None else ""
-            return f"{cause or f'{duration(goal.wall_used)}{limit} of wall time used'}; raise --max-wall to resume it"
+            limit = f" of {span(b.max_wall_seconds)}" if b.max_wall_seconds is not None else ""
+            return f"{cause or f'{span(goal.wall_used)}{limit} of wall time used'}; raise --max-wall to resume it"
         case _:
             return cause or goal.status_reason
 
@@ -273,9 +279,9 @@ __all__ = [
     "WAIT_INTERRUPTED",
     "WAIT_PROVIDER",
     "call_reservation",
-    "duration",
     "operator_reason",
     "reason_text",
+    "span",
     "status_error",
     "too_small_for_one_call",
     "why",

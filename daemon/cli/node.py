@@ -16,7 +16,7 @@ from typing import Any
 
 from daemon.cli.parser import EXIT_OK, print_json
 from daemon.client import Connection
-from daemon.display import span
+from goals.why import span
 
 
 def heartbeat_words(seconds: float | None) -> str:

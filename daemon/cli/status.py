@@ -16,7 +16,8 @@ from typing import Any
 from daemon.cli.node import cluster_lines
 from daemon.cli.parser import EXIT_OK, print_json
 from daemon.client import Connection
-from daemon.display import age, provider_words, span, use_utc, when
+from daemon.display import age, provider_words, use_utc, when
+from goals.why import span
 
 
 def size_text(n: int) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.display import exit_text, provider_words, span, status_text, when
+from daemon.display import exit_text, provider_words, status_text, when
 from daemon.rpc.views import GoalView
 from daemon.web.html import TOKENS, h, kv, rel, used_text
+from goals.why import span
 
 
 def actions(g: GoalView, csrf: str, read_only: bool) -> str:

@@ -7,8 +7,9 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from daemon.display import provider_words, span, when
+from daemon.display import provider_words, when
 from daemon.web.html import h, kv, rel
+from goals.why import span
 
 
 def schedules_page(schedules: list[dict[str, Any]], runs: Mapping[str, list[dict[str, Any]]]) -> str:

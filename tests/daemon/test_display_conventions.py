@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from daemon.display import age, exit_text, goal_table, reason_text, span, use_utc, when
+from daemon.display import age, exit_text, goal_table, reason_text, use_utc, when
+from goals.why import span
 
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 
