@@ -125,3 +125,13 @@ def _read_pid(fd: int) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def default_state_dir() -> Path:
+    """The state directory when the configuration names none: systemd's ``StateDirectory=`` (its
+    ``STATE_DIRECTORY``), otherwise ``goald`` under the XDG state home."""
+    env = os.environ.get("STATE_DIRECTORY")
+    if env:
+        return Path(env.split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "goald"

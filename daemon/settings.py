@@ -41,6 +41,7 @@ from daemon.alerts.config import NotifySettings
 from daemon.cluster.settings import ClusterSettings
 from daemon.disk import StorageSettings
 from daemon.errors import DaemonError
+from daemon.lock import default_state_dir
 from daemon.metrics_service import MetricsSettings
 from daemon.provider_settings import ModelLimits, ProviderSettings, read_secret
 from daemon.sandbox_settings import (
@@ -127,7 +128,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GOALD_", env_nested_delimiter="__", extra="forbid")
 
-    state_dir: Path = Field(default_factory=lambda: _default_state_dir())
+    state_dir: Path = Field(default_factory=lambda: default_state_dir())
     database: Path | None = None
     #: A PostgreSQL database instead of the SQLite file (``postgresql://user@host:port/dbname``); the
     #: password never here: ``PGPASSWORD``, ``~/.pgpass`` or the systemd credential ``goald-pg-password``.
@@ -353,15 +354,6 @@ class Settings(BaseSettings):
         data["socket"] = str(self.socket_path)
         data["workdir_roots"] = [str(r) for r in self.roots]
         return data
-
-
-def _default_state_dir() -> Path:
-    # systemd's StateDirectory= sets STATE_DIRECTORY; otherwise the XDG state home.
-    env = os.environ.get("STATE_DIRECTORY")
-    if env:
-        return Path(env.split(":")[0])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "goald"
 
 
 def _describe(exc: ValidationError, where: str) -> str:

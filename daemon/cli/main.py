@@ -161,6 +161,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     local = _without_settings(args)
     if local is not None:
         return local
+    if cmd in COMMANDS and not (cmd == "store" and args.store_command in ("vacuum", "backup", "restore")):
+        socket_path = quick_socket(args)
+        if socket_path is not None:
+            return _talk(socket_path, args)
     from daemon.settings import ConfigError
 
     try:
@@ -173,13 +177,56 @@ def _dispatch(args: argparse.Namespace) -> int:
         return offline
     if cmd == "serve":
         return _serve(settings, args)
-    setup_logging(args.log_level or "WARNING")
-    socket_path = args.socket or settings.socket_path
+    return _talk(args.socket or settings.socket_path, args)
 
-    handler = command_handler(cmd)
+
+def _talk(socket_path: Path, args: argparse.Namespace) -> int:
+    """A command that talks to the daemon on ``socket_path``."""
+    setup_logging(args.log_level or "WARNING")
+    handler = command_handler(args.command)
     if handler is None:
-        raise UsageError(f"unknown command {cmd}")
+        raise UsageError(f"unknown command {args.command}")
     return asyncio.run(_with_client(socket_path, handler, args))
+
+
+def _env(name: str) -> str | None:
+    """A ``GOALD_*`` variable as the settings read it (its name in any case)."""
+    for key, value in os.environ.items():
+        if key.upper() == name:
+            return value
+    return None
+
+
+def quick_socket(args: argparse.Namespace) -> Path | None:
+    """The control socket of a command that only talks to a daemon, found as the settings would find
+    it (``--socket``, ``GOALD_SOCKET``, the file's ``socket``, else ``goald.sock`` in ``GOALD_STATE_DIR``,
+    the file's ``state_dir`` or the default state directory) without validating the whole
+    configuration, whose models take most of a second to import: the running daemon has its own.
+    ``None`` when the file cannot be read or either key is not a plain string; then the full
+    settings decide, and a broken file is refused naming what is wrong (exit 78) as before."""
+    import tomllib
+
+    from daemon.lock import default_state_dir
+
+    if args.socket:
+        return Path(args.socket)
+    args.config_in_use = path = find_config(args)
+    data: dict[str, object] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError):
+            return None
+    socket = _env("GOALD_SOCKET") or data.get("socket")
+    state_dir = _env("GOALD_STATE_DIR") or data.get("state_dir")
+    if not isinstance(socket, str | None) or not isinstance(state_dir, str | None):
+        return None
+    if socket:
+        found = Path(socket).expanduser()
+    else:
+        found = (Path(state_dir) if state_dir else default_state_dir()).expanduser() / "goald.sock"
+    return found if found.is_absolute() else None  # a relative one: the settings name the error
 
 
 def _without_settings(args: argparse.Namespace) -> int | None:
