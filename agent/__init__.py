@@ -264,20 +264,9 @@ _HOMES: dict[str, str] = {
 }
 
 if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
-    import importlib
+    from agent.lazy import lazy_exports
 
-    def __getattr__(name: str) -> object:
-        """A re-exported name, imported from its home on first use (PEP 562) and kept."""
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module 'agent' has no attribute {name!r}")
-        module = importlib.import_module(home)
-        value = module if home == f"agent.{name}" else getattr(module, name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(_HOMES))
+    __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 
 __all__ = [

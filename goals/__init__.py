@@ -192,16 +192,9 @@ _HOMES: dict[str, str] = {
 }
 
 if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
-    import importlib
+    from agent.lazy import lazy_exports
 
-    def __getattr__(name: str) -> object:
-        """A re-exported name, imported from its home on first use (PEP 562) and kept."""
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module 'goals' has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
-        globals()[name] = value
-        return value
+    __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 
 __all__ = [

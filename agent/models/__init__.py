@@ -1,7 +1,6 @@
 """Model providers: the interface, the shipped scripted model, and the registry of models by spec."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.models.base import (
     ConvMessage,
@@ -49,9 +48,7 @@ if TYPE_CHECKING:
 
 _LAZY = {"AnthropicModel": "agent.models.anthropic", "OpenAIModel": "agent.models.openai"}
 
+if not TYPE_CHECKING:
+    from agent.lazy import lazy_exports
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
