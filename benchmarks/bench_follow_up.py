@@ -19,35 +19,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import psycopg
 
-
-def _load(name: str) -> ModuleType:
-    # Loaded by path: ``tests/`` on sys.path would shadow the packages with its test folders of the
-    # same names (``tests/agent``, ``tests/daemon``, ...).
-    path = Path(__file__).parents[1] / "tests" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_harness = _load("harness")
-_pgkit = _load("pgkit")
-Daemon, TEST_MODELS, rpc = _harness.Daemon, _harness.TEST_MODELS, _harness.rpc
-
+# The tests' harness and PostgreSQL kit, loaded by path as the cluster benchmark loads them.
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_cluster import TEST_MODELS, Daemon, PgServer, rpc
 
 ADMITTED = "SELECT 1 FROM inbox WHERE id = %s AND fate = 'admitted'"
 
@@ -99,7 +83,7 @@ async def measure(root: Path, dsn: str, count: int) -> list[float]:
 
 
 async def run(count: int) -> None:
-    server = _pgkit.PgServer.start()
+    server = PgServer.start()
     try:
         load = os.getloadavg()[0]
         with tempfile.TemporaryDirectory(prefix="bench-follow-up-") as tmp:
