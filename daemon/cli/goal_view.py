@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent import parse_payload
-from daemon.cli.parser import EXIT_OK, UsageError, print_json
+from daemon.cli.parser import EXIT_OK, UsageError, parse_instant, print_json
 from daemon.client import Connection
 from daemon.display import TERMINAL, GoalDisplay, describe_event, describe_lines, goal_table, watch_goal, when
 from goals import GOAL_CHANGED, GoalChanged
@@ -33,13 +33,7 @@ def parse_since(raw: str | None, now: datetime | None = None) -> str | None:
     if m:
         ago = timedelta(seconds=float(m[1]) * _UNIT_SECONDS[m[2]])
         return ((now or datetime.now(UTC)) - ago).isoformat()
-    try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"--since {raw!r}: give an age such as 30m, 2h or 1d, or an ISO 8601 instant") from None
-    if value.tzinfo is None:
-        raise UsageError(f"--since {raw!r} needs a time zone (e.g. Z or +01:00)")
-    return value.isoformat()
+    return parse_instant(raw, "--since", f"--since {raw!r}: give an age such as 30m, 2h or 1d, or an ISO 8601 instant")
 
 
 async def _listed(client: Connection, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:

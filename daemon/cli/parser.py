@@ -376,17 +376,23 @@ def _add_acp_parser(sub: Subparsers) -> None:
     )
 
 
+def parse_instant(raw: str, flag: str, invalid: str) -> str:
+    """An ISO 8601 instant with a time zone, normalised; ``invalid`` is the error when ``raw`` is not
+    one (``flag`` names the option in the time-zone error)."""
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(invalid) from None
+    if value.tzinfo is None:
+        raise UsageError(f"{flag} {raw!r} needs a time zone (e.g. Z or +01:00)")
+    return value.isoformat()
+
+
 def parse_deadline(raw: str | None, flag: str = "--deadline") -> str | None:
     """Validate an ISO 8601 instant with a time zone (``flag`` names the option in errors)."""
     if raw is None:
         return None
-    try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{flag} {raw!r} is not an ISO 8601 date-time") from None
-    if value.tzinfo is None:
-        raise UsageError(f"{flag} {raw!r} needs a time zone (e.g. Z or +01:00)")
-    return value.isoformat()
+    return parse_instant(raw, flag, f"{flag} {raw!r} is not an ISO 8601 date-time")
 
 
 def print_json(data: Any) -> None:
