@@ -52,7 +52,12 @@ the server runs before that, so it is as early as the daemon writing the PID its
 After the command (once its PID namespace is empty, see :mod:`agent.sandbox`) the verdict is read
 — ``process limit of the goal (N, all its commands together) reached`` or ``memory limit of the
 goal (X MiB, all its commands together) exceeded: the kernel killed N processes of this command``
-(``process limit (N) reached`` / ``memory limit (X MiB) exceeded`` for a command of no goal) — and
+(``process limit (N) reached`` / ``memory limit (X MiB) exceeded`` for a command of no goal); for a
+command that failed with nothing of it killed while the cap was met (the kernel killed processes
+of the goal's other commands, or counted refused charges: v1's ``memory.failcnt``, v2's
+``memory.events`` ``max``), ``memory limit of the goal (...) reached while this
+command ran: it may have been refused memory``, since a system call refused memory (bwrap's
+``Creating new namespace failed: Cannot allocate memory``, a fork) says nothing of the cap — and
 the command's group is removed (then the goal's, after its last command). Groups left by a daemon
 that was killed are removed when the next daemon detects its mechanism (their names carry the PID
 of the daemon that made them).

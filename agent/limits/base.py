@@ -116,8 +116,10 @@ class Group:
         command runs (the MCP SDK's; see :meth:`agent.sandbox.Sandbox.launcher`)."""
         return ""
 
-    def verdict(self) -> str | None:
-        """Which limit the command hit, in words; ``None`` if none (or if it cannot be told)."""
+    def verdict(self, *, failed: bool = False) -> str | None:
+        """Which limit the command hit, in words; ``None`` if none (or if it cannot be told).
+        ``failed``: the command exited with an error, so a memory limit reached while it ran (with
+        nothing of it killed) is named as what may have refused it memory."""
         return None
 
     async def remove(self) -> None:

@@ -114,6 +114,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _memory_hits(dirs: dict[str, Path], version: int) -> int:
+    """How often a group's memory limit refused a charge: v2's ``memory.events`` ``max``, v1's
+    ``memory.failcnt``."""
+    memory = dirs.get("memory")
+    if memory is None:
+        return 0
+    if version == 2:
+        return _read_counts(memory / "memory.events").get("max", 0)
+    return _read_int(memory / "memory.failcnt") or 0
+
+
 def _plural(n: int) -> str:
     return f"{n} process{'es' if n > 1 else ''}"
 
@@ -129,6 +140,10 @@ class _Goal(GoalGroup):
         self.dirs = dirs  # controller -> the goal's group
         self.version = version
         self.holds = 1
+        # Its commands' groups while they live, and the kills counted in those already removed: the
+        # goal's OOM kills so far, since v1 counts a kill only in the victim's group.
+        self.commands: set[_CgroupGroup] = set()
+        self.kills_done = 0
 
     def peak_memory(self) -> int | None:
         memory = self.dirs.get("memory")
@@ -143,6 +158,14 @@ class _Goal(GoalGroup):
     def peak_processes(self) -> int | None:
         pids = self.dirs.get("pids")
         return None if pids is None else _read_int(pids / "pids.peak")
+
+    def memory_hits(self) -> int:
+        """How often the goal's memory cap was met so far (a rise: it was reached meanwhile): the
+        charges it refused, where the kernel counts them, and the kernel's kills in its commands."""
+        with self.owner.lock:
+            commands = list(self.commands)
+            done = self.kills_done
+        return _memory_hits(self.dirs, self.version) + done + sum(c.killed() for c in commands)
 
     def limit_hits(self) -> int:
         """How often the goal's process limit refused a fork (v2 counts it in the goal's group)."""
@@ -173,6 +196,15 @@ class _CgroupGroup(Group):
         # On v2 a fork refused by the goal's limit may be counted in the goal's group only (the
         # kernel's semantics since 6.12): a rise while this command ran is its verdict too.
         self._goal_hits = goal.limit_hits() if goal is not None and version == 2 else 0
+        self._memory_hits = self._capping_memory_hits()
+        if goal is not None:
+            with goal.owner.lock:
+                goal.commands.add(self)
+
+    def _capping_memory_hits(self) -> int:
+        """The charges refused so far by the group that holds the memory cap (the goal's, or the
+        command's own)."""
+        return self.goal.memory_hits() if self.goal is not None else _memory_hits(self.dirs, self.version)
 
     def enter(self, pid: int) -> None:
         for path in dict.fromkeys(self.dirs.values()):
@@ -195,7 +227,8 @@ class _CgroupGroup(Group):
             return True
         return self.goal is not None and self.version == 2 and self.goal.limit_hits() > self._goal_hits
 
-    def _killed(self) -> int:
+    def killed(self) -> int:
+        """How many of this command's processes the kernel killed at the memory cap."""
         memory = self.dirs.get("memory")
         if memory is None:
             return 0
@@ -203,22 +236,36 @@ class _CgroupGroup(Group):
             return _read_counts(memory / "memory.events").get("oom_kill", 0)
         return _read_counts(memory / "memory.oom_control").get("oom_kill", 0)
 
-    def verdict(self) -> str | None:
+    def verdict(self, *, failed: bool = False) -> str | None:
         found: list[str] = []
         limits = self.limits if self.goal is None else self.goal.limits
         whose = "" if self.goal is None else " of the goal"
         together = "" if self.goal is None else ", all its commands together"
         if self._refused():
             found.append(f"process limit{whose} ({limits.max_processes}{together}) reached: new processes were refused")
-        killed = self._killed()
+        killed = self.killed()
         if killed > 0:
             found.append(
                 f"memory limit{whose} ({limits.memory_text()}{together}) exceeded: the kernel killed "
                 f"{_plural(killed)} of {'this' if self.goal is not None else 'the'} command"
             )
+        elif failed and self._capping_memory_hits() > self._memory_hits:
+            # Nothing of it was killed, but the cap was reached while it ran: a system call of it
+            # may have been refused memory (bwrap's "Creating new namespace failed: Cannot allocate
+            # memory", a fork, Python's MemoryError), which says nothing of the cap by itself.
+            found.append(
+                f"memory limit{whose} ({limits.memory_text()}{together}) reached while "
+                f"{'this' if self.goal is not None else 'the'} command ran: it may have been refused memory"
+            )
         return "; ".join(found) or None
 
     async def remove(self) -> None:
+        if self.goal is not None:
+            killed = self.killed()
+            with self.goal.owner.lock:
+                if self in self.goal.commands:
+                    self.goal.commands.discard(self)
+                    self.goal.kills_done += killed
         try:
             for path in dict.fromkeys(self.dirs.values()):
                 await _rmdir(path)

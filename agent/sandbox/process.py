@@ -81,7 +81,7 @@ async def run(
             finally:
                 info.close()
         if group is not None:
-            verdict = group.verdict()
+            verdict = group.verdict(failed=timed_out or proc.returncode != 0)
             await asyncio.shield(group.remove())
     code = proc.returncode
     assert code is not None

@@ -380,7 +380,7 @@ class McpServer:
             elif failure is not None:
                 logger.warning("MCP server {} connection ended: {}", self.name, _reason(failure))
             if group is not None:  # the server has exited: the transport waited for it (or killed it)
-                if (verdict := group.verdict()) is not None:
+                if (verdict := group.verdict(failed=True)) is not None:
                     logger.warning("MCP server {}: {}", self.name, verdict)
                 await asyncio.shield(group.remove())
 
