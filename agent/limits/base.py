@@ -111,9 +111,10 @@ class Group:
         """
 
     def entry_script(self) -> str:
-        """Lines of bash that put the shell running them under the limits (``$$``, which then
+        """Lines of POSIX shell that put the shell running them under the limits (itself, which then
         execs bwrap) and exit 70 if they cannot: for a spawner that gives us no PID before the
-        command runs (the MCP SDK's; see :meth:`agent.sandbox.Sandbox.launcher`)."""
+        command runs (the MCP SDK's; see :meth:`agent.sandbox.Sandbox.launcher`), and, where
+        :attr:`Limiter.enters_itself`, in front of every command's bwrap."""
         return ""
 
     def verdict(self, *, failed: bool = False) -> str | None:
@@ -132,6 +133,12 @@ class Limiter:
     machine's :class:`Mechanism`."""
 
     mechanism: Mechanism
+    #: Whether a command's first process moving itself into its group (:meth:`Group.entry_script`,
+    #: run by a ``/bin/sh`` that then execs bwrap) is cheaper than the daemon moving bwrap in
+    #: (:meth:`Group.enter`). True on cgroup v1: a process writing ``0`` into a ``tasks`` file moves
+    #: itself without the lock the kernel takes to move another process (``cgroup_threadgroup_rwsem``
+    #: for writing, an RCU grace period: about 5 ms per controller).
+    enters_itself: bool = False
     #: Whether a goal's caps bind its commands together (cgroups), or each command (rlimits).
     per_goal: bool = True
 

@@ -214,6 +214,9 @@ class _CgroupGroup(Group):
                 raise LimitsUnavailable(f"cannot put the command into cgroup {path}: {exc.strerror}") from None
 
     def entry_script(self) -> str:
+        if self.version == 1:  # itself (0), through ``tasks``: no threadgroup lock (the Limiter's enters_itself)
+            paths = dict.fromkeys(self.dirs.values())
+            return "".join(f"echo 0 > {shlex.quote(str(path / 'tasks'))} || exit 70\n" for path in paths)
         return "".join(
             f'printf "%d\\n" "$$" > {shlex.quote(str(path / "cgroup.procs"))} || exit 70\n'
             for path in dict.fromkeys(self.dirs.values())
@@ -352,6 +355,7 @@ class _CgroupLimiter(Limiter):
 class V1Limiter(_CgroupLimiter):
     mechanism = Mechanism.CGROUP_V1
     version = 1
+    enters_itself = True
 
     def __init__(self, bases: dict[str, Path]) -> None:
         super().__init__()

@@ -29,6 +29,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -85,6 +86,10 @@ async def run(
             await asyncio.shield(group.remove())
     code = proc.returncode
     assert code is not None
+    if code == _NOT_ENTERED and info is not None and not info.reached and group is not None and limiter().enters_itself:
+        refused = f"cannot put the command into its cgroup: {err.text(redactor).strip() or 'exit 70'}"
+        logger.error("a sandboxed command could not start: {}", refused)
+        raise SandboxUnavailable(refused)
     stopped = code in (-31, seccomp.SIGSYS_EXIT) or out.saw(seccomp.SHELL_SAYS) or err.saw(seccomp.SHELL_SAYS)
     if info is not None and not timed_out and stopped:
         verdict = seccomp.VIOLATION if verdict is None else f"{verdict}; {seccomp.VIOLATION}"
@@ -130,6 +135,11 @@ async def _start(
             argv = sandbox.argv(cmd, setup_fd=args.read_fd)
             argv[1:1] = ["--info-fd", str(info.write_fd)]
             argv[:0] = sandbox.user_switch()
+            if sandbox.limits.active and limiter().enters_itself:
+                # cgroup v1: the command's first process, a /bin/sh, moves itself into its group (or
+                # exits 70) and only then execs bwrap: cheaper than moving bwrap in from here.
+                group = _new_group(sandbox.limits, sandbox.limits_group)
+                argv[:0] = [_SH, "-c", group.entry_script() + 'exec "$@"', "goald-sandbox"]
             # bwrap closes the work directory's and the filter's descriptors once used, and the
             # others are its own (--info-fd, --args): the command holds 0, 1 and 2 only (the census).
             fds = (info.write_fd, args.read_fd, workdir_fd, filter_fd)
@@ -155,7 +165,7 @@ async def _start(
                 os.close(filter_fd)
                 filter_fd = -1
         if info is not None:
-            group = await _prepare(sandbox, proc, args, fd_numbers)
+            group = await _prepare(sandbox, proc, args, fd_numbers, group)
     except BaseException:
         args.close()
         if workdir_fd >= 0:
@@ -170,20 +180,31 @@ async def _start(
     return proc, group, started
 
 
+#: The shell in front of bwrap where a command enters its cgroup itself, and its exit code when it
+#: could not (nothing else ran).
+_SH = shutil.which("sh", path=DEFAULT_PATH) or "/bin/sh"
+_NOT_ENTERED = 70
+
+
 async def _prepare(
-    sandbox: Sandbox, proc: asyncio.subprocess.Process, args: _ArgsPipe, fd_numbers: tuple[int, int]
+    sandbox: Sandbox,
+    proc: asyncio.subprocess.Process,
+    args: _ArgsPipe,
+    fd_numbers: tuple[int, int],
+    entered: Group | None,
 ) -> Group | None:
     """While bwrap waits on its ``--args`` pipe: its arguments (mounts and secrets, naming the work
-    directory's and the filter's descriptors by number), its cgroup, entered; then the arguments
-    written, and bwrap goes on. Failing anything, bwrap is killed before it gets an argument (it
-    must never run without its mounts, or unlimited) and nothing made is left."""
-    group: Group | None = None
+    directory's and the filter's descriptors by number), its cgroup, entered (unless the command
+    entered ``entered`` itself); then the arguments written, and bwrap goes on. Failing anything,
+    bwrap is killed before it gets an argument (it must never run without its mounts, or
+    unlimited) and nothing made here is left."""
+    made: Group | None = None
     try:
         data = sandbox.setup_args(*fd_numbers)
-        if sandbox.limits.active:
-            group = _new_group(sandbox.limits, sandbox.limits_group)
+        if sandbox.limits.active and entered is None:
+            made = _new_group(sandbox.limits, sandbox.limits_group)
             try:
-                group.enter(proc.pid)
+                made.enter(proc.pid)
             except LimitsUnavailable as exc:
                 raise SandboxUnavailable(str(exc)) from None
         args.release(data)
@@ -191,10 +212,10 @@ async def _prepare(
         _killpg(proc.pid, signal.SIGKILL)
         args.close()
         await asyncio.shield(proc.wait())
-        if group is not None:
-            await asyncio.shield(group.remove())
+        if made is not None:
+            await asyncio.shield(made.remove())
         raise
-    return group
+    return made if entered is None else entered
 
 
 #: bwrap's words when the user it runs as may not pass through a directory on the way to a path it
@@ -400,6 +421,11 @@ class _Info:
                 await self._done.wait()
         return self._value
 
+    @property
+    def reached(self) -> bool:
+        """Whether bwrap got as far as its sandbox's process 1 (it wrote it on the info pipe)."""
+        return self._value is not None
+
     def kill(self) -> None:
         """SIGKILL process 1: the kernel then kills every process of the namespace."""
         if self._pidfd >= 0:
@@ -451,6 +477,8 @@ class _ArgsPipe:
             try:
                 if data:
                     os.write(self.write_fd, data)
+            except BrokenPipeError:
+                pass  # it exited before bwrap ran (its cgroup refused it: exit 70); its result says so
             finally:
                 os.close(self.write_fd)
                 self.write_fd = -1

@@ -28,7 +28,17 @@ from limits_testmodels import FORKS, HELD, HOLD_MEMORY, PARALLEL_HOGS
 from pydantic import BaseModel
 from sandboxkit import cgroup_bases, needs_cgroups, our_groups, sandbox_in
 
-from agent import EventType, FunctionTool, Reply, Runtime, ScriptedModel, Shell, ToolCall, ToolContext
+from agent import (
+    EventType,
+    FunctionTool,
+    Reply,
+    Runtime,
+    SandboxUnavailable,
+    ScriptedModel,
+    Shell,
+    ToolCall,
+    ToolContext,
+)
 from agent.limits import MIB, CommandLimits, Mechanism, limiter
 from agent.limits.cgroup import V2Limiter, clean_stale
 from agent.limits.rlimit import RlimitLimiter
@@ -371,3 +381,38 @@ def test_the_rlimit_fallback_keeps_caps_per_command_and_says_so() -> None:
     one, two = lim.group(limits, goal="goal_X"), lim.group(limits, goal="goal_X")
     assert one is not two and "ulimit -v 65536" in one.entry_script()
     assert lim.goals() == {}
+
+
+# -- how a command enters its group --------------------------------------------------------------
+
+
+@needs_bwrap
+async def test_on_cgroup_v1_the_command_is_in_its_group_from_its_first_process(workdir: Path) -> None:
+    needs_cgroups()
+    if not limiter().enters_itself:
+        pytest.skip("the daemon moves bwrap into its group here (cgroup v2 or rlimits): nothing enters itself")
+    box = sandbox_in(workdir, limits=GOAL_MEMORY, limits_group="goal_01FIRST")
+    # The command's first process reads where it is: already in the goal's group, in a child of its own.
+    result = await box.run(["cat", "/proc/self/cgroup"], timeout=30)
+    assert result.ok, result
+    memory = [line for line in result.stdout.splitlines() if ":memory:" in line]
+    assert memory and memory[0].split("/")[-2].endswith("-goal_01FIRST"), result.stdout
+    assert our_groups() == [] and limiter().goals() == {}
+
+
+@needs_bwrap
+async def test_a_command_that_cannot_enter_its_group_never_runs_and_says_why(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    needs_cgroups()
+    if not limiter().enters_itself:
+        pytest.skip("the daemon moves bwrap into its group here (cgroup v2 or rlimits): nothing enters itself")
+    from agent.limits import cgroup
+
+    # A group whose interface file is not there: the shell in front of bwrap cannot write itself in.
+    monkeypatch.setattr(cgroup._CgroupGroup, "entry_script", lambda self: "echo 0 > /nonexistent/tasks || exit 70\n")
+    box = sandbox_in(workdir, limits=GOAL_MEMORY, limits_group="goal_01REFUSED")
+    with pytest.raises(SandboxUnavailable, match=r"cannot put the command into its cgroup: .*nonexistent"):
+        await box.run(["touch", "ran"], timeout=30)
+    assert not (workdir / "ran").exists()  # nothing of the command ran
+    assert our_groups() == [] and limiter().goals() == {}
