@@ -65,7 +65,8 @@ command ran: it may have been refused memory``, since a system call refused memo
 ``Creating new namespace failed: Cannot allocate memory``, a fork) says nothing of the cap — and
 the command's group is removed (then the goal's, after its last command). Groups left by a daemon
 that was killed are removed when the next daemon detects its mechanism (their names carry the PID
-of the daemon that made them).
+of the daemon that made them), after the processes still in them are killed (a bwrap whose daemon
+died before its ``--die-with-parent`` was armed, and all it started).
 
 The package: :mod:`~agent.limits.base` (the caps, the :class:`GoalGroup`, :class:`Group` and
 :class:`Limiter` interface), :mod:`~agent.limits.cgroup` (v2 and v1 groups),

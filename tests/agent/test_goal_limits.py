@@ -373,6 +373,38 @@ def test_groups_of_a_killed_daemon_goal_groups_with_their_commands_are_removed(t
                     path.rmdir()
 
 
+def test_processes_left_in_a_killed_daemon_s_groups_are_killed_before_the_groups_go(tmp_path: Path) -> None:
+    needs_cgroups()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    # What a daemon killed before bwrap's --die-with-parent was armed leaves: a process in the
+    # command's group of a goal, and one in a command's group of no goal.
+    orphans = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+    made = []
+    try:
+        for base in cgroup_bases():
+            goal = base / f"goald-{dead.pid}-7-goal_01ORPHAN"
+            command = goal / f"goald-{dead.pid}-8"
+            alone = base / f"goald-{dead.pid}-9"
+            command.mkdir(parents=True)
+            alone.mkdir()
+            made.append((base, goal, command, alone))
+            (command / "cgroup.procs").write_text(str(orphans[0].pid))
+            (alone / "cgroup.procs").write_text(str(orphans[1].pid))
+        for base, goal, _, alone in made:
+            clean_stale(base)
+            assert not goal.exists() and not alone.exists()
+        assert [p.wait(timeout=10) for p in orphans] == [-9, -9]
+    finally:
+        for p in orphans:
+            p.kill()
+            p.wait()
+        for _, goal, command, alone in made:
+            for path in (command, goal, alone):
+                if path.exists():
+                    path.rmdir()
+
+
 def test_the_rlimit_fallback_keeps_caps_per_command_and_says_so() -> None:
     lim = RlimitLimiter()
     assert lim.mechanism is Mechanism.RLIMIT and lim.per_goal is False
