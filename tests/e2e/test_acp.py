@@ -170,7 +170,9 @@ async def bridge_process(tmp_path: Path) -> AsyncIterator[tuple[Any, Recorder, P
             str(config),
             "acp",
             env=child_env(),
-            transport_kwargs={"stderr": stderr, "shutdown_timeout": 15.0},
+            # The SDK's wait for the bridge to exit after stdin closes, before it sends SIGTERM: a
+            # guard, as long as the other limits (a starved machine once took 15 s to stop it).
+            transport_kwargs={"stderr": stderr, "shutdown_timeout": LIMIT},
             observers=[rec.observe],
         ) as (conn, proc):
             async with asyncio.timeout(LIMIT):
