@@ -22,10 +22,10 @@ Everything else is a :class:`Refusal` naming the construct, in plain words:
 * anything the parser cannot parse, or text the parse does not account for, and any line longer
   than :data:`MAX_PARSED_CHARS` (the parse takes some 50 µs a character).
 
-Quoting is read by this module itself, not taken from the parser: a word's value is its text with
-bash's quote removal (``'l''s'`` is ``ls``, ``"a\\"b"`` is ``a"b``), and a word whose text holds
-anything this module does not understand is refused, so the parser and bash cannot disagree
-silently. Globs and ``~`` in arguments are allowed: they expand inside the sandbox, to names there.
+Quoting is read by goald itself (:mod:`agent.tools.shellwords`), not taken from the parser: a
+word's value is its text with bash's quote removal, and a word whose text holds anything goald
+does not understand is refused, so the parser and bash cannot disagree silently. Globs and ``~``
+in arguments are allowed: they expand inside the sandbox, to names there.
 """
 
 from __future__ import annotations
@@ -34,19 +34,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from agent.tools.shellwords import Refusal, Refused, Word, cut, has_glob, read_word, refuse, snippet, uses
+
 __all__ = ["Refusal", "SimpleCommand", "parse_commands", "parse_simple"]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a command line is not plain simple commands: ``construct`` names what was refused,
-    ``reason`` says it in a sentence (``the command uses parameter expansion (${_@P}), …``)."""
-
-    construct: str
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 @dataclass(frozen=True)
@@ -61,21 +51,6 @@ class SimpleCommand:
     def text(self) -> str:
         """The words, then the redirections, joined by single spaces: what a pattern is matched against."""
         return " ".join((*self.words, *self.redirects))
-
-
-class _Refused(Exception):
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.reason)
-        self.refusal = refusal
-
-
-def _uses(construct: str, detail: str | None = None) -> _Refused:
-    shown = f"{construct} ({detail})" if detail else construct
-    return _Refused(Refusal(construct, f"the command uses {shown}, which a shell pattern cannot check"))
-
-
-def _refuse(construct: str, reason: str) -> _Refused:
-    return _Refused(Refusal(construct, reason))
 
 
 #: The longest command line parsed: bashlex takes some 50 µs a character, and the check runs in the
@@ -140,139 +115,6 @@ _UNSUPPORTED = {
     "select command": "a select loop",
     "pattern": "a case statement",
 }
-#: Characters bash ends an unquoted word at: inside a word's text they mean the parse and bash differ.
-_WORD_BREAKS = frozenset(" \t\n;&|<>()")
-_BRACE_EXPANSION = re.compile(r"\{[^{}]*(,|\.\.)[^{}]*\}")
-_NAMED_DESCRIPTOR = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
-_QUOTED = "\0"  # stands for a quoted or escaped character in a word's shape
-
-
-def _balanced(text: str, at: int) -> int:
-    """Where the bracket opening at ``text[at]`` closes (just past it), or the end of ``text``."""
-    opening = text[at]
-    closing = {"{": "}", "(": ")", "[": "]"}[opening]
-    depth = 0
-    for i in range(at, len(text)):
-        if text[i] == opening:
-            depth += 1
-        elif text[i] == closing:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return len(text)
-
-
-def _snippet(text: str, start: int) -> str:
-    """The expansion starting at ``text[start]`` (``$``, a backtick, ``<`` or ``>``), as written, cut short."""
-    if text[start] == "`":
-        end = text.find("`", start + 1)
-        end = len(text) if end < 0 else end + 1
-    elif text[start + 1 : start + 2] in ("{", "(", "["):
-        end = _balanced(text, start + 1)
-    else:
-        match = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*|.)?", text[start:])
-        end = start + (match.end() if match else 1)
-    return _cut(text[start:end])
-
-
-def _dollar(text: str, at: int) -> _Refused:
-    nxt = text[at + 1 : at + 3]
-    shown = _snippet(text, at)
-    if nxt.startswith("(("):
-        return _uses("arithmetic expansion", shown)
-    if nxt.startswith("("):
-        return _uses("command substitution", shown)
-    if nxt.startswith("["):
-        return _uses("arithmetic expansion", shown)
-    if nxt.startswith("'"):
-        return _uses("ANSI-C quoting", "$'...'")
-    if nxt.startswith('"'):
-        return _uses('locale quoting ($"...")')
-    return _uses("parameter expansion", shown)
-
-
-@dataclass(frozen=True)
-class _Word:
-    value: str
-    #: The unquoted characters as written, every quoted or escaped one as ``_QUOTED``.
-    shape: str
-    escaped: bool
-
-
-def _read_word(text: str) -> _Word:
-    """Quote removal on one word's text, refusing every expansion and anything not understood."""
-    value: list[str] = []
-    shape: list[str] = []
-    escaped = False
-    i, n = 0, len(text)
-
-    def literal(chars: str) -> None:
-        value.append(chars)
-        shape.append(_QUOTED * len(chars))
-
-    while i < n:
-        c = text[i]
-        if c == "'":
-            end = text.find("'", i + 1)
-            if end < 0:
-                raise _uses("unbalanced quotes")
-            literal(text[i + 1 : end])
-            i = end + 1
-        elif c == '"':
-            i += 1
-            while True:
-                if i >= n:
-                    raise _uses("unbalanced quotes")
-                d = text[i]
-                if d == '"':
-                    i += 1
-                    break
-                if d == "\\" and i + 1 < n and text[i + 1] in '"\\$`\n':
-                    if text[i + 1] != "\n":
-                        literal(text[i + 1])
-                    i += 2
-                elif d == "$":
-                    raise _dollar(text, i)
-                elif d == "`":
-                    raise _uses("command substitution", _snippet(text, i))
-                else:
-                    literal(d)
-                    i += 1
-        elif c == "\\":
-            if i + 1 >= n:
-                escaped = True
-                literal("\\")
-                i += 1
-            else:
-                if text[i + 1] != "\n":  # a line continuation is removed
-                    escaped = True
-                    literal(text[i + 1])
-                i += 2
-        elif c == "$":
-            raise _dollar(text, i)
-        elif c == "`":
-            raise _uses("command substitution", _snippet(text, i))
-        elif c in "<>" and text[i + 1 : i + 2] == "(":
-            raise _uses("process substitution", _snippet(text, i))
-        elif c in _WORD_BREAKS:
-            raise _refuse(
-                "an ambiguous word", f"the command has a word the parser and bash may read differently ({text!r})"
-            )
-        else:
-            value.append(c)
-            shape.append(c)
-            i += 1
-    word = _Word("".join(value), "".join(shape), escaped)
-    match = _BRACE_EXPANSION.search(word.shape)
-    if match:
-        raise _uses("brace expansion", text)
-    if _NAMED_DESCRIPTOR.fullmatch(word.shape):
-        raise _uses("a named descriptor", text)
-    return word
-
-
-def _has_glob(shape: str) -> bool:
-    return "*" in shape or "?" in shape or ("[" in shape and "]" in shape[shape.index("[") :])
 
 
 class _Reader:
@@ -290,9 +132,9 @@ class _Reader:
         """Mark ``node``'s text as read; when ``expected`` is given, it must be exactly that text."""
         start, end = node.pos
         if expected is not None and self.text[start:end] != expected:
-            raise _refuse(
+            raise refuse(
                 "text the parser misplaced",
-                f"the command has text the parser placed oddly ({_cut(self.text[start:end])!r})",
+                f"the command has text the parser placed oddly ({cut(self.text[start:end])!r})",
             )
         self.cover_span(start, end)
 
@@ -310,7 +152,7 @@ class _Reader:
             for part in node.parts:
                 if part.kind == "operator":
                     if part.op not in _LIST_OPERATORS:
-                        raise _refuse(f"the operator {part.op}", f"the command uses the operator {part.op!r}")
+                        raise refuse(f"the operator {part.op}", f"the command uses the operator {part.op!r}")
                     self.cover(part, part.op)
                 else:
                     self.node(part)
@@ -327,11 +169,11 @@ class _Reader:
         elif kind == "command":
             self.command(node)
         elif kind == "function":
-            raise _uses("a function definition", _cut(self.raw(node)))
+            raise uses("a function definition", cut(self.raw(node)))
         elif kind in _COMPOUNDS:
-            raise _uses(_COMPOUNDS[kind], _cut(self.raw(node)))
+            raise uses(_COMPOUNDS[kind], cut(self.raw(node)))
         else:
-            raise _uses(f"a {kind} construct", _cut(self.raw(node)))
+            raise uses(f"a {kind} construct", cut(self.raw(node)))
 
     def compound(self, node: Any) -> None:
         parts = list(node.list)
@@ -341,14 +183,14 @@ class _Reader:
         if (opening, closing) not in (("(", ")"), ("{", "}")):
             inner = next((p for p in parts if p.kind != "reservedword"), first)
             self.node(inner)  # refuses it, by its kind
-            raise _uses("a compound command", _cut(self.raw(node)))
+            raise uses("a compound command", cut(self.raw(node)))
         if self.text.startswith("((", node.pos[0]):
-            raise _uses("an arithmetic command", _cut(self.raw(node)))
+            raise uses("an arithmetic command", cut(self.raw(node)))
         self.cover(first, opening)
         self.cover(last, closing)
         for part in parts[1:-1]:
             if part.kind == "reservedword":
-                raise _uses(f"the keyword {part.word!r}")
+                raise uses(f"the keyword {part.word!r}")
             self.node(part)
         for redirect in getattr(node, "redirects", None) or []:
             self.redirect(redirect, [])
@@ -356,55 +198,55 @@ class _Reader:
     def command(self, node: Any) -> None:
         words: list[str] = []
         redirects: list[str] = []
-        first: _Word | None = None
+        first: Word | None = None
         for part in node.parts:
             if part.kind == "assignment":
-                raise _uses("an assignment", self.raw(part))
+                raise uses("an assignment", self.raw(part))
             if part.kind == "redirect":
                 self.redirect(part, redirects)
             elif part.kind == "word":
                 self.cover(part)
-                word = _read_word(self.raw(part))
+                word = read_word(self.raw(part))
                 if first is None:
                     first = word
                     self.name(word, self.raw(part))
                 words.append(word.value)
             else:
-                raise _uses(f"a {part.kind} construct", _cut(self.raw(part)))
+                raise uses(f"a {part.kind} construct", cut(self.raw(part)))
         if not words:
-            raise _refuse("a redirection without a command", "the command has a redirection without a command")
+            raise refuse("a redirection without a command", "the command has a redirection without a command")
         self.arguments(words)
         self.commands.append(SimpleCommand(tuple(words), tuple(redirects)))
 
-    def name(self, word: _Word, raw: str) -> None:
+    def name(self, word: Word, raw: str) -> None:
         name = word.value
         if "=" in name:
-            raise _uses("an assignment", raw)
+            raise uses("an assignment", raw)
         if word.escaped:
-            raise _uses("a backslash in the command name", raw)
-        if _has_glob(word.shape):
-            raise _uses("a glob in the command name", raw)
+            raise uses("a backslash in the command name", raw)
+        if has_glob(word.shape):
+            raise uses("a glob in the command name", raw)
         if word.shape.startswith("~"):
-            raise _uses("a ~ in the command name", raw)
+            raise uses("a ~ in the command name", raw)
         if not name:
-            raise _refuse("an empty command name", "the command has an empty command name")
+            raise refuse("an empty command name", "the command has an empty command name")
         if name in _RESERVED:
-            raise _uses(f"the keyword {name!r}")
+            raise uses(f"the keyword {name!r}")
         if name in DENIED_BUILTINS:
-            raise _refuse(name, f"the command runs {name!r}, which {DENIED_BUILTINS[name]}")
+            raise refuse(name, f"the command runs {name!r}, which {DENIED_BUILTINS[name]}")
         if name in _CHANGES_DIRECTORY:
             self.changes_directory = True
 
     def arguments(self, words: list[str]) -> None:
         name, args = words[0], words[1:]
         if name == "printf" and any(a.startswith("-v") for a in args):
-            raise _refuse("printf -v", f"the command runs 'printf -v', which {_ASSIGNS}")
+            raise refuse("printf -v", f"the command runs 'printf -v', which {_ASSIGNS}")
         if name in ("test", "[") and any(a in ("-v", "-R") for a in args):
-            raise _refuse(f"{name} -v", f"the command runs '{name} -v', which evaluates a variable's name")
+            raise refuse(f"{name} -v", f"the command runs '{name} -v', which evaluates a variable's name")
         if name == "wait" and any(a.startswith("-") and "p" in a for a in args):
-            raise _refuse("wait -p", f"the command runs 'wait -p', which {_ASSIGNS}")
+            raise refuse("wait -p", f"the command runs 'wait -p', which {_ASSIGNS}")
         if name == "set" and not all(_SET_FLAGS.fullmatch(a) for a in args):
-            raise _refuse(
+            raise refuse(
                 "set",
                 "the command runs 'set' with options other than -e, -u, -x and -o pipefail, which " + _CHANGES_LOOKUP,
             )
@@ -413,40 +255,40 @@ class _Reader:
         kind: str = node.type
         fd = node.input
         if fd is not None and not isinstance(fd, int):
-            raise _uses("a redirection from a computed descriptor", self.raw(node))
+            raise uses("a redirection from a computed descriptor", self.raw(node))
         prefix = f"{fd if fd is not None else ''}{kind}"
         head = re.escape(prefix) + "[ \t]*"
         start, end = node.pos
         target = node.output
         if isinstance(target, int) or target == "-":
             if kind not in _DUPLICATIONS or not re.fullmatch(head + re.escape(str(target)), self.raw(node)):
-                raise _uses("an unusual redirection", self.raw(node))
+                raise uses("an unusual redirection", self.raw(node))
             self.cover_span(start, end)
             into.append(f"{prefix}{target}")
             return
         if getattr(target, "kind", None) != "word" or not re.fullmatch(head, self.text[start : target.pos[0]]):
-            raise _uses("an unusual redirection", self.raw(node))
+            raise uses("an unusual redirection", self.raw(node))
         self.cover_span(start, target.pos[0])
         self.cover(target)
         if kind in _HEREDOCS:
             self.heredoc(node, kind, self.raw(target))
             into.append(f"{prefix}{self.raw(target)}")
             return
-        word = _read_word(self.raw(target))
+        word = read_word(self.raw(target))
         if kind == "<<<":
             into.append(f"{prefix}{word.value}")
             return
         if kind in _DUPLICATIONS:
             # bash expands the word of `>&word` a second time, quotes removed: `>&'$(id)'` runs id.
-            raise _uses(f"a {kind} redirection to a file (write &> or > instead)", self.raw(node))
+            raise uses(f"a {kind} redirection to a file (write &> or > instead)", self.raw(node))
         if kind not in _FILE_REDIRECTS:
-            raise _uses(f"the redirection {kind}", self.raw(node))
+            raise uses(f"the redirection {kind}", self.raw(node))
         path = word.value
-        if _has_glob(word.shape) or "~" in word.shape:
-            raise _uses("an expanding redirection target", self.raw(target))
+        if has_glob(word.shape) or "~" in word.shape:
+            raise uses("an expanding redirection target", self.raw(target))
         if path != "/dev/null":
             if not path or path.startswith("/") or ".." in path.split("/"):
-                raise _refuse(
+                raise refuse(
                     "a redirection outside the work directory",
                     f"the command redirects to {path!r}, outside the work directory "
                     "(a redirection may name a relative path without '..', or /dev/null)",
@@ -457,13 +299,13 @@ class _Reader:
     def heredoc(self, node: Any, kind: str, delimiter: str) -> None:
         """A here-document: a plain delimiter, and a body bash would not expand, ending where bash ends it."""
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", delimiter):
-            raise _uses("a here-document with a quoted or unusual delimiter", delimiter)
+            raise uses("a here-document with a quoted or unusual delimiter", delimiter)
         body_node = node.heredoc
         start, end = body_node.pos
         body = self.raw(body_node)
         for i, c in enumerate(body):
             if c in "$`\\":
-                raise _uses("a here-document with expansion", _snippet(body, i) if c != "\\" else "\\")
+                raise uses("a here-document with expansion", snippet(body, i) if c != "\\" else "\\")
         lines = [line.lstrip("\t") if kind == "<<-" else line for line in body.split("\n")]
         if (
             lines[-1] != delimiter
@@ -471,14 +313,14 @@ class _Reader:
             or self.text[start - 1 : start] != "\n"
             or self.text[end : end + 1] not in ("", "\n")
         ):
-            raise _refuse(
+            raise refuse(
                 "a here-document read oddly", "the command has a here-document the parser may read differently"
             )
         self.cover_span(start, end)
 
     def finish(self) -> None:
         if self.changes_directory and self.files:
-            raise _refuse(
+            raise refuse(
                 "a redirection after cd",
                 f"the command changes directory and redirects to {self.files[0]!r}, which would not be "
                 "relative to the work directory",
@@ -494,19 +336,13 @@ class _Reader:
                 end = text.find("\n", i)
                 end = n if end < 0 else end
                 if any(self.covered[i:end]):
-                    raise _refuse("an unclear comment", "the command has a comment the parser read differently")
+                    raise refuse("an unclear comment", "the command has a comment the parser read differently")
                 i = end
             else:
-                raise _refuse(
+                raise refuse(
                     "text the parser skipped",
-                    f"the command has text the parser did not account for ({_cut(text[i:])!r})",
+                    f"the command has text the parser did not account for ({cut(text[i:])!r})",
                 )
-
-
-def _cut(text: str, limit: int = 40) -> str:
-    """``text`` with its whitespace collapsed, cut at ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _parse_failure(command: str, exc: Exception) -> Refusal:
@@ -515,7 +351,7 @@ def _parse_failure(command: str, exc: Exception) -> Refusal:
     message = str(exc).strip() or type(exc).__name__
     if isinstance(exc, NotImplementedError):
         if "arithmetic" in message:
-            return _uses("arithmetic expansion", "$((...)) or $[...]").refusal
+            return uses("arithmetic expansion", "$((...)) or $[...]").refusal
         kind = re.search(r"type = \{([^}]*)\}", message)
         what = _UNSUPPORTED.get(kind.group(1), kind.group(1)) if kind else message
         return Refusal(what, f"the command uses {what}, which the shell parser does not support")
@@ -545,7 +381,7 @@ def parse_commands(command: str) -> list[SimpleCommand] | Refusal:
         for tree in trees:
             reader.node(tree)
         reader.finish()
-    except _Refused as refused:
+    except Refused as refused:
         return refused.refusal
     except (AttributeError, IndexError, TypeError, ValueError, RecursionError) as exc:  # a tree not foreseen
         return Refusal("a command that does not parse", f"the command has a shape the policy cannot read ({exc})")
