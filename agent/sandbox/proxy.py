@@ -11,7 +11,7 @@ such command and removed when the daemon stops (a killed daemon's, at the next s
 socket is bound into the sandbox (:data:`agent.sandbox.bridge.SOCKET`),
 where a bridge makes it ``127.0.0.1:3128`` (:mod:`agent.sandbox.bridge`).
 
-The proxy speaks HTTP/1.x as a forward proxy:
+The proxy speaks HTTP/1.x as a forward proxy (:mod:`agent.sandbox.proxywire`):
 
 * ``CONNECT host:port`` (HTTPS, or any TCP through a tunnel): answered ``200`` and then spliced
   byte for byte; the TLS inside is the command's business end to end (no interception).
@@ -53,26 +53,20 @@ import secrets
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from loguru import logger
 
 from agent.sandbox.base import SandboxUnavailable
 from agent.sandbox.network import Network, refused_address
+from agent.sandbox.proxywire import CHUNK, MAX_HEAD, Refused, parse_head, reply, splice
 
-#: A request's head (request line and headers) is at most this long.
-MAX_HEAD = 64 * 1024
 _BUSY = "too many connections through the proxy at once"
 #: Connections over the bounds answered ``503`` at once; past this many, closed unanswered.
 _MAX_REFUSING = 16
-_CHUNK = 64 * 1024
-#: Headers a proxy consumes, never sent on (with ``Connection``'s own hop-by-hop list).
-_HOP = frozenset({"proxy-connection", "proxy-authorization", "proxy-authenticate", "connection", "keep-alive", "te"})
 
 #: Looks a name up: ``(name, port) -> addresses``.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
@@ -103,16 +97,6 @@ class Omitted:
 
 #: Where a gate reports: each :class:`Attempt`, and once at its end an :class:`Omitted` if any.
 Report = Callable[[Attempt | Omitted], None]
-
-
-class _Refused(Exception):
-    """A verdict on a request: answered with ``status``, reported with ``reason``."""
-
-    def __init__(self, status: int, reason: str, *, address: str | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.address = address
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -206,7 +190,7 @@ class NetworkProxy:
             self._dir = None
 
     async def resolve(self, host: str, port: int) -> list[str]:
-        """The addresses the proxy may connect ``host`` to, or :class:`_Refused` saying why none."""
+        """The addresses the proxy may connect ``host`` to, or :class:`Refused` saying why none."""
         name = host.lower().removesuffix(".")
         if name in self.hosts:
             return list(self.hosts[name])  # the operator's (a test's) explicit word: trusted
@@ -214,20 +198,20 @@ class NetworkProxy:
             literal = str(ipaddress.ip_address(name))  # an address as written: checked, never looked up
             why = refused_address(literal)
             if why is not None:
-                raise _Refused(403, f"{host} resolves to no public address ({why})", address=literal)
+                raise Refused(403, f"{host} resolves to no public address ({why})", address=literal)
             return [literal]
         try:
             async with asyncio.timeout(self.connect_timeout):
                 found = list(await self.resolver(name, port))
         except (OSError, TimeoutError) as exc:
             why = getattr(exc, "strerror", None) or str(exc) or "timed out"
-            raise _Refused(502, f"cannot resolve {host}: {why}") from None
+            raise Refused(502, f"cannot resolve {host}: {why}") from None
         if not found:
-            raise _Refused(502, f"cannot resolve {host}: no address")
+            raise Refused(502, f"cannot resolve {host}: no address")
         public = [a for a in found if refused_address(a) is None]
         if not public:
             why = refused_address(found[0])
-            raise _Refused(403, f"{host} resolves to no public address ({why})", address=found[0])
+            raise Refused(403, f"{host} resolves to no public address ({why})", address=found[0])
         return public
 
 
@@ -338,7 +322,7 @@ class ProxyGate:
             if len(self._tasks) - self._serving >= _MAX_REFUSING:  # refusals in flight: drop the rest unanswered
                 writer.close()
                 return
-            self._spawn(_reply(reader, writer, 503, _BUSY))
+            self._spawn(reply(reader, writer, 503, _BUSY))
             return
         self._serving += 1
         proxy._active += 1
@@ -364,19 +348,19 @@ class ProxyGate:
             async with asyncio.timeout(self.proxy.header_timeout):
                 head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.LimitOverrunError, ValueError):
-            await _reply(reader, writer, 431, "the request's head is over 64 KiB")
+            await reply(reader, writer, 431, "the request's head is over 64 KiB")
             return
         try:
-            method, host, port, forward = _parse(head)
-        except _Refused as exc:
+            method, host, port, forward = parse_head(head)
+        except Refused as exc:
             self._record(Attempt("", 0, "", False, exc.reason))
-            await _reply(reader, writer, exc.status, exc.reason)
+            await reply(reader, writer, exc.status, exc.reason)
             return
         try:
             upstream, address = await self._connect(host, port)
-        except _Refused as exc:
+        except Refused as exc:
             self._record(Attempt(host, port, method, False, exc.reason, exc.address))
-            await _reply(reader, writer, exc.status, exc.reason)
+            await reply(reader, writer, exc.status, exc.reason)
             return
         up_reader, up_writer = upstream
         self._record(Attempt(host, port, method, True, None, address))
@@ -385,142 +369,20 @@ class ProxyGate:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 up_writer.write(forward)
-            await _splice(reader, writer, up_reader, up_writer, self.proxy.idle_timeout)
+            await splice(reader, writer, up_reader, up_writer, self.proxy.idle_timeout)
         finally:
             up_writer.close()
 
     async def _connect(self, host: str, port: int) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], str]:
         if not self.network.allows(host):
             listed = ", ".join(self.network.allow) or "no name"
-            raise _Refused(403, f"{host} is not in the sandbox's network allow list ({listed})")
+            raise Refused(403, f"{host} is not in the sandbox's network allow list ({listed})")
         addresses = await self.proxy.resolve(host, port)
         failures: list[str] = []
         for address in addresses:
             try:
                 async with asyncio.timeout(self.proxy.connect_timeout):
-                    return await asyncio.open_connection(address, port, limit=_CHUNK), address
+                    return await asyncio.open_connection(address, port, limit=CHUNK), address
             except (OSError, TimeoutError) as exc:
                 failures.append(f"{address}: {getattr(exc, 'strerror', None) or 'timed out'}")
-        raise _Refused(502, f"cannot connect to {host}:{port} ({'; '.join(failures)})", address=addresses[0])
-
-
-async def _reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int, reason: str) -> None:
-    """Answer ``status`` and close, having read what the client still sends (at most 64 KiB, for
-    at most a second): closing a unix socket with unread input would reset it, answer lost."""
-    try:
-        writer.write(_answer(status, reason))
-        await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-        async with asyncio.timeout(1.0):
-            await reader.read(MAX_HEAD)
-    except (OSError, TimeoutError):
-        pass
-    finally:
-        writer.close()
-
-
-def _answer(status: int, reason: str) -> bytes:
-    phrase = {403: "Forbidden", 400: "Bad Request", 431: "Request Header Fields Too Large", 502: "Bad Gateway"}.get(
-        status, "Service Unavailable"
-    )
-    body = f"goald sandbox proxy: {reason}\n".encode(errors="replace")
-    head = f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-    return (head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
-
-
-def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
-    """``host[:port]`` (``[v6]:port``) as ``(host, port)``."""
-    if authority.startswith("["):
-        host, _, rest = authority[1:].partition("]")
-        port_text = rest.removeprefix(":") if rest.startswith(":") else ""
-        if rest and not rest.startswith(":"):
-            raise _Refused(400, f"{authority!r} is not host:port")
-    else:
-        host, sep, port_text = authority.rpartition(":")
-        if not sep:
-            host, port_text = authority, ""
-    if not port_text:
-        if default_port is None:
-            raise _Refused(400, f"{authority!r} names no port")
-        return host.lower().removesuffix("."), default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise _Refused(400, f"{authority!r}: not a port")
-    if not host:
-        raise _Refused(400, f"{authority!r} names no host")
-    return host.lower().removesuffix("."), int(port_text)
-
-
-def _parse(head: bytes) -> tuple[str, str, int, bytes | None]:
-    """A request's head: ``(method, host, port, what to send on)``; ``None`` to send for ``CONNECT``."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise _Refused(400, "not an HTTP/1.x request")
-    method, target, version = parts
-    if method == "CONNECT":
-        host, port = _split_authority(target, None)
-        return method, host, port, None
-    url = urlsplit(target)
-    if url.scheme.lower() != "http" or not url.netloc:
-        raise _Refused(400, f"a proxy needs an absolute http:// URI (got {target[:200]!r}); https goes through CONNECT")
-    if "@" in url.netloc:
-        raise _Refused(400, "credentials in the URI are not sent through the proxy")
-    host, port = _split_authority(url.netloc, 80)
-    path = url.path or "/"
-    if url.query:
-        path += "?" + url.query
-    kept: list[str] = []
-    drop = set(_HOP)
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise _Refused(400, "a malformed header")
-        if name.strip().lower() == "connection":
-            drop |= {v.strip().lower() for v in value.split(",")}
-    for line in lines[1:]:
-        name = line.partition(":")[0].strip().lower()
-        if line and name not in drop and name != "host":
-            kept.append(line)
-    head_out = f"{method} {path} {version}\r\nHost: {url.netloc}\r\n" + "".join(f"{h}\r\n" for h in kept)
-    return method, host, port, (head_out + "Connection: close\r\n\r\n").encode("latin-1")
-
-
-async def _splice(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-    idle: float,
-) -> None:
-    """Copy both ways until both ends are done; a connection quiet both ways for ``idle`` seconds is closed."""
-    last = [time.monotonic()]
-
-    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                data = await asyncio.wait_for(src.read(_CHUNK), timeout=idle)
-            except TimeoutError:
-                if time.monotonic() - last[0] >= idle:
-                    raise
-                continue
-            if not data:
-                break
-            last[0] = time.monotonic()
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            with contextlib.suppress(OSError):
-                dst.write_eof()
-
-    tasks = [asyncio.ensure_future(copy(reader, up_writer)), asyncio.ensure_future(copy(up_reader, writer))]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()  # an error or an idle timeout ends both ways
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        raise Refused(502, f"cannot connect to {host}:{port} ({'; '.join(failures)})", address=addresses[0])
