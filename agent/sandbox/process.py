@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import pwd
 import re
@@ -43,6 +42,7 @@ from agent import workdirs
 from agent.limits import CommandLimits, Group, LimitsUnavailable, limiter
 from agent.sandbox import identity, seccomp
 from agent.sandbox.base import DEFAULT_PATH, SandboxResult, SandboxUnavailable
+from agent.sandbox.bwrapfds import ArgsPipe, Info, filter_pipe, ns_of
 from agent.sandbox.capture import Capture, pump
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ async def run(
         workdir_fd = workdirs.open_workdir(sandbox.workdir)
     except OSError as exc:
         raise SandboxUnavailable(str(exc)) from None
-    info = _Info() if sandbox.kind == "bwrap" else None
+    info = Info() if sandbox.kind == "bwrap" else None
     proc, group, started = await _start(sandbox, cmd, workdir_fd, info, merge_stderr=merge_stderr)
     if info is not None:
         info.started()
@@ -109,7 +109,7 @@ async def run(
 
 
 async def _start(
-    sandbox: Sandbox, cmd: Sequence[str], workdir_fd: int, info: _Info | None, *, merge_stderr: bool
+    sandbox: Sandbox, cmd: Sequence[str], workdir_fd: int, info: Info | None, *, merge_stderr: bool
 ) -> tuple[asyncio.subprocess.Process, Group | None, float]:
     """Start the command (bwrap held on its arguments until it is in its cgroup); closes ``workdir_fd``.
 
@@ -121,7 +121,7 @@ async def _start(
     process, no descriptor, no group.
     """
     group: Group | None = None
-    args = _ArgsPipe()
+    args = ArgsPipe()
     filter_fd = -1
     fds: tuple[int, ...] = ()
     fd_numbers = (workdir_fd, -1)
@@ -129,7 +129,7 @@ async def _start(
         if info is None:
             argv = sandbox.argv(cmd)
         else:
-            filter_fd = _filter_pipe()
+            filter_fd = filter_pipe()
             fd_numbers = (workdir_fd, filter_fd)
             args.open()
             argv = sandbox.argv(cmd, setup_fd=args.read_fd)
@@ -189,7 +189,7 @@ _NOT_ENTERED = 70
 async def _prepare(
     sandbox: Sandbox,
     proc: asyncio.subprocess.Process,
-    args: _ArgsPipe,
+    args: ArgsPipe,
     fd_numbers: tuple[int, int],
     entered: Group | None,
 ) -> Group | None:
@@ -252,20 +252,6 @@ def _unreachable(sandbox: Sandbox, stderr: str) -> str | None:
     return identity.reach_problem(path, (uid, gid), name=name, what=what, setting=setting, groups=groups)
 
 
-def _filter_pipe() -> int:
-    """A pipe holding the compiled system-call filter (:mod:`agent.sandbox.seccomp`); its read end."""
-    program = seccomp.program()
-    read_fd, write_fd = os.pipe()
-    try:
-        os.write(write_fd, program)  # a few kB: well within a pipe's buffer
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)
-    return read_fd
-
-
 def _new_group(limits: CommandLimits, goal: str | None) -> Group:
     try:
         return limiter().group(limits, goal=goal)
@@ -275,7 +261,7 @@ def _new_group(limits: CommandLimits, goal: str | None) -> Group:
 
 async def _supervise(
     proc: asyncio.subprocess.Process,
-    info: _Info | None,
+    info: Info | None,
     out: Capture,
     err: Capture,
     *,
@@ -305,7 +291,7 @@ async def _supervise(
         await asyncio.gather(waiter, *pumps, return_exceptions=True)
 
 
-async def _stop(proc: asyncio.subprocess.Process, info: _Info | None, *, polite: bool, kill_grace: float) -> None:
+async def _stop(proc: asyncio.subprocess.Process, info: Info | None, *, polite: bool, kill_grace: float) -> None:
     """End every process of the command: SIGTERM, up to ``kill_grace`` seconds, then SIGKILL."""
     if info is None:  # unconfined: the process group
         if polite and proc.returncode is None:
@@ -335,7 +321,7 @@ async def _stop(proc: asyncio.subprocess.Process, info: _Info | None, *, polite:
             await proc.wait()
 
 
-async def _end(info: _Info) -> None:
+async def _end(info: Info) -> None:
     """Return only once the sandbox's PID namespace is empty.
 
     bwrap outside exits as soon as the command's main process has (its process 1 tells it so);
@@ -359,160 +345,16 @@ async def _wait(proc: asyncio.subprocess.Process, seconds: float) -> bool:
     return True
 
 
-class _Info:
-    """bwrap's ``--info-fd``: the sandbox's process 1 (held by a pidfd) and its PID namespace."""
-
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        self._buf = b""
-        self._done = asyncio.Event()
-        self._value: tuple[int, int] | None = None
-        self._pidfd = -1
-        self._watching = False
-
-    def started(self) -> None:
-        os.close(self.write_fd)
-        self.write_fd = -1
-        asyncio.get_running_loop().add_reader(self.read_fd, self._readable)
-        self._watching = True
-
-    def _readable(self) -> None:
-        try:
-            chunk = os.read(self.read_fd, 4096)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        self._buf += chunk
-        if chunk:
-            with contextlib.suppress(ValueError):
-                data = json.loads(self._buf)
-                self._value = (int(data["child-pid"]), int(data["pid-namespace"]))
-                self._pin()
-                self._finish()
-        else:
-            self._finish()
-
-    def _pin(self) -> None:
-        # A pidfd, checked against the namespace after it is opened, is process 1 itself even if
-        # its PID is reused later; failing either, process 1 is gone already.
-        assert self._value is not None
-        init, inode = self._value
-        try:
-            fd = os.pidfd_open(init)
-        except OSError:
-            return
-        if _ns_of(init) == inode:
-            self._pidfd = fd
-        else:
-            os.close(fd)
-
-    def _finish(self) -> None:
-        if self._watching:
-            asyncio.get_running_loop().remove_reader(self.read_fd)
-            self._watching = False
-        self._done.set()
-
-    async def namespace(self) -> tuple[int, int] | None:
-        """``(pid of process 1, PID namespace inode)``; ``None`` if bwrap never got that far."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2.0):
-                await self._done.wait()
-        return self._value
-
-    @property
-    def reached(self) -> bool:
-        """Whether bwrap got as far as its sandbox's process 1 (it wrote it on the info pipe)."""
-        return self._value is not None
-
-    def kill(self) -> None:
-        """SIGKILL process 1: the kernel then kills every process of the namespace."""
-        if self._pidfd >= 0:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-
-    async def gone(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` until process 1 has exited, which the kernel lets it do only once
-        every other process of the namespace is gone; whether it has."""
-        await self.namespace()
-        if self._pidfd < 0:
-            return True
-        ended = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self._pidfd, ended.set)  # a pidfd reads ready once its process has exited
-        try:
-            async with asyncio.timeout(seconds):
-                await ended.wait()
-        except TimeoutError:
-            return False
-        finally:
-            loop.remove_reader(self._pidfd)
-        return True
-
-    def close(self) -> None:
-        if self._watching:
-            self._finish()
-        for fd in (self.read_fd, self.write_fd, self._pidfd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self.read_fd = self.write_fd = self._pidfd = -1
-
-
-class _ArgsPipe:
-    """bwrap's ``--args`` pipe: bwrap waits on it until :meth:`release` writes the arguments."""
-
-    def __init__(self) -> None:
-        self.read_fd = self.write_fd = -1
-
-    def open(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-
-    def release(self, data: bytes) -> None:
-        """Write the arguments and close the pipe: bwrap goes on."""
-        if len(data) > 60_000:  # a pipe's buffer; more would block before bwrap reads it
-            raise SandboxUnavailable("the sandbox's arguments (its secrets and mounts) are over 60 kB")
-        if self.write_fd >= 0:
-            try:
-                if data:
-                    os.write(self.write_fd, data)
-            except BrokenPipeError:
-                pass  # it exited before bwrap ran (its cgroup refused it: exit 70); its result says so
-            finally:
-                os.close(self.write_fd)
-                self.write_fd = -1
-
-    def close_read(self) -> None:
-        if self.read_fd >= 0:
-            os.close(self.read_fd)
-            self.read_fd = -1
-
-    def close(self) -> None:
-        """Close both ends without writing anything."""
-        self.close_read()
-        if self.write_fd >= 0:
-            os.close(self.write_fd)
-            self.write_fd = -1
-
-
 def _killpg(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def _ns_of(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
-        return None
 
 
 def _members(ns: int, *, exclude: int) -> list[int]:
     """PIDs of the processes in the PID namespace ``ns``."""
     pids = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != exclude and _ns_of(int(entry)) == ns:
+        if entry.isdigit() and int(entry) != exclude and ns_of(int(entry)) == ns:
             pids.append(int(entry))
     return pids
 
@@ -524,7 +366,7 @@ def _signal_in(pid: int, ns: int, sig: signal.Signals) -> None:
     except OSError:
         return
     try:
-        if _ns_of(pid) == ns:
+        if ns_of(pid) == ns:
             signal.pidfd_send_signal(fd, sig)
     except OSError:
         pass
