@@ -9,14 +9,14 @@ stream's items build the answer, how the answer ends) stays in each provider's m
 Both send a request body they assembled themselves, through the SDK's generic ``post`` with the
 body as ``content``: the SDK's typed ``create`` would transform (walk) every message and every
 content part of the whole history on every request, a cost that grows with the conversation. Each
-message is instead serialized once, in the SDK's own JSON form (:func:`dump_json`), into the
-conversation's :class:`JSONLog` (kept in the request's :class:`~agent.models.base.WireCache`);
+message is instead serialized once, in the SDK's own JSON form (:func:`~agent.models.body.dump_json`), into
+the conversation's :class:`~agent.models.body.JSONLog` (kept in the request's :class:`~agent.models.base.WireCache`);
 a request body is that log's bytes between a head and a tail. The SDK still sends the request
 (its headers, authentication, timeouts, retries off) and raises its error types for a failed
 request or an error status.
 
 The answer's stream is read here, not by the SDK: the SDK is asked for the raw response (``post``
-with ``cast_to`` the HTTP client's ``Response``, a documented use) and :class:`SSEParser` splits
+with ``cast_to`` the HTTP client's ``Response``, a documented use) and :class:`~agent.models.sse.SSEParser` splits
 its bytes into server-sent events as the SDKs' decoder does; each event's JSON goes to the
 provider's assembly as plain dicts and lists. The SDKs' streams build a typed model object per
 chunk (their ``construct_type``), which cost more than the rest of a step's client work together;
@@ -42,9 +42,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
@@ -52,56 +51,14 @@ from loguru import logger
 
 from agent.errors import AgentError
 from agent.models import windows
-from agent.models.base import DeltaCallback, MessageLog, Model, ModelError, ModelErrorKind, ToolSpec, known_window
+from agent.models.base import DeltaCallback, Model, ModelError, ModelErrorKind, known_window
 from agent.models.classify import error_kind, parse_retry_after, stated_window
+from agent.models.sse import SSEParser
 from agent.redact import redact
 from agent.spend import Price, Usage
 
 if TYPE_CHECKING:
     import httpx2
-
-
-def dump_json(value: object) -> bytes:
-    """``value`` as the SDKs serialize a request body: compact, UTF-8, no ASCII escaping, no NaN."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-class JSONLog(MessageLog):
-    """A conversation's messages serialized once each, as the comma-separated items of a JSON array.
-
-    ``body`` holds the closed items; a provider that merges consecutive messages into one wire
-    message (Anthropic) keeps the last one open (``open_role``/``open_items``) until a message of
-    another role closes it. The tool specs and the system prompt are kept serialized too, keyed by
-    the objects they came from.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = bytearray()
-        self.open_role: str | None = None
-        self.open_items: list[bytes] = []
-        self.tools: Sequence[ToolSpec] | None = None
-        self.tools_json = b""
-        self.system: str | None = None
-        self.system_json = b""
-
-    def reset(self) -> None:
-        super().reset()
-        self.body = bytearray()
-        self.open_role, self.open_items = None, []
-
-    def add_item(self, item: bytes) -> None:
-        """Append one closed item to the array."""
-        if self.body:
-            self.body += b","
-        self.body += item
-
-    def items_pieces(self) -> list[bytes | bytearray]:
-        """The array's items (without brackets) as pieces to join, the open wire message last."""
-        if self.open_role is None:
-            return [self.body]
-        tail = b'{"role":"%s","content":[%s]}' % (self.open_role.encode(), b",".join(self.open_items))
-        return [self.body, b",", tail] if self.body else [tail]
 
 
 class HTTPClient(Protocol):
@@ -112,76 +69,6 @@ class HTTPClient(Protocol):
 
 
 _ClientT = TypeVar("_ClientT", bound=HTTPClient)
-
-
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-
-
-class SSEParser:
-    """Server-sent events from a byte stream, decoded as the SDKs decode them.
-
-    Lines end at CR, LF or CRLF (also when a CRLF is split between two chunks); a line is UTF-8
-    (strictly: a bad byte raises ``UnicodeDecodeError``); a blank line dispatches the event if any
-    field was set; ``data`` lines are joined with newlines; comments and unknown fields are
-    ignored; an unfinished event at the end of the stream is dropped. Linear in the bytes fed,
-    however they are split.
-    """
-
-    __slots__ = ("_data", "_event", "_id", "_retry", "_skip_lf", "_tail")
-
-    def __init__(self) -> None:
-        self._tail: list[bytes] = []
-        self._skip_lf = False
-        self._event: str | None = None
-        self._data: list[str] = []
-        self._id: str | None = None
-        self._retry: int | None = None
-
-    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
-        """The events ``chunk`` completes, each as ``(event name or None, data)``."""
-        if self._skip_lf:
-            self._skip_lf = False
-            if chunk[:1] == b"\n":
-                chunk = chunk[1:]  # the LF of a CRLF whose CR ended the last chunk
-        if not chunk:
-            return []
-        if _LINE_END.search(chunk) is None:
-            self._tail.append(chunk)
-            return []
-        if self._tail:
-            self._tail.append(chunk)
-            chunk = b"".join(self._tail)
-        lines = _LINE_END.split(chunk)
-        last = lines.pop()
-        self._tail = [last] if last else []
-        self._skip_lf = chunk[-1] == 13
-        events: list[tuple[str | None, str]] = []
-        for raw in lines:
-            line = raw.decode()
-            if not line:
-                if self._event is None and not self._data and self._id is None and self._retry is None:
-                    continue
-                events.append((self._event, "\n".join(self._data)))
-                self._event, self._data, self._retry = None, [], None
-                continue
-            if line[0] == ":":
-                continue
-            name, _, value = line.partition(":")
-            if value[:1] == " ":
-                value = value[1:]
-            if name == "data":
-                self._data.append(value)
-            elif name == "event":
-                self._event = value
-            elif name == "id":
-                if "\0" not in value:
-                    self._id = value
-            elif name == "retry":
-                try:
-                    self._retry = int(value)
-                except ValueError:
-                    pass
-        return events
 
 
 class StreamErrorItem(AgentError):

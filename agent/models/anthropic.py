@@ -34,11 +34,9 @@ from loguru import logger
 from agent.messages import TextBlock, ToolUseBlock
 from agent.models._http import (
     SKIP,
-    JSONLog,
     StreamErrorItem,
     StreamingHTTPModel,
     answer_started,
-    dump_json,
 )
 from agent.models.anthropic_stream import Assembly
 from agent.models.base import (
@@ -51,6 +49,7 @@ from agent.models.base import (
     ModelResponse,
     ToolSpec,
 )
+from agent.models.body import JSONLog, dump_json
 from agent.spend import Price, Usage
 
 if TYPE_CHECKING:

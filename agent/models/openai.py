@@ -39,12 +39,10 @@ from loguru import logger
 from agent.messages import TextBlock, ToolResultBlock, ToolUseBlock
 from agent.models._http import (
     END,
-    JSONLog,
     StreamErrorItem,
     StreamingHTTPModel,
     answer_started,
     as_object,
-    dump_json,
 )
 from agent.models.base import (
     ConvMessage,
@@ -55,6 +53,7 @@ from agent.models.base import (
     ModelResponse,
     ToolSpec,
 )
+from agent.models.body import JSONLog, dump_json
 from agent.models.classify import status_kind
 from agent.models.openai_stream import Assembly, answer_text
 from agent.spend import Price, Usage, estimator_for

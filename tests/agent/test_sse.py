@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from agent.models._http import SSEParser
+from agent.models.sse import SSEParser
 
 STREAM = (
     b": a comment first\n"
