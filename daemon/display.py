@@ -242,6 +242,11 @@ def goal_lines(g: GoalView) -> list[str]:
     return lines
 
 
+def window_text(window: Mapping[str, Any]) -> str:
+    """A model's context window and where the figure came from: ``16,384 tokens (server /props)``."""
+    return f"{int(window['contextWindow']):,} tokens ({window.get('windowSource') or 'default'})"
+
+
 def exit_text(r: dict[str, Any]) -> str:
     """How a command ended, in words where the code alone says little (127: command not found)."""
     if r.get("out_of_time") or r.get("outOfTime"):
@@ -359,6 +364,9 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
     if prov:
         model += f"  (provider {prov['name']}: {provider_words(prov)})"
     out.append(model)
+    window = d.get("window")
+    if window:
+        out.append(f"window:     {window_text(window)}")
     out.append(f"rounds:     {_used(g.rounds, b.max_rounds, '{:,.0f}')}")
     out.append(f"tokens:     {_used(g.tokens, b.max_tokens_total, '{:,.0f}')}")
     out.extend(infra_lines(g))

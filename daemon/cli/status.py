@@ -16,7 +16,7 @@ from typing import Any
 from daemon.cli.node import cluster_lines
 from daemon.cli.parser import EXIT_OK, print_json
 from daemon.client import Connection
-from daemon.display import age, provider_words, use_utc, when
+from daemon.display import age, provider_words, use_utc, when, window_text
 from goals.why import span
 
 
@@ -82,7 +82,7 @@ async def status(client: Connection, args: argparse.Namespace) -> int:
 
 def window_line(model: str, window: dict[str, Any]) -> str:
     """A model in use: its context window and where the figure came from (config, a server's word...)."""
-    return f"{model}: context window {int(window['contextWindow']):,} tokens ({window.get('windowSource', 'default')})"
+    return f"{model}: context window {window_text(window)}"
 
 
 def provider_line(name: str, snapshot: dict[str, Any]) -> str:

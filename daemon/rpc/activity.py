@@ -80,6 +80,7 @@ def describe_answer(
         "provider": {"name": provider.get("provider"), "state": provider.get("state"), **_failing(provider)}
         if provider is not None
         else None,
+        "window": window_of(goal, provider),
         "schedule": schedule,
         "events": [{"seq": e.seq, **event_view(e)} for e in events],
     }
@@ -105,6 +106,17 @@ def provider_of(goal: Goal, health: dict[str, Any]) -> dict[str, Any] | None:
         return None
     found = providers.get((goal.model or "").partition(":")[0])
     return found if isinstance(found, dict) else None
+
+
+def window_of(goal: Goal, provider: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The context window of ``goal``'s model and where the figure came from (``contextWindow``,
+    ``windowSource``), from its provider's health snapshot, as ``goald status`` lists it; ``None``
+    until the daemon has made the model (its first use) or for a scripted one."""
+    models = provider.get("models") if provider is not None else None
+    if not isinstance(models, dict):
+        return None
+    found = models.get((goal.model or "").partition(":")[2])
+    return found if isinstance(found, dict) and found.get("contextWindow") is not None else None
 
 
 def _slots(health: dict[str, Any]) -> dict[str, Any] | None:
