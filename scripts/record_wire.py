@@ -25,7 +25,12 @@ OpenAI-compatible provider sends them (streamed, ``stream_options.include_usage`
   truth), ``POST /apply-template`` of the same body (the prompt as the chat template makes it),
   ``POST /tokenize`` of that prompt (special tokens on) and of the answer's text.
 
-``--only NAME`` (repeatable: ``props``, ``cut``, ``refusal``, ``format-error``, ``tokenize``)
+* ``llama_server_keep_alive_close.captured.json``: a streamed answer on a kept-alive connection, the
+  connection then left idle until the server closes it, and a second request on it (what the
+  client meets when it reuses that connection).
+
+``--only NAME`` (repeatable: ``props``, ``cut``, ``refusal``, ``format-error``, ``tokenize``,
+``keep-alive``)
 records only those, leaving the other files as they are.
 
 ``--llama-cpp-python PYTHON`` records llama-cpp-python's server instead (``PYTHON -m
@@ -58,6 +63,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import socket
 import sys
 import time
 from datetime import UTC, datetime
@@ -314,7 +320,60 @@ def record_tokenize(port: int, out: Path, origin: str) -> Path:
     return path
 
 
-RECORDINGS = ("props", "cut", "refusal", "format-error", "tokenize")
+def record_keep_alive(port: int, out: Path, origin: str) -> Path:
+    """A streamed answer on a kept-alive connection, then the connection left idle until the server
+    closes it, then a second request on it: what goald's provider meets when it reuses a pooled
+    connection the server has let go (``Server disconnected without sending a response``)."""
+    body = chat_body([{"role": "user", "content": "Say hi."}], 8, None)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    try:
+        sock.sendall(head + body)
+        reader = sock.makefile("rb")
+        status_line = reader.readline().decode("latin-1").strip()
+        headers: list[tuple[str, str]] = []
+        while (line := reader.readline().decode("latin-1").rstrip("\r\n")) != "":
+            name, _, value = line.partition(":")
+            headers.append((name.strip(), value.strip()))
+        while True:  # the chunked body, to its last chunk
+            size = int(reader.readline().split(b";")[0].strip() or b"0", 16)
+            reader.read(size + 2)
+            if size == 0:
+                break
+        answered = time.monotonic()
+        sock.settimeout(120)
+        closed_by_server = sock.recv(1) == b""  # blocks until the server lets the idle connection go
+        idle = time.monotonic() - answered
+        second: str
+        try:
+            sock.sendall(head + body)
+            got = sock.recv(65536)
+            second = "answered" if got else "closed without a response"
+        except OSError as exc:
+            second = f"refused: {exc.strerror or exc}"
+    finally:
+        sock.close()
+    path = out / "llama_server_keep_alive_close.captured.json"
+    record = {
+        "_comment": (
+            f"Recorded {datetime.now(UTC):%Y-%m-%d} by scripts/record_wire.py from {origin}: a streamed chat"
+            " completion on a kept-alive connection, the connection then left idle until the server closed it,"
+            " then a second request on the same connection."
+        ),
+        "status_line": status_line,
+        "headers": {k: v for k, v in headers if k.lower() in (*KEPT_HEADERS, "keep-alive")},
+        "closed_by_server_when_idle": closed_by_server,
+        "idle_seconds_before_close": round(idle, 1),
+        "second_request_on_it": second,
+    }
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+RECORDINGS = ("props", "cut", "refusal", "format-error", "tokenize", "keep-alive")
 
 
 def record_llama_cpp_python(python: str, gguf: Path, out: Path, ctx: int) -> Path:
@@ -435,6 +494,8 @@ def main() -> int:
             written.append(extra_path)
         if "tokenize" in only:
             written.append(record_tokenize(server.port, args.out, origin))
+        if "keep-alive" in only:
+            written.append(record_keep_alive(server.port, args.out, origin))
     for path in written:
         print(f"wrote {path}")
     return 0

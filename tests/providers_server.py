@@ -89,6 +89,10 @@ class Respond:
     #: a byte when the client sends its next request on it: a server that closed an idle keep-alive
     #: connection (the client meets "Server disconnected without sending a response").
     keep_alive: bool = False
+    #: Answer without ``Connection: close`` (the headers may say ``Keep-Alive``), then close the
+    #: connection at once: what a real llama-server does after a streamed answer
+    #: (``tests/wire/llama_server_keep_alive_close.captured.json``).
+    close_after: bool = False
 
     @classmethod
     def json(cls, status: int, body: Any, headers: dict[str, str] | None = None) -> Respond:
@@ -226,7 +230,7 @@ class ProviderServer:
         except ValueError:
             reason = "Overloaded" if respond.status == 529 else "Unknown"
         headers = {k.lower(): v for k, v in respond.headers.items()}
-        if not respond.keep_alive:
+        if not (respond.keep_alive or respond.close_after):
             headers["connection"] = "close"
         if respond.frames is None:
             body = respond.body or b""

@@ -309,6 +309,32 @@ async def test_a_keep_alive_connection_closed_after_a_streamed_answer_is_retried
     assert (health.breaker.state.value, health.breaker.consecutive_failures, health.failures) == ("closed", 0, 0)
 
 
+async def test_llama_server_s_close_after_a_streamed_answer_is_met_with_a_new_connection_and_no_failure(
+    server: ProviderServer, db_path: Path
+) -> None:
+    captured = json.loads((WIRE / "llama_server_keep_alive_close.captured.json").read_text())
+    # What the real server did: it said Keep-Alive, closed the connection right after the streamed
+    # answer, and a second request on that connection got no response (the staged case above).
+    assert captured["headers"]["Keep-Alive"].startswith("timeout=")
+    assert captured["closed_by_server_when_idle"] is True
+    assert captured["second_request_on_it"] == "closed without a response"
+    said = {k: v for k, v in captured["headers"].items() if k.lower() not in ("transfer-encoding", "content-type")}
+    server.add(
+        Respond.stream(openai_text(["hi"], usage=oa_usage(20, 1)), headers=said, close_after=True),
+        Respond.stream(openai_text(["fine"], usage=oa_usage(40, 1))),
+    )
+    health = ProviderHealth("local", failure_threshold=1)
+    model = GuardedModel(llama_server(server, "keepalive", context_window=8192), health)
+    try:
+        events = await _session(db_path, model, "hello", "and now?")
+    finally:
+        await model.aclose()
+    assert len(server.requests) == 2 and server.unexpected == []
+    assert not [e for e in events if e.type == EventType.MODEL_ERROR]
+    assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["end_turn", "end_turn"]
+    assert (health.breaker.state.value, health.breaker.consecutive_failures, health.failures) == ("closed", 0, 0)
+
+
 async def test_without_usage_the_estimate_follows_the_reported_calls_and_never_exceeds_max_tokens(
     server: ProviderServer, db_path: Path
 ) -> None:
