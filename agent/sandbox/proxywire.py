@@ -14,6 +14,8 @@ import contextlib
 import time
 from urllib.parse import urlsplit
 
+from agent.errors import AgentError
+
 __all__ = ["CHUNK", "MAX_HEAD", "Refused", "answer", "parse_head", "reply", "splice", "split_authority"]
 
 #: A request's head (request line and headers) is at most this long.
@@ -23,7 +25,7 @@ CHUNK = 64 * 1024
 HOP = frozenset({"proxy-connection", "proxy-authorization", "proxy-authenticate", "connection", "keep-alive", "te"})
 
 
-class Refused(Exception):
+class Refused(AgentError):
     """A verdict on a request: answered with ``status``, reported with ``reason``."""
 
     def __init__(self, status: int, reason: str, *, address: str | None = None) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agent.errors import AgentError
+
 __all__ = ["Refusal", "Refused", "Word", "cut", "has_glob", "read_word", "refuse", "snippet", "uses"]
 
 
@@ -27,7 +29,7 @@ class Refusal:
         return self.reason
 
 
-class Refused(Exception):
+class Refused(AgentError):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.reason)
         self.refusal = refusal
