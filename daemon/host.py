@@ -282,7 +282,7 @@ class Host(HostSessions, HostStatus):
         self._set_state(RunState.SERVING)
         self.ready.set()
         live = await rt.store.read(goal_counts)
-        self._notifier.ready(self.status_line(live=live["active"] + live["paused"]))
+        self._notifier.ready(self.status_line(live=live["active"] + live["paused"] + live["waiting"]))
 
     async def _start_ready_services(self, rt: Runtime) -> ReadyServices:
         """The watchdog, retention, metrics and notifications (:mod:`daemon.ready_services`)."""

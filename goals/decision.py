@@ -37,6 +37,20 @@ class Claim(BaseModel):
     evidence: str
 
 
+class AskedQuestion(BaseModel):
+    """An ``ask_operator`` call: the question the goal asks its operator (its row is written when
+    the engine decides the idle, :mod:`goals.questions`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    text: str
+    options: list[str] = []
+    default: str | None = None
+    #: How long the question may wait (``None``: the goal's ``rules.question_timeout_seconds``).
+    timeout_seconds: float | None = None
+
+
 class Interval(BaseModel):
     """Facts of the session's events in ``(evaluated_seq, end_seq]``."""
 
@@ -49,6 +63,8 @@ class Interval(BaseModel):
     cost: float = 0.0
     claims: list[Claim] = []
     blocked: list[str] = []
+    #: ``ask_operator`` calls of the interval (the last one is asked).
+    questions: list[AskedQuestion] = []
     notes: list[str] = []
     tool_calls: list[str] = []
     turns: int = 0
@@ -73,6 +89,8 @@ class DecisionKind(enum.StrEnum):
     CONTINUE = "continue"
     REISSUE = "reissue"
     WAIT = "wait"
+    #: The goal asked its operator a question: it waits for the answer (status ``waiting``).
+    ASK = "ask"
     COMPLETE = "complete"
     PAUSE = "pause"
     EXHAUST = "exhaust"
@@ -110,6 +128,8 @@ class Decision:
     continuation: str | None = None
     round: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: With :attr:`DecisionKind.ASK`: the question, written with the decision.
+    question: AskedQuestion | None = None
 
 
-__all__ = ["Claim", "ContinuationFate", "Decision", "DecisionKind", "Interval", "PolicyInput"]
+__all__ = ["AskedQuestion", "Claim", "ContinuationFate", "Decision", "DecisionKind", "Interval", "PolicyInput"]

@@ -56,6 +56,7 @@ from goals.measure import Fingerprinter, Measured, measure
 from goals.model import Goal, GoalStatus
 from goals.operations import log_change
 from goals.policy import decide, disk_over
+from goals.questions import QuestionClosed, insert_question, question_due
 from goals.requests import GoalRequests
 from goals.store import (
     GOAL_FINGERPRINT,
@@ -233,6 +234,9 @@ class GoalEngine(GoalRequests, GoalFollowing):
             return None
         if st.status is not AgentStatus.IDLE or st.open_turn is not None:
             return None
+        if goal.status is GoalStatus.WAITING and (q := goal.memory.question) is not None and self.clock() >= q.deadline:
+            await self._question_due(goal)
+            return None
         interval = interval_facts(goal, events, st.last_seq)
         if goal.status is GoalStatus.ACTIVE and self.hold is not None and (why := self.hold()) is not None:
             await self._held_back(goal, why)
@@ -282,6 +286,22 @@ class GoalEngine(GoalRequests, GoalFollowing):
         return decision
 
     # -- internals -------------------------------------------------------------------------
+
+    async def _question_due(self, goal: Goal) -> None:
+        """A waiting goal's question at its deadline: its default answer, or a pause
+        (:func:`goals.questions.question_due`)."""
+        now = self.clock()
+        try:
+            done = await self.store.transact(lambda tx: question_due(tx, goal.id, now))
+        except (StaleDecision, QuestionClosed):
+            self.kick(goal.id)  # answered (or changed) meanwhile: look again from the durable state
+            return
+        if done is None:
+            return
+        saved, before = done
+        log_change(before, saved)
+        await self._sync_guard(saved)
+        self._track(saved)
 
     def _disk_limit(self, goal: Goal) -> int | None:
         """``goal``'s disk limit in bytes (``None``: none)."""
@@ -382,6 +402,8 @@ def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: M
         tx.emit(goal.session_id, GOAL_FINGERPRINT, _walk_data(goal, measured.walk))
     if decision.continuation is not None and decision.round is not None:
         new = issue_continuation(tx, new, decision.round, decision.continuation)
+    if decision.question is not None:
+        insert_question(tx, new, decision.question, datetime.fromisoformat(tx.now))
     saved = save_goal(tx, new, goal.revision)
     emit_changed(tx, goal.status, saved)
     if decision.kind is DecisionKind.BOOKKEEP:

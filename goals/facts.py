@@ -16,7 +16,7 @@ What it reads, and why:
 * The last turn's end (reason, error kind, error) and whether the provider's breaker was open.
 * Model answers committed (an interrupted partial answer is not one), and the tokens charged in
   full for calls a crash or a stop left without an outcome: the infrastructure's share, shown apart.
-* The goal tools' reports: claims, progress notes and blocked reports of this goal.
+* The goal tools' reports: claims, progress notes, blocked reports and questions of this goal.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from agent import (
     ToolUseBlock,
     TurnEnded,
 )
-from goals.decision import Claim, ContinuationFate, Interval
+from goals.decision import AskedQuestion, Claim, ContinuationFate, Interval
 from goals.model import Goal
-from goals.payloads import GoalBlockedReported, GoalClaimed, GoalProgressNoted
+from goals.payloads import GoalBlockedReported, GoalClaimed, GoalProgressNoted, GoalQuestionAsked
 from goals.tools import GOAL_TOOL_NAMES
 
 
@@ -51,6 +51,7 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
     tokens, cost, turns = 0, 0.0, 0
     claims: list[Claim] = []
     blocked: list[str] = []
+    questions: list[AskedQuestion] = []
     notes: list[str] = []
     calls: list[str] = []
     uses: dict[str, tuple[str, str]] = {}
@@ -88,6 +89,16 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
                 notes.append(progress.note)
             case GoalBlockedReported() as report if report.goal_id == goal.id:
                 blocked.append(report.reason)
+            case GoalQuestionAsked() as asked if asked.goal_id == goal.id:
+                questions.append(
+                    AskedQuestion(
+                        id=asked.question_id,
+                        text=asked.text,
+                        options=asked.options,
+                        default=asked.default,
+                        timeout_seconds=asked.timeout_seconds,
+                    )
+                )
             case _:
                 pass
     return Interval(
@@ -98,6 +109,7 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
         cost=cost,
         claims=claims,
         blocked=blocked,
+        questions=questions,
         notes=notes,
         tool_calls=calls,
         turns=turns,

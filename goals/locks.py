@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent import Tx, sessions_with_workdir
 from goals.errors import GoalConflict
-from goals.model import Goal
+from goals.model import LIVE_SQL, Goal
 from goals.rows import goal_from_row
 
 
@@ -49,7 +49,7 @@ def workdir_holder(tx: Tx, workdir: str, goal_id: str) -> Goal | None:
     path = _canonical(workdir)
     condition, ancestors, low, high = _near(path)
     rows = tx.all(
-        f"SELECT * FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL AND id != ?"
+        f"SELECT * FROM goals WHERE status IN {LIVE_SQL} AND workdir IS NOT NULL AND id != ?"
         f" AND {condition} ORDER BY id",
         (goal_id, *ancestors, low, high),
     )
@@ -77,7 +77,7 @@ def check_nesting(tx: Tx, workdir: str) -> None:
         if session.workdir is not None and _strictly_nested(mine, other := _canonical(session.workdir)):
             raise GoalConflict(_nested_message(mine, other, f"session {session.id}"))
     rows = tx.all(
-        f"SELECT id, workdir FROM goals WHERE status IN ('active', 'paused') AND workdir IS NOT NULL AND {condition}",
+        f"SELECT id, workdir FROM goals WHERE status IN {LIVE_SQL} AND workdir IS NOT NULL AND {condition}",
         (*ancestors, low, high),
     )
     for row in rows:

@@ -44,11 +44,20 @@ class GoalStatus(enum.StrEnum):
     CANCELLED = "cancelled"
     #: A budget, the round limit or the deadline ran out; resumable with a raised budget.
     EXHAUSTED = "exhausted"
+    #: The goal asked its operator a question (``ask_operator``) and waits for the answer, or for
+    #: the question's deadline: nothing runs and nothing is charged meanwhile (:mod:`goals.questions`).
+    WAITING = "waiting"
 
     @property
     def live(self) -> bool:
-        """Whether the goal still holds its session (active or paused)."""
-        return self in (GoalStatus.ACTIVE, GoalStatus.PAUSED)
+        """Whether the goal still holds its session (active, paused or waiting)."""
+        return self in LIVE_STATUSES
+
+
+#: The statuses of a goal that holds its session and work directory.
+LIVE_STATUSES = (GoalStatus.ACTIVE, GoalStatus.PAUSED, GoalStatus.WAITING)
+#: The same, as an SQL list (``status IN {LIVE_SQL}``): the one place the queries take it from.
+LIVE_SQL = "(" + ", ".join(f"'{s.value}'" for s in LIVE_STATUSES) + ")"
 
 
 def transition(current: GoalStatus, target: GoalStatus, *, reopen: bool = False) -> GoalStatus:
@@ -67,6 +76,7 @@ def transition(current: GoalStatus, target: GoalStatus, *, reopen: bool = False)
         case GoalStatus.ACTIVE:
             allowed = (
                 GoalStatus.PAUSED,
+                GoalStatus.WAITING,
                 GoalStatus.COMPLETED,
                 GoalStatus.FAILED,
                 GoalStatus.CANCELLED,
@@ -76,6 +86,10 @@ def transition(current: GoalStatus, target: GoalStatus, *, reopen: bool = False)
             allowed = (GoalStatus.ACTIVE, GoalStatus.CANCELLED, GoalStatus.FAILED)
         case GoalStatus.EXHAUSTED:
             allowed = (GoalStatus.ACTIVE, GoalStatus.CANCELLED)
+        case GoalStatus.WAITING:
+            # Answered (or the default at the deadline, or withdrawn); unanswered by the deadline
+            # without a default: paused; or ended by a person (or a fault).
+            allowed = (GoalStatus.ACTIVE, GoalStatus.PAUSED, GoalStatus.CANCELLED, GoalStatus.FAILED)
         case GoalStatus.COMPLETED | GoalStatus.FAILED | GoalStatus.CANCELLED:
             allowed = ()
         case _:
@@ -115,6 +129,10 @@ class StopReason(enum.StrEnum):
     WORKDIR_MISSING = "workdir_missing"
     #: Paused: the work directory holds more than the goal's disk limit (the reason carries the figures).
     DISK_LIMIT = "disk_limit"
+    #: Waiting: the goal asked its operator a question (the reason carries it).
+    QUESTION = "question"
+    #: Paused: the question's deadline passed without an answer, and it had no default.
+    QUESTION_UNANSWERED = "question_unanswered"
 
 
 #: The goal's shape is also its wire shape: camelCase on the control protocol (``maxRounds``),
@@ -248,6 +266,9 @@ class StopRules(BaseModel):
     #: death, a lease move or a store outage; a provider that could not be reached): never counted
     #: as rounds; past this many in a row the goal tries once every ``error_backoff_max_seconds``.
     infra_retries: int = Field(default=20, ge=1)
+    #: How long a question the goal asks (``ask_operator``) waits for an answer when it names no
+    #: timeout of its own; then its default answer is used, or the goal pauses ``question_unanswered``.
+    question_timeout_seconds: float = Field(default=86_400.0, gt=0, le=30 * 86_400)
 
 
 class GoalSpec(BaseModel):
@@ -342,6 +363,17 @@ class PendingClaim(BaseModel):
     evidence: str
 
 
+class OpenQuestion(BaseModel):
+    """The question a waiting goal waits on, as the goal row keeps it: its id (the row in
+    ``goal_questions`` holds the rest), its deadline (the engine's timer) and whether it has a default."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    deadline: datetime
+    has_default: bool = False
+
+
 class GoalMemory(BaseModel):
     """What the engine carries between rounds (one JSON column)."""
 
@@ -359,6 +391,8 @@ class GoalMemory(BaseModel):
     progress: str | None = None
     #: A claim of an interval the goal spent paused, to be verified at the first idle after resume.
     pending_claim: PendingClaim | None = None
+    #: The question the goal waits on (status ``waiting``): its row is in ``goal_questions``.
+    question: OpenQuestion | None = None
     #: The words of the event behind the goal's current status or wait (an authentication error's
     #: text, the spend guard's refusal, the error a backoff waits out), written with that status or
     #: wait and cleared when the goal moves on: what :func:`goals.why.why` explains it with.

@@ -29,6 +29,7 @@ from goals.locks import claim_workdir
 from goals.model import Budgets, Goal, GoalStatus, StopReason, VerifyCommand
 from goals.payloads import Caller
 from goals.policy import decide
+from goals.questions import withdraw_on_change
 from goals.store import (
     cancel_continuation,
     continuation_queued,
@@ -60,6 +61,8 @@ def change_status(
     goal = load_goal(tx, resolve_goal_id(tx.conn, goal_ref))
     before = goal.status
     goal = set_status(tx, goal, status, reason, now)
+    if before is GoalStatus.WAITING:
+        goal = withdraw_on_change(tx, goal, status, now)
     cancel_continuation(tx, goal, cancel_reason)
     saved = save_goal(tx, goal, goal.revision)
     emit_changed(tx, before, saved, caller)

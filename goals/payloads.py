@@ -91,6 +91,37 @@ class GoalBlockedReported(Payload):
     reason: str
 
 
+class GoalQuestionAsked(Payload):
+    """``goal/question``: the agent asked its operator a question (``ask_operator``); the engine
+    writes its row and makes the goal wait when the turn's idle is decided."""
+
+    type: Literal["goal/question"] = "goal/question"
+    goal_id: str
+    turn_id: str | None = None
+    question_id: str
+    text: str
+    options: list[str] = Field(default_factory=list)
+    default: str | None = None
+    timeout_seconds: float | None = None
+
+
+class GoalQuestionAnswered(Payload):
+    """``goal/answered``: a question of the goal was closed: answered by a person, its default
+    used at the deadline, withdrawn, or left unanswered (``how``); ``by`` says who."""
+
+    type: Literal["goal/answered"] = "goal/answered"
+    goal_id: str
+    question_id: str
+    answer: str | None = None
+    how: str
+    by: str
+    #: The message that carries the answer to the goal (``None``: none was sent).
+    message_id: str | None = None
+    uid: int | None = None
+    pid: int | None = None
+    web: str | None = None
+
+
 class GoalVerified(Payload):
     """``goal/verified``: the verification commands ran on a claim."""
 
@@ -148,6 +179,8 @@ GOAL_PAYLOADS: tuple[type[Payload], ...] = (
     GoalVerified,
     GoalEdited,
     GoalFingerprinted,
+    GoalQuestionAsked,
+    GoalQuestionAnswered,
 )
 
 register_payloads(*GOAL_PAYLOADS)

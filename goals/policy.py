@@ -13,7 +13,7 @@ another's fact by returning first: a refused claim is counted and its output kep
 continuation even when the interval also exhausted a budget; a verified claim completes the goal
 even when a person's follow-up superseded the continuation in the same interval. The precedence:
 
-1. A goal that is not live changes nothing; a paused goal only counts (tokens, rounds, notes) and
+1. A goal that is not live changes nothing; a paused (or waiting) goal only counts (tokens, rounds, notes) and
    keeps a completion claim pending (``memory.pending_claim``): it is decided, as rule 2 or 5
    says, at the first idle after the goal is resumed (the engine runs the verification then).
    Its own continuation still queued cannot happen at a real idle (a queued waking message keeps
@@ -32,6 +32,10 @@ even when a person's follow-up superseded the continuation in the same interval.
 6. ``goal_blocked`` called in B consecutive rounds: paused ``blocked`` with the model's words. A
    call in an interval that is not a round (a person's follow-up) counts too; a round without one
    ends the streak.
+6b. The agent asked its operator a question (``ask_operator``): the goal waits (``waiting``, the
+   question as its reason) until it is answered, its default is used at its deadline, or it is
+   withdrawn (:mod:`goals.questions`); nothing runs or is charged meanwhile. A waiting goal's
+   intervals (a person's message) only count, as a paused goal's do.
 7. A budget spent (rounds, tokens, cost, wall time, deadline, or the guard refused a call): exhausted.
    A turn whose first call the guard refused is not a round (the model did no work); a token
    budget smaller than that one call's reservation is exhausted ``token_budget_too_small``, not spent.
@@ -84,6 +88,7 @@ from goals.decision import Claim, ContinuationFate, Decision, DecisionKind, Inte
 from goals.fingerprint_limits import size_text
 from goals.fold import CONTEXT_TOO_SMALL, Facts, bookkeep, fold_interval
 from goals.model import Goal, GoalStatus, PendingClaim, StopReason
+from goals.questions import waiting_on
 from goals.why import TOKEN_BUDGET_TOO_SMALL, WAIT_INTERRUPTED, WAIT_PROVIDER, call_reservation
 
 
@@ -98,7 +103,7 @@ def decide(inp: PolicyInput) -> Decision:
     if not g.status.live or inp.interval.continuation_fate is ContinuationFate.QUEUED:
         return Decision(DecisionKind.NOTHING, g)
     g, new_notes = bookkeep(g, inp)
-    if g.status is GoalStatus.PAUSED:
+    if g.status in (GoalStatus.PAUSED, GoalStatus.WAITING):
         if inp.interval.claims:
             # Kept, not dropped: the model was told its claim would be verified. Resume decides it.
             claim = inp.interval.claims[-1]
@@ -178,6 +183,15 @@ def _blocked(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
     if blocked and g.blocked_streak >= g.rules.blocked_rounds:
         return _pause(g, f"{StopReason.BLOCKED}: {blocked[-1]}", inp.now)
     return None
+
+
+def _asked(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
+    """Rule 6b: the agent asked its operator a question (``ask_operator``): the goal waits for the
+    answer (its row is written with this decision). The last question of the interval is asked."""
+    if not inp.interval.questions:
+        return None
+    asked = inp.interval.questions[-1]
+    return Decision(DecisionKind.ASK, waiting_on(g, asked, inp.now), question=asked)
 
 
 def _exhausted(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
@@ -273,6 +287,7 @@ RULES: tuple[Rule, ...] = (
     _cancelled,
     _unverified,
     _blocked,
+    _asked,
     _exhausted,
     _infrastructure,
     _model_error,

@@ -16,7 +16,7 @@ from typing import Any
 from agent import Tx
 from agent.db import Conn
 from goals.errors import GoalNotFound, InvalidGoal
-from goals.model import Goal, GoalId, GoalStatus, SandboxSpec
+from goals.model import LIVE_SQL, Goal, GoalId, GoalStatus, SandboxSpec
 from goals.rows import conn_of, goal_from_row
 
 
@@ -32,9 +32,7 @@ def load_goal(tx_or_conn: Tx | Conn, goal_id: str) -> Goal:
 def live_goal_of_session(tx_or_conn: Tx | Conn, session_id: str) -> Goal | None:
     """The active or paused goal that holds ``session_id``, if any."""
     conn = conn_of(tx_or_conn)
-    row = conn.execute(
-        "SELECT * FROM goals WHERE session_id=? AND status IN ('active', 'paused')", (session_id,)
-    ).fetchone()
+    row = conn.execute(f"SELECT * FROM goals WHERE session_id=? AND status IN {LIVE_SQL}", (session_id,)).fetchone()
     return goal_from_row(row) if row is not None else None
 
 
@@ -62,7 +60,7 @@ def live_goal_of_chain(tx_or_conn: Tx | Conn, chain: Sequence[str]) -> Goal | No
 
 def live_goals(tx_or_conn: Tx | Conn) -> list[Goal]:
     """Every active or paused goal, oldest first."""
-    sql = "SELECT * FROM goals WHERE status IN ('active', 'paused') ORDER BY id"
+    sql = f"SELECT * FROM goals WHERE status IN {LIVE_SQL} ORDER BY id"
     rows = conn_of(tx_or_conn).execute(sql).fetchall()
     return [goal_from_row(r) for r in rows]
 
@@ -71,9 +69,7 @@ def live_goal_sessions(tx_or_conn: Tx | Conn) -> dict[str, str | None]:
     """The sessions of every active or paused goal (what a cluster's nodes must hold), each with
     the node label its goal needs (``None``: any node)."""
     rows = (
-        conn_of(tx_or_conn)
-        .execute("SELECT session_id, node_label FROM goals WHERE status IN ('active', 'paused')")
-        .fetchall()
+        conn_of(tx_or_conn).execute(f"SELECT session_id, node_label FROM goals WHERE status IN {LIVE_SQL}").fetchall()
     )
     return {str(r[0]): r[1] for r in rows}
 
@@ -82,7 +78,7 @@ def session_node_label(tx_or_conn: Tx | Conn, session_id: str) -> str | None:
     """The node label the live goal of ``session_id`` needs (``None``: none, or no live goal)."""
     row = (
         conn_of(tx_or_conn)
-        .execute("SELECT node_label FROM goals WHERE session_id = ? AND status IN ('active', 'paused')", (session_id,))
+        .execute(f"SELECT node_label FROM goals WHERE session_id = ? AND status IN {LIVE_SQL}", (session_id,))
         .fetchone()
     )
     return row[0] if row is not None else None
@@ -135,8 +131,7 @@ def live_goal_sandboxes_with_secrets(tx_or_conn: Tx | Conn) -> list[SandboxSpec]
     """The sandbox settings of every live goal that names secrets (what must be redacted before any
     of their sessions runs), without building the goals: a daemon reads this before it serves."""
     rows = conn_of(tx_or_conn).execute(
-        "SELECT sandbox FROM goals WHERE status IN ('active', 'paused')"
-        " AND json_extract(sandbox, '$.secrets') IS NOT NULL"
+        f"SELECT sandbox FROM goals WHERE status IN {LIVE_SQL} AND json_extract(sandbox, '$.secrets') IS NOT NULL"
     )
     return [SandboxSpec.model_validate_json(r[0]) for r in rows]
 
@@ -203,7 +198,7 @@ ENDED_STATUSES = (GoalStatus.COMPLETED, GoalStatus.FAILED, GoalStatus.CANCELLED)
 
 # A goal of the same session or work directory that is live, exhausted (resumable) or ended on or
 # after the cutoff holds the older goal's session history or directory.
-_HOLDS = "(o.status IN ('active', 'paused', 'exhausted') OR o.updated_at >= :cutoff)"
+_HOLDS = "(o.status IN ('active', 'paused', 'waiting', 'exhausted') OR o.updated_at >= :cutoff)"
 
 
 def sessions_due_for_pruning(tx_or_conn: Tx | Conn, ended_before: str, limit: int) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent import InvalidInput, NotFound, Runtime, Store, Tx
 from goals.budgets import guard_limits
@@ -30,6 +30,7 @@ from goals.operations import (
     resume_goal,
 )
 from goals.payloads import Caller
+from goals.questions import Question, answer_goal, questions_of
 from goals.store import goals_of_session, list_goals, load_goal, resolve_goal_id
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
 
@@ -158,6 +159,42 @@ class GoalRequests:
             except (GoalError, InvalidInput, NotFound) as exc:
                 out.append((goal.id, exc))
         return out
+
+    async def answer(
+        self,
+        goal_ref: str,
+        question_id: str | None = None,
+        text: str | None = None,
+        *,
+        option: int | None = None,
+        withdraw: bool = False,
+        caller: Caller | None = None,
+    ) -> tuple[Goal, Question]:
+        """Answer the goal's open question (``option``, 1-based, or ``text``), or ``withdraw`` it
+        with ``text`` as the reason: the first answer wins, a later one raises
+        :class:`~goals.questions.QuestionClosed` naming who answered and when. A waiting goal goes on
+        at once with the answer as its next round's message. Returns the goal and the question as
+        it was before the answer."""
+        now = self.clock()
+        how: Literal["answer", "withdrawn"] = "withdrawn" if withdraw else "answer"
+        goal, q, before = await self.store.transact(
+            lambda tx: answer_goal(tx, goal_ref, question_id, how, text, option, now, caller)
+        )
+        log_change(before, goal)
+        await self._sync_guard(goal)
+        self._track(goal)
+        return goal, q
+
+    async def questions(
+        self, goal_ref: str | None = None, *, open_only: bool = False, limit: int = 100
+    ) -> list[Question]:
+        """Questions goals asked, newest first: of one goal, or of all; only the open ones if asked."""
+
+        def read(conn: Any) -> list[Question]:
+            goal_id = resolve_goal_id(conn, goal_ref) if goal_ref is not None else None
+            return questions_of(conn, goal_id, open_only=open_only, limit=limit)
+
+        return await self.store.read(read)
 
     async def delete(self, goal_ref: str) -> tuple[Goal, int]:
         """Delete an ended goal, and its session with the session's events when no other goal ran

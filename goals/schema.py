@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from agent import Migration
 
+#: The live statuses as version 8 wrote them (a migration's text never changes with the code).
+_LIVE8 = "('active', 'paused', 'waiting')"
+
 MIGRATIONS = [
     Migration(
         version=1,
@@ -145,6 +148,100 @@ CREATE INDEX goals_ended ON goals(updated_at) WHERE status IN ('completed', 'fai
 ALTER TABLE goals ADD COLUMN infra_streak INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE goals ADD COLUMN infra_rounds INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE goals ADD COLUMN interrupted_tokens INTEGER NOT NULL DEFAULT 0;
+""",
+    ),
+    Migration(
+        version=8,
+        summary="questions a goal asks its operator, and the waiting status holding a goal's session and workdir",
+        # The live statuses gain 'waiting': the one-live-goal-per-session index and the work-directory
+        # triggers are made again with it (their text otherwise as in versions 1 and 2).
+        sql=f"""
+CREATE TABLE goal_questions (
+    id TEXT PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'question',
+    text TEXT NOT NULL,
+    options TEXT NOT NULL DEFAULT '[]',
+    default_answer TEXT,
+    asked_at TEXT NOT NULL,
+    deadline TEXT NOT NULL,
+    answer TEXT,
+    answered_at TEXT,
+    answered_by TEXT,
+    how TEXT,
+    message_id TEXT
+);
+CREATE INDEX goal_questions_goal ON goal_questions(goal_id, asked_at);
+CREATE INDEX goal_questions_open ON goal_questions(answered_at) WHERE answered_at IS NULL;
+DROP INDEX goals_live_session;
+CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN {_LIVE8};
+DROP TRIGGER goals_workdir_lock_insert;
+DROP TRIGGER goals_workdir_lock_update;
+CREATE TRIGGER goals_workdir_lock_insert BEFORE INSERT ON goals
+WHEN NEW.workdir IS NOT NULL AND NEW.status IN {_LIVE8} AND EXISTS (
+    SELECT 1 FROM goals o WHERE o.status IN {_LIVE8} AND o.id != NEW.id AND o.workdir IS NOT NULL
+    AND (o.workdir = NEW.workdir
+         OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+         OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+BEGIN
+    SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
+END;
+CREATE TRIGGER goals_workdir_lock_update BEFORE UPDATE OF status, workdir ON goals
+WHEN NEW.workdir IS NOT NULL AND NEW.status IN {_LIVE8}
+    AND (OLD.status NOT IN {_LIVE8} OR OLD.workdir IS NOT NEW.workdir) AND EXISTS (
+    SELECT 1 FROM goals o WHERE o.status IN {_LIVE8} AND o.id != NEW.id AND o.workdir IS NOT NULL
+    AND (o.workdir = NEW.workdir
+         OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+         OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+BEGIN
+    SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
+END;
+""",
+        postgres=f"""
+CREATE TABLE goal_questions (
+    id TEXT PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'question',
+    text TEXT NOT NULL,
+    options TEXT NOT NULL DEFAULT '[]',
+    default_answer TEXT,
+    asked_at TEXT NOT NULL,
+    deadline TEXT NOT NULL,
+    answer TEXT,
+    answered_at TEXT,
+    answered_by TEXT,
+    how TEXT,
+    message_id TEXT
+);
+CREATE INDEX goal_questions_goal ON goal_questions(goal_id, asked_at);
+CREATE INDEX goal_questions_open ON goal_questions(answered_at) WHERE answered_at IS NULL;
+DROP INDEX goals_live_session;
+CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN {_LIVE8};
+CREATE OR REPLACE FUNCTION goals_workdir_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('goals.workdir'));
+    IF EXISTS (
+        SELECT 1 FROM goals o WHERE o.status IN {_LIVE8} AND o.id != NEW.id AND o.workdir IS NOT NULL
+        AND (o.workdir = NEW.workdir
+             OR substr(NEW.workdir, 1, length(o.workdir) + 1) = o.workdir || '/'
+             OR substr(o.workdir, 1, length(NEW.workdir) + 1) = NEW.workdir || '/'))
+    THEN
+        RAISE EXCEPTION 'goals.workdir is held by another active or paused goal' USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+DROP TRIGGER goals_workdir_lock_insert ON goals;
+DROP TRIGGER goals_workdir_lock_update ON goals;
+CREATE TRIGGER goals_workdir_lock_insert BEFORE INSERT ON goals FOR EACH ROW
+WHEN (NEW.workdir IS NOT NULL AND NEW.status IN {_LIVE8})
+EXECUTE FUNCTION goals_workdir_lock();
+CREATE TRIGGER goals_workdir_lock_update BEFORE UPDATE OF status, workdir ON goals FOR EACH ROW
+WHEN (NEW.workdir IS NOT NULL AND NEW.status IN {_LIVE8}
+      AND (OLD.status NOT IN {_LIVE8} OR OLD.workdir IS DISTINCT FROM NEW.workdir))
+EXECUTE FUNCTION goals_workdir_lock();
 """,
     ),
 ]

@@ -58,6 +58,9 @@ GOAL_VERIFIED = "goal/verified"
 GOAL_COUNTED = "goal/counted"
 #: The work directory's walk met a bound (files counted by size and time, reading cut short).
 GOAL_FINGERPRINT = "goal/fingerprint"
+#: The agent asked its operator a question (``ask_operator``), and a question closed.
+GOAL_QUESTION = "goal/question"
+GOAL_ANSWERED = "goal/answered"
 
 
 #: PostgreSQL's names of the goals table's unique indexes, as SQLite's errors name their columns.
@@ -263,6 +266,7 @@ def mark_workdir_removed(tx: Tx, goal_id: str, *, kept: bool = False) -> None:
 __all__ = [
     "AMBIGUOUS_SHOWN",
     "ENDED_STATUSES",
+    "GOAL_ANSWERED",
     "GOAL_BLOCKED",
     "GOAL_CHANGED",
     "GOAL_CLAIM",
@@ -270,6 +274,7 @@ __all__ = [
     "GOAL_EDITED",
     "GOAL_FINGERPRINT",
     "GOAL_PROGRESS",
+    "GOAL_QUESTION",
     "GOAL_VERIFIED",
     "MIGRATIONS",
     "cancel_continuation",

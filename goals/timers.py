@@ -24,7 +24,10 @@ Clock = Callable[[], datetime]
 
 
 def due_of(goal: Goal) -> datetime | None:
-    """When an active ``goal`` must be decided at the latest (``None``: not active, or no time set)."""
+    """When an active ``goal`` must be decided at the latest, and a waiting one at its question's
+    deadline (``None``: neither, or no time set)."""
+    if goal.status is GoalStatus.WAITING:
+        return goal.memory.question.deadline if goal.memory.question is not None else None
     if goal.status is not GoalStatus.ACTIVE:
         return None
     due = [d for d in (goal.not_before, time_ends(goal)) if d is not None]

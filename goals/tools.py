@@ -1,8 +1,9 @@
-"""The tools a goal's agent gets: ``goal_progress``, ``goal_complete``, ``goal_blocked``.
+"""The tools a goal's agent gets: ``goal_progress``, ``goal_complete``, ``goal_blocked``, ``ask_operator``.
 
 Each records a durable event in the goal's session; the engine reads those events at the next
 whole-agent idle. None of them changes the goal's status by itself: a completion claim is only a
-claim until the verification commands pass.
+claim until the verification commands pass, and a question (``ask_operator``) is asked when the
+engine decides the turn's idle (its row and the goal's ``waiting`` status commit together there).
 
 The tool policy of a goal's session lives here too (:func:`goal_policy`, :func:`policy_for_session`):
 whatever a goal's allowlist or the daemon's default says, the goal tools stay allowed, since
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from agent import Tool, ToolContext, ToolOutput, ToolPolicy, Tx
 from goals.errors import InvalidGoal
 from goals.model import GoalStatus
-from goals.store import GOAL_BLOCKED, GOAL_CLAIM, GOAL_PROGRESS, live_goal_of_session
+from goals.questions import QuestionId
+from goals.store import GOAL_BLOCKED, GOAL_CLAIM, GOAL_PROGRESS, GOAL_QUESTION, live_goal_of_session
 
 
 class ProgressArgs(BaseModel):
@@ -38,6 +40,34 @@ class BlockedArgs(BaseModel):
     """Arguments of ``goal_blocked``."""
 
     reason: str = Field(min_length=1, max_length=2000, description="Why you cannot proceed")
+
+
+class AskArgs(BaseModel):
+    """Arguments of ``ask_operator``."""
+
+    question: str = Field(
+        min_length=1, max_length=4000, description="The question, whole: the operator reads only this"
+    )
+    options: list[str] = Field(
+        default=[], max_length=10, description="Answers to choose from, if the question has a fixed set (at most 10)"
+    )
+    default: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="The answer used if nobody answers by the deadline (one of the options, if any)",
+    )
+    timeout_seconds: float | None = Field(
+        default=None, ge=60, le=30 * 86_400, description="How long to wait for an answer (default: a day)"
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> AskArgs:
+        for option in self.options:
+            if not option.strip() or len(option) > 200:
+                raise ValueError("each option must be 1 to 200 characters of text")
+        if self.options and self.default is not None and self.default not in self.options:
+            raise ValueError("default must be one of the options")
+        return self
 
 
 class _GoalTool:
@@ -119,12 +149,56 @@ class GoalBlocked(_GoalTool, Tool[BlockedArgs]):
         return ToolOutput(f"noted ({k}/{rounds}); keep trying")
 
 
-GOAL_TOOL_NAMES = ("goal_progress", "goal_complete", "goal_blocked")
+class AskOperator(Tool[AskArgs]):
+    """Ask the goal's operator a question and wait for the answer."""
+
+    name = "ask_operator"
+    description = (
+        "Ask the goal's operator a question you cannot decide alone (a choice with consequences, missing "
+        "information). Your turn ends; the goal waits, and the answer comes as a message, possibly hours "
+        "later. Give options when the answers are a fixed set, and a default used if nobody answers in time."
+    )
+    Args = AskArgs
+    repeat_safe = True
+    subagent_inherits = False
+
+    async def run(self, args: AskArgs, ctx: ToolContext) -> ToolOutput:
+        qid = QuestionId.new()
+
+        def run(tx: Tx) -> str | None:
+            goal = live_goal_of_session(tx, ctx.session_id)
+            if goal is None:
+                return "this session has no active goal"
+            if goal.status is GoalStatus.WAITING:
+                q = goal.memory.question
+                return f"question {q.id if q else ''} is still open: wait for its answer (end your turn)"
+            if goal.status is not GoalStatus.ACTIVE:
+                return f"the goal is {goal.status.value}: no question can be asked now; end your turn"
+            data = {"goalId": goal.id, "turnId": ctx.turn_id, "questionId": str(qid), "text": args.question}
+            tx.emit(
+                ctx.session_id,
+                GOAL_QUESTION,
+                {**data, "options": args.options, "default": args.default, "timeoutSeconds": args.timeout_seconds},
+            )
+            return None
+
+        if ctx.store is None:
+            return ToolOutput("this session has no active goal", True)
+        refused = await ctx.store.transact(run)
+        if refused is not None:
+            return ToolOutput(refused, True)
+        return ToolOutput(
+            f"question {qid} recorded: the operator is asked when this turn ends. Finish your turn now; "
+            "the answer will come as a message."
+        )
 
 
-def goal_tools() -> list[Tool[ProgressArgs] | Tool[CompleteArgs] | Tool[BlockedArgs]]:
+GOAL_TOOL_NAMES = ("goal_progress", "goal_complete", "goal_blocked", "ask_operator")
+
+
+def goal_tools() -> list[Tool[ProgressArgs] | Tool[CompleteArgs] | Tool[BlockedArgs] | Tool[AskArgs]]:
     """The goal tools (they find their goal through the session at call time)."""
-    return [GoalProgress(), GoalComplete(), GoalBlocked()]
+    return [GoalProgress(), GoalComplete(), GoalBlocked(), AskOperator()]
 
 
 def tools_for_goal_sessions(row_config: dict[str, Any]) -> list[Any]:

@@ -54,6 +54,7 @@ EXPECTED_OWNERS = {
     "outbox_deliveries": "agent",
     "outbox_attempts": "agent",
     "goals": "goals",
+    "goal_questions": "goals",
     "schedules": "daemon",
     "schedule_runs": "daemon",
     "nodes": "daemon",

@@ -224,7 +224,7 @@ async def goal_resume_all(client: Connection, args: argparse.Namespace) -> int:
 async def goal_delete(client: Connection, args: argparse.Namespace) -> int:
     """``goal delete``: an ended goal, with its session and events once confirmed (``--yes``)."""
     g = await client.call("goal/get", {"goalId": args.goal})
-    if g["status"] in ("active", "paused"):
+    if g["status"] in ("active", "paused", "waiting"):
         print(f"goald: goal {g['id']} is {status_text(g)}: cancel it before deleting it", file=sys.stderr)
         return EXIT_CONFLICT
     if not args.yes:

@@ -42,7 +42,7 @@ SCHEDULE_HELP = "a schedule key, schedule id, or unique prefix of an id"
 #: What ``add_subparsers`` returns: each command group adds its parsers to it.
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-GOAL_STATUSES = ["active", "paused", "completed", "failed", "cancelled", "exhausted"]
+GOAL_STATUSES = ["active", "waiting", "paused", "completed", "failed", "cancelled", "exhausted"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -168,6 +168,12 @@ def activity_of(
     match goal.status:
         case GoalStatus.PAUSED:
             return _act("paused", "nothing runs until it is resumed")
+        case GoalStatus.WAITING:
+            q = goal.memory.question
+            until = _at(q.deadline) if q is not None else None
+            then = "its default answer is used" if q is not None and q.has_default else "it pauses"
+            text = f"waiting for an answer to question {q.id if q else '?'}: nothing runs; at the deadline {then}"
+            return _act("waiting_answer", text, until, round_no)
         case GoalStatus.ACTIVE if st is not None:
             pass
         case GoalStatus.ACTIVE:

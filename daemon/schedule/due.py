@@ -24,7 +24,7 @@ from daemon.schedule.store import RunRow, iso, load_schedule, record_runs
 from daemon.schedule.timing import missed_runs, prev_fire
 
 #: Goal statuses during which the previous goal still counts as running (concurrency policy).
-_LIVE = ("active", "paused")
+_LIVE = ("active", "paused", "waiting")
 #: Makes the goal of one fire and returns its id, calling the claim's ``record`` in the goal's
 #: creation transaction (or ``commit`` before making a goal outside the store); raises
 #: :class:`~daemon.schedule.claims.FireTaken` (from ``record``) when the instant was another's.

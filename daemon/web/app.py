@@ -244,7 +244,7 @@ class WebService:
         series = await self._burn.series(g["id"], g["sessionId"])
         b = g.get("budgets") or {}
         start = parse_epoch(g.get("createdAt"))
-        end = parse_epoch(g.get("updatedAt")) if g.get("status") not in ("active", "paused") else None
+        end = parse_epoch(g.get("updatedAt")) if g.get("status") not in ("active", "paused", "waiting") else None
         svg = burn_svg(
             series,
             max_tokens=b.get("maxTokensTotal"),

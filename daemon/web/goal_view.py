@@ -34,7 +34,7 @@ def actions(g: GoalView, csrf: str, read_only: bool) -> str:
 
     # A message runs on a live goal (a paused one may be resumed with it); an ended goal's session
     # refuses one (-32002), so the page offers none (``goald send --reopen`` resumes it first).
-    live = status in ("active", "paused")
+    live = status in ("active", "paused", "waiting")
     resume = '<label id="send-resume"><input type="checkbox" name="resume" value="1"> and resume</label>'
     send = (
         f'<form method="post" action="/goals/{gid}/send" class="act send" id="send-form">{hidden}'
@@ -48,7 +48,7 @@ def actions(g: GoalView, csrf: str, read_only: bool) -> str:
         '<div class="actions" id="actions">'
         + button("pause", status == "active")
         + button("resume", status == "paused")
-        + button("cancel", status in ("active", "paused"))
+        + button("cancel", status in ("active", "paused", "waiting"))
         + send
         + '<span id="action-result" class="result"></span></div>'
     )

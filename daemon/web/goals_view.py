@@ -10,8 +10,8 @@ from urllib.parse import urlencode
 from daemon.web.html import TOKENS, bar, h, rel, status_cell
 
 #: The order a goals table is sorted in: what needs a person first.
-ATTENTION = {"failed": 0, "paused": 1, "exhausted": 2, "active": 3, "completed": 4, "cancelled": 5}
-STATUSES = ("active", "paused", "completed", "failed", "cancelled", "exhausted")
+ATTENTION = {"waiting": 0, "failed": 1, "paused": 2, "exhausted": 3, "active": 4, "completed": 5, "cancelled": 6}
+STATUSES = ("active", "waiting", "paused", "completed", "failed", "cancelled", "exhausted")
 
 
 def attention_order(goals: list[dict[str, Any]]) -> list[dict[str, Any]]:

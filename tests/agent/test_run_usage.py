@@ -86,6 +86,6 @@ async def test_a_run_s_usage_includes_the_compaction_s_summary_call(server: Prov
     assert (two.model_calls, two.input_tokens, two.output_tokens) == (2, 1150 + 400, 12 + 1)
     assert two.total_tokens == total(summary) + total(second)
     # Tokens charged = the sum of every call: the runs together, the guard, a session's spend.
-    assert one.total_tokens + two.total_tokens == guard_tokens == spend_tokens == sum(
-        map(total, (first, summary, second))
+    assert (
+        one.total_tokens + two.total_tokens == guard_tokens == spend_tokens == sum(map(total, (first, summary, second)))
     )

@@ -183,7 +183,7 @@ async def test_cost_budget_with_a_price_table(db_path: Path, tmp_path: Path) -> 
     workdir = tmp_path / "work"
     workdir.mkdir()
     price = Price(input=100.0, output=400.0)  # per million tokens
-    max_cost = 0.5
+    max_cost = 1.0
 
     def rule(request: ModelRequest) -> Reply:
         usage = Usage(input_tokens=request.prompt_bytes // 4, output_tokens=request.max_tokens)
@@ -254,7 +254,7 @@ async def test_cost_budget_with_the_price_table_of_the_daemon_config(tmp_path: P
     worker, chat = registry.get("test:worker"), registry.get("test:chat")
     assert isinstance(worker, ScriptedModel) and isinstance(chat, ScriptedModel)
     assert worker.price == price and chat.price is None
-    max_cost = 0.02
+    max_cost = 0.04
 
     def tools(row: Any) -> ToolRegistry:
         return ToolRegistry(list(file_tools()) + tools_for_goal_sessions(row.config))

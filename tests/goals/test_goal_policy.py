@@ -1273,9 +1273,10 @@ def test_notes_and_seen_calls_are_bounded() -> None:
 # -- the goal status lifecycle ------------------------------------------------------------------------
 
 ALLOWED = {
-    S.ACTIVE: {S.PAUSED, S.COMPLETED, S.FAILED, S.CANCELLED, S.EXHAUSTED},
+    S.ACTIVE: {S.PAUSED, S.WAITING, S.COMPLETED, S.FAILED, S.CANCELLED, S.EXHAUSTED},
     S.PAUSED: {S.ACTIVE, S.CANCELLED, S.FAILED},
     S.EXHAUSTED: {S.ACTIVE, S.CANCELLED},
+    S.WAITING: {S.ACTIVE, S.PAUSED, S.CANCELLED, S.FAILED},
     S.COMPLETED: set(),
     S.FAILED: set(),
     S.CANCELLED: set(),
@@ -1293,7 +1294,7 @@ def test_transition_every_pair(current: GoalStatus, target: GoalStatus) -> None:
 
 
 def test_live_statuses() -> None:
-    assert {s for s in GoalStatus if s.live} == {S.ACTIVE, S.PAUSED}
+    assert {s for s in GoalStatus if s.live} == {S.ACTIVE, S.PAUSED, S.WAITING}
     assert set(ALLOWED) == set(GoalStatus)
 
 
