@@ -30,7 +30,7 @@ from goals.operations import (
     resume_goal,
 )
 from goals.payloads import Caller
-from goals.questions import Question, answer_goal, questions_of
+from goals.questions import Question, answer_goal, load_question, questions_of
 from goals.store import goals_of_session, list_goals, load_goal, resolve_goal_id
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
 
@@ -184,6 +184,10 @@ class GoalRequests:
         await self._sync_guard(goal)
         self._track(goal)
         return goal, q
+
+    async def question(self, question_id: str) -> Question:
+        """One question by id (:class:`~goals.questions.QuestionNotFound` when there is none)."""
+        return await self.store.read(lambda conn: load_question(conn, question_id))
 
     async def questions(
         self, goal_ref: str | None = None, *, open_only: bool = False, limit: int = 100

@@ -24,6 +24,12 @@ run again after such a stop (its continuation says so), which answers at once.
 
 ``chat`` answers each message with one line after ``delay`` seconds.
 
+``asker`` (a goal that needs its operator): round 1 asks ``ask_operator`` "Which database should
+the report read?" with the options sqlite and postgres (``default=1``: sqlite is its default;
+``timeout=s``: its timeout) and ends its turn; the turn that brings the answer announces ``asker
+heard=<answer>`` (taking ``hold=s`` seconds, unless the round is run again), writes it to
+``heard.txt`` and claims completion.
+
 When the daemon's environment names a datagram socket in ``TESTMODELS_CALLS_SOCKET`` (the
 harness binds one per daemon), each call announces itself there as it starts, e.g.
 ``worker round=2 step=0``: a test can wait until a model call is surely in flight.
@@ -107,9 +113,50 @@ def _chat(request: ModelRequest) -> Reply:
     return Reply.say(f"ack: {text[:40]}", delay=directives(text).get("delay", 0.0))
 
 
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+ASKED = "Which database should the report read?"
+
+
+def _heard(request: ModelRequest) -> str | None:
+    """The answer to the asker's question in any message of the session (``None``: not answered yet)."""
+    heard = None
+    for m in request.messages:
+        if m.role != "user":
+            continue
+        text = "".join(b.text for b in m.content if isinstance(b, TextBlock))
+        if "your question q_" in text:
+            found = _ANSWER.search(text)
+            heard = found.group(1) if found else "(withdrawn)"
+    return heard
+
+
+def _asker(request: ModelRequest) -> Reply:
+    text, step = _last_user(request)
+    conf = directives(text)
+    heard = _heard(request)
+    if heard is not None:
+        if step == 0:
+            announce(f"asker heard={heard}")
+            delay = conf.get("hold", 0.0) if RERUN not in text else 0.0
+            return Reply(tool_calls=[ToolCall("write_file", {"path": "heard.txt", "content": heard})], delay=delay)
+        if step == 1:
+            claim = {"summary": f"the operator said {heard}", "evidence": "heard.txt"}
+            return Reply(tool_calls=[ToolCall("goal_complete", claim)])
+        return Reply.say("Done.")
+    announce(f"asker step={step}")
+    if step == 0:
+        args: dict[str, object] = {"question": ASKED, "options": ["sqlite", "postgres"]}
+        if conf.get("default"):
+            args["default"] = "sqlite"
+        if "timeout" in conf:
+            args["timeout_seconds"] = conf["timeout"]
+        return Reply(tool_calls=[ToolCall("ask_operator", args)])
+    return Reply.say("I asked the operator; waiting for the answer.")
+
+
 def slow(name: str) -> ScriptedModel | None:
-    """The model called ``name`` (``worker`` or ``chat``); None for any other name."""
-    rules = {"worker": _worker, "chat": _chat}
+    """The model called ``name`` (``worker``, ``chat`` or ``asker``); None for any other name."""
+    rules = {"worker": _worker, "chat": _chat, "asker": _asker}
     rule = rules.get(name)
     if rule is None:
         return None

@@ -143,6 +143,7 @@ def _add_goal_parser(sub: Subparsers) -> None:
     )
     logs.add_argument("--json", action="store_true", help="one JSON object a line")
     _add_goal_transfer(gsub)
+    _add_goal_questions(gsub)
 
 
 def _add_goal_transitions(gsub: Subparsers) -> None:
@@ -166,6 +167,27 @@ def _add_goal_transitions(gsub: Subparsers) -> None:
                 metavar="REASON",
                 help="with --all: only goals paused for this reason, e.g. auth_error or by_operator (a filter)",
             )
+
+
+def _add_goal_questions(gsub: Subparsers) -> None:
+    """``goal answer``, ``goal withdraw`` and ``goal questions``."""
+    ans = gsub.add_parser("answer", help="answer the question a waiting goal asked (it goes on at once)")
+    ans.add_argument("goal", help=GOAL_HELP)
+    ans.add_argument(
+        "words", nargs="*", metavar="[QUESTION_ID] TEXT", help="the answer (a first word q_... names the question)"
+    )
+    ans.add_argument("--option", type=int, metavar="N", help="answer with the question's option N (from 1)")
+    ans.add_argument("--json", action="store_true", help=JSON_HELP)
+    wd = gsub.add_parser("withdraw", help="withdraw a waiting goal's question: it goes on without an answer")
+    wd.add_argument("goal", help=GOAL_HELP)
+    wd.add_argument("question", nargs="?", metavar="QUESTION_ID", help="the question (default: the one it waits on)")
+    wd.add_argument("--reason", required=True, metavar="TEXT", help="why, in your words: the goal hears it")
+    wd.add_argument("--json", action="store_true", help=JSON_HELP)
+    qs = gsub.add_parser("questions", help="list the questions goals asked (newest first)")
+    qs.add_argument("goal", nargs="?", help=GOAL_HELP)
+    qs.add_argument("--open", action="store_true", help="only those still waiting for an answer")
+    qs.add_argument("--limit", type=int, default=100, metavar="N", help="at most N (default 100)")
+    qs.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _add_goal_transfer(gsub: Subparsers) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 from agent import AgentStatus, Event, SessionState
 from daemon.cluster import LeaseManager
 from daemon.ports import HostPort
-from daemon.rpc.context import runtime, scheduler
+from daemon.rpc.context import engine, runtime, scheduler
 from daemon.rpc.views import JsonObject, event_view, goal_view, verify_view
 from goals import Goal, GoalStatus, schedule_of
 from goals.why import WAIT_INTERRUPTED, WAIT_PROVIDER
@@ -45,6 +45,8 @@ async def describe(host: HostPort, goal: Goal, n_events: int = 10) -> JsonObject
     now = datetime.now(UTC)
     activity = activity_of(goal, st, provider, slots=_slots(health), held=_held(host, goal), now=now)
     answer = describe_answer(goal, activity, provider, await _schedule(host, goal), recent, now)
+    asked = goal.memory.question
+    answer["question"] = (await engine(host).question(asked.id)).public() if asked is not None else None
     held = await nodes(host, [goal])
     if held is not None:
         answer["node"] = held[goal.id]

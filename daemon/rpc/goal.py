@@ -18,7 +18,17 @@ from typing import TypedDict
 from daemon.checks import check_goal_input, one_call_warning
 from daemon.rpc.activity import activities, describe, nodes
 from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
-from daemon.rpc.params import GoalCreate, GoalDescribe, GoalList, GoalRef, GoalResume, GoalResumeAll, GoalUpdate
+from daemon.rpc.params import (
+    GoalAnswer,
+    GoalCreate,
+    GoalDescribe,
+    GoalList,
+    GoalQuestions,
+    GoalRef,
+    GoalResume,
+    GoalResumeAll,
+    GoalUpdate,
+)
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject, goal_view
 from goals import Budgets, Goal, GoalId
@@ -60,6 +70,21 @@ class ResumeOutcome(TypedDict):
     goalId: str
     goal: JsonObject | None
     error: str | None
+
+
+class Answered(TypedDict):
+    """``goal/answer``'s answer: the goal after the answer, the question as it now stands, and the
+    message that carries the answer to the goal (``None`` when the goal no longer waited on it)."""
+
+    goal: JsonObject
+    question: JsonObject
+    messageId: str | None
+
+
+class QuestionListing(TypedDict):
+    """``goal/questions``' answer."""
+
+    questions: list[JsonObject]
 
 
 class ResumedAll(TypedDict):
@@ -189,6 +214,22 @@ def register(d: Dispatcher, host: HostPort) -> None:
         if budgets is not None:
             refuse_past_deadline(budgets, (await engine(host).get(p.goal_id)).budgets)
         return goal_view(await engine(host).resume(p.goal_id, budgets, caller=peer.caller))
+
+    @d.method("goal/answer", GoalAnswer)
+    async def goal_answer(p: GoalAnswer, peer: Peer) -> Answered:
+        if p.option is not None and p.text is not None:
+            raise InvalidField("give text or option, not both", field="option")
+        eng = engine(host)
+        goal, asked = await eng.answer(
+            p.goal_id, p.question_id, p.text, option=p.option, withdraw=p.withdraw, caller=peer.caller
+        )
+        now = await eng.question(asked.id)
+        return {"goal": goal_view(goal), "question": now.public(), "messageId": now.message_id}
+
+    @d.method("goal/questions", GoalQuestions)
+    async def goal_questions(p: GoalQuestions, peer: Peer) -> QuestionListing:
+        found = await engine(host).questions(p.goal_id, open_only=p.open, limit=p.limit)
+        return {"questions": [q.public() for q in found]}
 
     @d.method("goal/cancel", GoalRef)
     async def goal_cancel(p: GoalRef, peer: Peer) -> JsonObject:

@@ -180,6 +180,26 @@ class GoalDescribe(GoalRef):
     events: int = Field(default=10, ge=0, le=1000)
 
 
+class GoalAnswer(GoalRef):
+    """``goal/answer``: answer the goal's open question (``questionId``: that one, which must be
+    open) in words (``text``) or by one of its options (``option``, from 1); with ``withdraw`` the
+    question is withdrawn instead and ``text`` is the reason the goal hears."""
+
+    question_id: str | None = Field(default=None, min_length=1, max_length=100)
+    text: str | None = Field(default=None, max_length=8000)
+    option: int | None = Field(default=None, ge=1, le=10)
+    withdraw: bool = False
+
+
+class GoalQuestions(Params):
+    """``goal/questions``: questions goals asked, newest first (``goalId``: of that goal only;
+    ``open``: only those still waiting for an answer)."""
+
+    goal_id: str | None = Field(default=None, min_length=1, max_length=200)
+    open: bool = False
+    limit: int = Field(default=100, ge=1, le=10_000)
+
+
 class GoalResumeAll(Params):
     """``goal/resumeAll``: every paused goal, or those paused for ``reason`` (e.g. ``auth_error``)."""
 
