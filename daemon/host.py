@@ -71,6 +71,7 @@ from daemon.startup import (
     socket_group_id,
     start_control_socket,
 )
+from daemon.web.links import AnswerLinks
 from daemon.web.listen import bind_listeners
 from daemon.workdirs import Workdirs
 from goals import (
@@ -79,6 +80,7 @@ from goals import (
     goal_counts,
     sandboxed_runner,
 )
+from goals.timers import Reminders
 
 
 async def _step(what: str, done: Awaitable[object]) -> None:
@@ -116,7 +118,9 @@ class Host(HostSessions, HostStatus):
         self.sandboxing = SandboxProfile(unavailable="the daemon has not started")
         self.mcp = McpServers()
         #: Notifications (``[notify]``): the outbox's sender, breaker watching, ``notify test``.
-        self.alerts = Alerts(settings.notify, lambda: self.sandboxing)
+        #: The signed answer links of question notifications (their key is made at the first start).
+        self.links = AnswerLinks(settings.state_dir, settings.web.base_url())
+        self.alerts = Alerts(settings.notify, lambda: self.sandboxing, decorate=self.links.decorate)
         #: Where sessions and goals work, inside the allowed roots.
         self.workdirs = Workdirs(settings.roots)
         #: The network proxy's reports as ``sandbox/network`` events; made when the store is open.
@@ -270,6 +274,7 @@ class Host(HostSessions, HostStatus):
             ),
             disk_limit_for=lambda goal: goal_disk_limit(s, goal),
             hold=self.disk.low,
+            reminders=Reminders(every=s.notify.question_repeat_seconds, most=s.notify.question_repeat_max),
         )
         self.engine = engine
         # Before the engine resumes any goal's session (their tools are set up as they load).

@@ -56,7 +56,7 @@ from goals.measure import Fingerprinter, Measured, measure
 from goals.model import Goal, GoalStatus
 from goals.operations import log_change
 from goals.policy import decide, disk_over
-from goals.questions import QuestionClosed, insert_question, question_due
+from goals.questions import QuestionClosed, insert_question, question_due, remind
 from goals.requests import GoalRequests
 from goals.store import (
     GOAL_FINGERPRINT,
@@ -69,7 +69,7 @@ from goals.store import (
     load_goal,
     save_goal,
 )
-from goals.timers import GoalTimers
+from goals.timers import GoalTimers, Reminders, next_reminder
 from goals.verify import CommandRunner, run_command, within
 
 #: How often a goal held back (:attr:`GoalEngine.hold`) is looked at again, in seconds.
@@ -99,6 +99,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
         fingerprint_limits: FingerprintLimits | None = None,
         disk_limit_for: Callable[[Goal], int | None] | None = None,
         hold: Callable[[], str | None] | None = None,
+        reminders: Reminders | None = None,
     ) -> None:
         self.rt = runtime
         self.store = runtime.store
@@ -118,6 +119,8 @@ class GoalEngine(GoalRequests, GoalFollowing):
         #: A goal at its idle then waits (active, nothing counted) and is looked at again every
         #: :data:`HOLD_RECHECK_SECONDS`; only its disk limit is judged meanwhile.
         self.hold = hold
+        #: How a waiting goal's question is repeated to its operator (``None``: it is told once).
+        self.reminders = reminders
         #: The goals waiting for :attr:`hold`, with the reason (shown with their activity).
         self.held: dict[str, str] = {}
         self._sessions: dict[str, str] = {}
@@ -234,9 +237,13 @@ class GoalEngine(GoalRequests, GoalFollowing):
             return None
         if st.status is not AgentStatus.IDLE or st.open_turn is not None:
             return None
-        if goal.status is GoalStatus.WAITING and (q := goal.memory.question) is not None and self.clock() >= q.deadline:
-            await self._question_due(goal)
-            return None
+        if goal.status is GoalStatus.WAITING and (q := goal.memory.question) is not None:
+            if self.clock() >= q.deadline:
+                await self._question_due(goal)
+                return None
+            if (remind := next_reminder(goal, self.reminders)) is not None and self.clock() >= remind:
+                await self._remind(goal)
+                return None
         interval = interval_facts(goal, events, st.last_seq)
         if goal.status is GoalStatus.ACTIVE and self.hold is not None and (why := self.hold()) is not None:
             await self._held_back(goal, why)
@@ -302,6 +309,17 @@ class GoalEngine(GoalRequests, GoalFollowing):
         log_change(before, saved)
         await self._sync_guard(saved)
         self._track(saved)
+
+    async def _remind(self, goal: Goal) -> None:
+        """Repeat the question a waiting goal waits on to its operator (one notification more)."""
+        now = self.clock()
+        try:
+            saved = await self.store.transact(lambda tx: remind(tx, goal.id, now, self.reminders))
+        except StaleDecision:
+            self.kick(goal.id)
+            return
+        if saved is not None:
+            self._track(saved)
 
     def _disk_limit(self, goal: Goal) -> int | None:
         """``goal``'s disk limit in bytes (``None``: none)."""

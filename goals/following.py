@@ -18,7 +18,7 @@ from agent import Agent, Event, Runtime, Store, is_idle
 from goals.model import Goal, GoalStatus
 from goals.payloads import Caller
 from goals.store import GOAL_CHANGED, live_goal_of_session
-from goals.timers import GoalTimers, due_of
+from goals.timers import GoalTimers, Reminders, due_of
 
 
 class GoalFollowing:
@@ -30,6 +30,7 @@ class GoalFollowing:
     held: dict[str, str]
     _sessions: dict[str, str]
     _timers: GoalTimers
+    reminders: Reminders | None
 
     if TYPE_CHECKING:  # the engine's
 
@@ -83,7 +84,7 @@ class GoalFollowing:
         else:
             self._forget(goal)
             return
-        self._timers.set(goal.id, due_of(goal))
+        self._timers.set(goal.id, due_of(goal, self.reminders))
 
     def _forget(self, goal: Goal) -> None:
         self.held.pop(goal.id, None)

@@ -372,6 +372,9 @@ class OpenQuestion(BaseModel):
     id: str
     deadline: datetime
     has_default: bool = False
+    #: When it was asked, and how many reminders of it were sent (the engine's ``question_reminders``).
+    asked_at: datetime | None = None
+    reminders: int = 0
 
 
 class GoalMemory(BaseModel):

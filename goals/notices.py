@@ -19,6 +19,7 @@ TEXT)``, ``exhausted (round limit reached)``), the words also in ``reasonText``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from agent.outbox import NotificationId, put
@@ -26,8 +27,18 @@ from agent.tx import Tx
 from goals.model import Goal, GoalStatus, StopReason
 from goals.why import reason_text, why
 
-#: The statuses a goal notifies on reaching.
-NOTIFIED = (GoalStatus.COMPLETED, GoalStatus.EXHAUSTED, GoalStatus.FAILED, GoalStatus.CANCELLED, GoalStatus.PAUSED)
+#: The statuses a goal notifies on reaching (``waiting``: kind ``goal_question``, with the question).
+NOTIFIED = (
+    GoalStatus.COMPLETED,
+    GoalStatus.EXHAUSTED,
+    GoalStatus.FAILED,
+    GoalStatus.CANCELLED,
+    GoalStatus.PAUSED,
+    GoalStatus.WAITING,
+)
+#: The kind of a goal's question (its status ``waiting``), and of the word that it was answered.
+QUESTION_KIND = "goal_question"
+ANSWERED_KIND = "goal_answered"
 #: Reasons that come from outside the goal (credentials, the provider): grouped by reason and provider.
 SHARED_CAUSES = (StopReason.AUTH_ERROR.value, StopReason.MODEL_ERROR.value, "unknown_model")
 SUMMARY_CHARS = 300
@@ -76,7 +87,61 @@ def notify_status(tx: Tx, before: GoalStatus | None, goal: Goal) -> Notification
     """Write the notification of ``goal``'s new status in ``tx``, if that status is one to notify."""
     if before is goal.status or goal.status not in NOTIFIED:
         return None
+    if goal.status is GoalStatus.WAITING:
+        return notify_question(tx, goal)
     kind = f"goal_{goal.status.value}"
     code = reason_code(goal.status_reason)
     group = f"{kind}:{code}:{provider_of(goal) or 'default'}" if code in SHARED_CAUSES else None
     return put(tx, kind, goal_payload(goal), group=group)
+
+
+def question_of(tx: Tx, question_id: str) -> dict[str, Any] | None:
+    """A question's row as a notification carries it: ``id``, ``text``, ``options``, ``default``, ``deadline``."""
+    r = tx.execute(
+        "SELECT id, text, options, default_answer, deadline FROM goal_questions WHERE id=?", (question_id,)
+    ).fetchone()
+    if r is None:
+        return None
+    return {
+        "id": r["id"],
+        "text": r["text"],
+        "options": json.loads(r["options"]),
+        "default": r["default_answer"],
+        "deadline": r["deadline"],
+    }
+
+
+def notify_question(tx: Tx, goal: Goal, *, reminder: int = 0) -> NotificationId | None:
+    """The ``goal_question`` notification of the question ``goal`` waits on (``reminder``: the how-many-th
+    repetition, 0 for the first). The sender adds the signed answer links when the status page has an address."""
+    asked = goal.memory.question
+    q = question_of(tx, asked.id) if asked is not None else None
+    if q is None:
+        return None
+    payload = goal_payload(goal)
+    payload["question"] = q
+    payload["reminder"] = reminder
+    name = goal.key or goal.title
+    again = f" (reminder {reminder})" if reminder else ""
+    options = f" Options: {', '.join(q['options'])}." if q["options"] else ""
+    payload["summary"] = _cut(f"goal {name!r} asks{again}: {' '.join(q['text'].split())}{options}")
+    return put(tx, QUESTION_KIND, payload)
+
+
+def notify_answered(tx: Tx, goal: Goal, question_id: str, how: str, answer: str | None, by: str) -> NotificationId:
+    """The word that a question was closed (answered elsewhere, its default used, withdrawn, unanswered)."""
+    name = goal.key or goal.title
+    said = {
+        "answer": f"answered by {by}: {answer}",
+        "default": f"not answered by its deadline: its default {answer!r} was used",
+        "withdrawn": f"withdrawn by {by}: {answer}",
+        "unanswered": "not answered by its deadline: the goal is paused",
+    }.get(how, how)
+    payload = goal_payload(goal)
+    payload["question"] = {"id": question_id, "how": how, "answer": answer, "answeredBy": by}
+    payload["summary"] = _cut(f"goal {name!r}: question {question_id} {said}")
+    return put(tx, ANSWERED_KIND, payload)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"

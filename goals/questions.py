@@ -40,8 +40,10 @@ from goals.continuation import quote, render
 from goals.decision import AskedQuestion
 from goals.errors import GoalConflict, GoalNotFound, InvalidGoal
 from goals.model import Goal, GoalStatus, OpenQuestion, StopReason
+from goals.notices import notify_answered, notify_question
 from goals.rows import conn_of
 from goals.store import GOAL_ANSWERED, emit_changed, issue_continuation, load_goal, resolve_goal_id, save_goal
+from goals.timers import Reminders, next_reminder
 
 How = Literal["answer", "default", "withdrawn", "unanswered"]
 #: How much of a question a goal's status reason carries.
@@ -138,7 +140,9 @@ def waiting_on(goal: Goal, asked: AskedQuestion, now: datetime) -> Goal:
     if len(text) > REASON_CHARS:
         text = text[: REASON_CHARS - 1] + "…"
     g = with_status(goal, GoalStatus.WAITING, f"{StopReason.QUESTION}: {text}", now)
-    q = OpenQuestion(id=asked.id, deadline=deadline_of(goal, asked, now), has_default=asked.default is not None)
+    q = OpenQuestion(
+        id=asked.id, deadline=deadline_of(goal, asked, now), has_default=asked.default is not None, asked_at=now
+    )
     return g.model_copy(update={"not_before": None, "memory": g.memory.model_copy(update={"question": q})})
 
 
@@ -275,6 +279,7 @@ def close_question(
         goal = issue_continuation(tx, goal, goal.rounds + 1, text)
         message_id = goal.continuation_id
         tx.execute("UPDATE goal_questions SET message_id=? WHERE id=?", (message_id, q.id))
+    notify_answered(tx, goal, q.id, how, answer, by)
     tx.emit(
         goal.session_id,
         GOAL_ANSWERED,
@@ -349,6 +354,20 @@ def question_due(tx: Tx, goal_id: str, now: datetime) -> tuple[Goal, GoalStatus]
     return saved, goal.status
 
 
+def remind(tx: Tx, goal_id: str, now: datetime, reminders: Reminders | None) -> Goal | None:
+    """Repeat a waiting goal's question to its operator when its next reminder is due (one more
+    ``goal_question`` notification, its count on the goal); ``None`` when none is due."""
+    goal = load_goal(tx, goal_id)
+    due = next_reminder(goal, reminders) if goal.status is GoalStatus.WAITING else None
+    if due is None or now < due or goal.memory.question is None:
+        return None
+    tx.fence(goal.session_id)
+    q = goal.memory.question.model_copy(update={"reminders": goal.memory.question.reminders + 1})
+    goal = goal.model_copy(update={"memory": goal.memory.model_copy(update={"question": q})})
+    notify_question(tx, goal, reminder=q.reminders)
+    return save_goal(tx, goal, goal.revision)
+
+
 def withdraw_on_change(tx: Tx, goal: Goal, status: GoalStatus, now: datetime) -> Goal:
     """A waiting goal paused, cancelled or failed by a person: its question is withdrawn with it."""
     if goal.memory.question is None:
@@ -389,6 +408,7 @@ __all__ = [
     "open_question",
     "question_due",
     "questions_of",
+    "remind",
     "waiting_on",
     "withdraw_on_change",
 ]

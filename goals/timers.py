@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from goals.budgets import time_ends
 from goals.model import Goal, GoalStatus
@@ -23,11 +24,31 @@ from goals.model import Goal, GoalStatus
 Clock = Callable[[], datetime]
 
 
-def due_of(goal: Goal) -> datetime | None:
+@dataclass(frozen=True)
+class Reminders:
+    """How a waiting goal's question is repeated to its operator: every ``every`` seconds after it
+    was asked, at most ``most`` times (never after its deadline)."""
+
+    every: float
+    most: int
+
+
+def next_reminder(goal: Goal, reminders: Reminders | None) -> datetime | None:
+    """When the question a waiting ``goal`` waits on is to be repeated next (``None``: not again)."""
+    q = goal.memory.question
+    if reminders is None or q is None or q.asked_at is None or q.reminders >= reminders.most:
+        return None
+    due = q.asked_at + timedelta(seconds=reminders.every * (q.reminders + 1))
+    return due if due < q.deadline else None
+
+
+def due_of(goal: Goal, reminders: Reminders | None = None) -> datetime | None:
     """When an active ``goal`` must be decided at the latest, and a waiting one at its question's
-    deadline (``None``: neither, or no time set)."""
+    next reminder or deadline (``None``: neither, or no time set)."""
     if goal.status is GoalStatus.WAITING:
-        return goal.memory.question.deadline if goal.memory.question is not None else None
+        if goal.memory.question is None:
+            return None
+        return min(d for d in (goal.memory.question.deadline, next_reminder(goal, reminders)) if d is not None)
     if goal.status is not GoalStatus.ACTIVE:
         return None
     due = [d for d in (goal.not_before, time_ends(goal)) if d is not None]
@@ -73,4 +94,4 @@ class GoalTimers:
             await asyncio.sleep(wait)
 
 
-__all__ = ["GoalTimers", "due_of"]
+__all__ = ["GoalTimers", "Reminders", "due_of", "next_reminder"]

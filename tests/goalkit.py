@@ -31,6 +31,7 @@ async def goal_runtime(
     extra_tools: Sequence[Tool[Any]] = (),
     with_file_tools: bool = True,
     grace: float | None = None,
+    **engine_kw: Any,
 ) -> AsyncIterator[tuple[Runtime, GoalEngine, ScriptedModel]]:
     """A runtime with the file tools (unless ``with_file_tools=False``), ``extra_tools`` and the goal
     tools, and a running goal engine (timers every 50 ms). ``model`` is a scripted model or the rule
@@ -49,7 +50,7 @@ async def goal_runtime(
         else Runtime.open(db_path, models=registry, tools=tools, grace=grace)
     )
     async with opened as rt:
-        engine = GoalEngine(rt, timer_interval=0.05)
+        engine = GoalEngine(rt, timer_interval=0.05, **engine_kw)
         if on_decision is not None:
             engine.add_decision_listener(on_decision)
         await engine.start()

@@ -41,11 +41,19 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def toml_text(config: dict[str, Any]) -> str:
-    """``config`` as TOML: scalars and lists as values, nested dicts as tables."""
+    """``config`` as TOML: scalars and lists as values (a dict in a list as an inline table), nested
+    dicts as tables."""
     lines: list[str] = []
 
     def key(name: str) -> str:
         return name if _BARE_KEY.match(name) else json.dumps(name)
+
+    def value_text(value: Any) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{key(k)} = {value_text(v)}" for k, v in value.items()) + "}"
+        if isinstance(value, list):
+            return "[" + ", ".join(value_text(v) for v in value) + "]"
+        return json.dumps(value)
 
     def table(prefix: str, data: dict[str, Any]) -> None:
         if prefix:
@@ -54,7 +62,7 @@ def toml_text(config: dict[str, Any]) -> str:
             if not isinstance(value, dict):
                 if value is None:
                     raise ValueError(f"TOML has no null (key {name!r})")
-                lines.append(f"{key(name)} = {json.dumps(value)}")
+                lines.append(f"{key(name)} = {value_text(value)}")
         for name, value in data.items():
             if isinstance(value, dict):
                 table(f"{prefix}.{key(name)}" if prefix else key(name), value)

@@ -166,6 +166,10 @@ class NotifySettings(BaseModel):
     deadman_url: str | None = None
     deadman_url_secret: SecretSource | None = None
     deadman_interval_seconds: float = Field(default=60.0, ge=1, le=86_400)
+    #: A goal's question (``goal_question``) is sent again every this many seconds until it is
+    #: answered, at most ``question_repeat_max`` times more (0: sent once).
+    question_repeat_seconds: float = Field(default=3600.0, ge=1, le=7 * 86_400)
+    question_repeat_max: int = Field(default=3, ge=0, le=100)
 
     @field_validator("deadman_url")
     @classmethod

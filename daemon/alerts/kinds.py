@@ -27,6 +27,10 @@ class NotificationKind(enum.StrEnum):
     GOAL_FAILED = "goal_failed"
     GOAL_CANCELLED = "goal_cancelled"
     GOAL_PAUSED = "goal_paused"
+    #: A goal asked its operator a question and waits (repeated until answered: ``[notify] question_repeat_*``).
+    GOAL_QUESTION = "goal_question"
+    #: A goal's question was answered (or its default used, withdrawn, left unanswered).
+    GOAL_ANSWERED = "goal_answered"
     #: A scheduled run was not fired (goald was down or woke past its starting deadline).
     SCHEDULE_MISSED = "schedule_missed"
     #: Firing a scheduled run failed (a bad template, a missing work directory, ...).

@@ -40,7 +40,7 @@ from goals.why import reason_text
 #: The fields of the first notification copied into the payload (when present).
 _FIELDS = (
     "goal", "schedule", "provider", "status", "reason", "reasonCode", "reasonText", "why", "counters", "scheduledFor",
-    "time",
+    "time", "question", "reminder",
 )  # fmt: skip
 
 
@@ -98,6 +98,7 @@ def template_values(payload: dict[str, Any]) -> dict[str, str]:
         "count": text(payload.get("count")),
         "time": text(payload.get("time")),
         "host": text(payload.get("host")),
+        "answer_url": text(payload.get("answerUrl")),
     }
 
 

@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from typing import Any
 
 from loguru import logger
 
@@ -51,8 +52,17 @@ def _utcnow() -> datetime:
 class Sender:
     """Delivers the outbox of ``store`` to ``sinks`` under ``conf``. Run :meth:`run` as a task."""
 
-    def __init__(self, store: Store, conf: NotifySettings, sinks: dict[str, Sink], *, clock: Clock = _utcnow) -> None:
+    def __init__(
+        self,
+        store: Store,
+        conf: NotifySettings,
+        sinks: dict[str, Sink],
+        *,
+        clock: Clock = _utcnow,
+        decorate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.store = store
+        self.decorate = decorate
         self.conf = conf
         self.sinks = sinks
         self.clock = clock
@@ -124,6 +134,8 @@ class Sender:
 
     async def _deliver(self, sink: Sink, d: Due) -> None:
         payload = payload_of(d.message)
+        if self.decorate is not None:
+            payload = self.decorate(payload)
         try:
             outcome = await sink.deliver(payload)
         except Exception as exc:  # a sink must not raise; if one does, it is a failed attempt

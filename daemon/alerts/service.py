@@ -46,8 +46,16 @@ class UnknownSink(DaemonError, LookupError):
 class Alerts:
     """Notifications of one daemon (see the module docstring)."""
 
-    def __init__(self, conf: NotifySettings, sandboxing: Callable[[], SandboxProfile]) -> None:
+    def __init__(
+        self,
+        conf: NotifySettings,
+        sandboxing: Callable[[], SandboxProfile],
+        *,
+        decorate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.conf = conf
+        #: Adds what the daemon knows at delivery to a payload (a question's signed answer links).
+        self.decorate = decorate
         self.http = HttpClient()
         self._sandboxing = sandboxing
         self.sinks: dict[str, Sink] = build_sinks(conf, self.http, self._sandbox_for)
@@ -61,7 +69,7 @@ class Alerts:
     async def run(self, store: Store, healthy: Callable[[], bool]) -> None:
         """Deliver notifications (and request the dead-man URL) until cancelled (again after a
         cancel: in a cluster this runs on one node at a time, and may move back here)."""
-        self.sender = Sender(store, self.conf, self.sinks)
+        self.sender = Sender(store, self.conf, self.sinks, decorate=self.decorate)
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.sender.run())

@@ -158,6 +158,8 @@ class Ntfy:
         headers["Priority"] = conf.priority.get(payload["kind"], "default")
         if conf.tags:
             headers["Tags"] = ",".join(conf.tags)
+        if payload.get("answerUrls") or payload.get("answerUrl"):
+            headers["Actions"] = ntfy_actions(payload)
         if conf.token is not None:
             token = conf.token.read()
             if token is None:
@@ -165,6 +167,23 @@ class Ntfy:
             headers["Authorization"] = f"Bearer {token}"
         body = str(payload.get("summary", payload["kind"])).encode()
         return await _post(self.http.get(), url, body, headers, conf.timeout_seconds)
+
+
+#: ntfy shows at most three action buttons.
+NTFY_ACTIONS = 3
+
+
+def ntfy_actions(payload: dict[str, Any]) -> str:
+    """ntfy's ``Actions`` header of a question: one button per option (each POSTs its signed link),
+    or, without options (or past three), a ``view`` button that opens the link's page to answer in words."""
+    options = list(payload.get("answerUrls") or [])
+    parts = []
+    for o in options[:NTFY_ACTIONS]:
+        label = str(o["label"]).replace('"', "'").replace(";", ",")
+        parts.append(f'http, "{label}", {o["url"]}, method=POST, clear=true')
+    if (not options or len(options) > NTFY_ACTIONS) and payload.get("answerUrl"):
+        parts = [*parts[: NTFY_ACTIONS - 1], f"view, answer, {payload['answerUrl']}"]
+    return "; ".join(parts).encode("latin-1", "replace").decode("latin-1")
 
 
 class Command:

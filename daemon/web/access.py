@@ -80,6 +80,10 @@ class Access:
     async def _admit(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        if request.path.startswith("/answer/"):
+            # A signed answer link is its own capability (daemon.web.links), checked by its handler
+            # before anything is read; it needs no page token and gets no cookie.
+            return await handler(request)
         given = request.query.get("token")
         if given is not None:
             token = self.tokens.check(given)
@@ -116,7 +120,10 @@ class Access:
         if site is not None and site not in ("same-origin", "none"):
             raise Refused(403, "Forbidden", f"a {site} request cannot change anything here")
         origin = request.headers.get("Origin")
-        if origin is not None and (origin == "null" or urlparse(origin).netloc != request.host):
+        # A plain form post under this page's no-referrer policy says ``Origin: null``; the browser's
+        # own Sec-Fetch-Site (no page can set it) then says whether it came from this site.
+        opaque = origin == "null" and site != "same-origin"
+        if origin is not None and (opaque or (origin != "null" and urlparse(origin).netloc != request.host)):
             raise Refused(403, "Forbidden", "a request from another site cannot change anything here")
         if token.read_only:
             raise Refused(403, "Forbidden", f"the token {token.name!r} is read-only")

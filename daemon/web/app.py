@@ -37,10 +37,12 @@ from daemon.metrics import LoopLag
 from daemon.ports import HostPort
 from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, map_exception
 from daemon.web.access import Access, Refused, query_int, see_other, token_of, wants_json
+from daemon.web.answers import AnswerRoutes
 from daemon.web.charts import BurnCache, burn_svg
 from daemon.web.goal_view import goal_page
 from daemon.web.goals_view import attention_order, goal_row, goals_page
 from daemon.web.html import h, layout, now_utc, parse_epoch, used_text
+from daemon.web.links import AnswerLinks
 from daemon.web.listen import describe
 from daemon.web.live import Streams, goal_stream, goals_stream
 from daemon.web.settings import WebSettings
@@ -96,6 +98,8 @@ class WebService:
         self.streams = Streams(settings.max_live_pages)
         self.lag = LoopLag()
         self._burn: BurnCache | None = None
+        links = AnswerLinks(host.settings.state_dir, settings.base_url())
+        self.answers = AnswerRoutes(self.access, self.call, self._page, lambda: host.engine, links)
         self._runner: web.AppRunner | None = None
         self._lag_task: Any = None
         #: Where it listens (``http://HOST:PORT`` and/or ``unix:PATH``), once started.
@@ -120,6 +124,7 @@ class WebService:
                 web.get("/schedules", self.schedules),
                 web.get("/daemon", self.daemon),
                 web.get("/static/{name}", self.static),
+                *self.answers.routes(),
             ]
         )
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)

@@ -14,6 +14,7 @@ from typing import Any
 from daemon.display import exit_text, provider_words, status_text, when
 from daemon.rpc.views import GoalView
 from daemon.web.html import TOKENS, h, kv, rel, used_text
+from daemon.web.questions_view import question_block
 from goals.why import span
 
 
@@ -68,6 +69,7 @@ def goal_page(
         f'<article id="goal" data-goal="{h(gid)}" data-session="{h(g.session_id)}" data-last-seq="{last_seq}">'
         f"<h1>{h(g.title)} <small>{h(g.key or gid)}</small></h1>{note}"
         + actions(g, csrf, read_only)
+        + question_block(d.get("question"), gid, csrf, read_only)
         + kv(describe_rows(d, g))
         + f"<h2>{chart}</h2>"
         + '<figure class="chart">'

@@ -37,6 +37,7 @@ def layout(title: str, body: str, *, page: str, token: str, read_only: bool, csr
         f'<a href="{href}"{" class=here" if name == page else ""}>{label}</a>'
         for name, href, label in (
             ("goals", "/", "Goals"),
+            ("questions", "/questions", "Questions"),
             ("schedules", "/schedules", "Schedules"),
             ("daemon", "/daemon", "Daemon"),
         )

@@ -41,6 +41,9 @@ class WebSettings(BaseModel):
     max_live_pages: int = Field(default=64, ge=1, le=10_000)
     #: Mark the cookie ``Secure`` (set it when the page is reached through HTTPS only).
     secure_cookie: bool = False
+    #: The page's address as people reach it (``https://goald.example.org``): the base of the signed
+    #: answer links in question notifications. Default: ``http://`` + ``listen``.
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 
     @model_validator(mode="after")
     def _check(self) -> WebSettings:
@@ -56,6 +59,14 @@ class WebSettings(BaseModel):
         if self.socket is not None and not self.socket.expanduser().is_absolute():
             raise ValueError(f"socket must be an absolute path, got {str(self.socket)!r}")
         return self
+
+    def base_url(self) -> str | None:
+        """Where people reach the page (``public_url``, else ``http://`` + ``listen``); ``None`` when off."""
+        if not self.enabled:
+            return None
+        if self.public_url is not None:
+            return self.public_url.rstrip("/")
+        return f"http://{self.listen}" if self.listen is not None else None
 
     def tokens_path(self, state_dir: Path) -> Path:
         """The token file."""

@@ -14,10 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import Daemon, rpc, wait_goal
+from harness import TEST_MODELS, Daemon, rpc, wait_goal
+from webhook_server import WebhookServer
 
 pytestmark = pytest.mark.e2e
 
@@ -143,3 +148,110 @@ async def test_bad_answers_are_refused_with_the_reason_and_change_nothing(daemon
     assert after["status"] == "waiting" and after["revision"] == goal["revision"]
     raw = await d.acli("goal", "questions", "bad", "--json")
     assert json.loads(raw[1])["questions"][0]["open"] is True
+
+
+def _post(url: str, data: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """One POST (a form when ``data``), as a phone's browser or ntfy's action button sends it."""
+    body = urllib.parse.urlencode(data or {}).encode()
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_signed_link_from_the_webhook_answers_once_and_opens_nothing_else(tmp_path: Path) -> None:
+    """The webhook body of a question carries a signed link per option; the link's POST answers
+    (recorded as ``link``), a replay is refused naming the first answer, a changed question id or
+    option is refused, a GET never answers, a link after a withdrawal is refused, and the link's
+    token opens no page; an ntfy sink gets one action button per option."""
+    port = _free_port()
+    async with WebhookServer() as hook:
+        config = {
+            **TEST_MODELS,
+            "web": {"enabled": True, "listen": f"127.0.0.1:{port}"},
+            "notify": {
+                "sinks": [
+                    {"type": "webhook", "name": "ops", "url": f"{hook.url}/ops", "kinds": ["goal_question"]},
+                    {"type": "ntfy", "name": "phone", "url": f"{hook.url}/ntfy", "kinds": ["goal_question"]},
+                ],
+                "retry_first_seconds": 0.05,
+                "group_window_seconds": 0.1,
+            },
+        }
+        d = Daemon(tmp_path / "state", config=config)
+        page_token = d.cli("web", "token", "add", "alice").stdout.strip()
+        d.start()
+        try:
+            goal = await _asking(d, "linked")
+            await hook.wait(lambda: bool(hook.accepted("/ops")) and bool(hook.accepted("/ntfy")), 30, "both sinks")
+            [body] = [r.json for r in hook.accepted("/ops")]
+            assert body["kind"] == "goal_question" and body["question"]["options"] == ["sqlite", "postgres"]
+            links = {o["label"]: o["url"] for o in body["answerUrls"]}
+            assert set(links) == {"sqlite", "postgres"} and body["answerUrl"].startswith(
+                f"http://127.0.0.1:{port}/answer/"
+            )
+            [ntfy] = hook.accepted("/ntfy")
+            actions = ntfy.headers["actions"]
+            assert f'http, "sqlite", {links["sqlite"]}, method=POST' in actions
+            assert f'http, "postgres", {links["postgres"]}, method=POST' in actions
+
+            # Opening a link shows the question and a button; it answers nothing.
+            code, page = await asyncio.to_thread(_get, links["postgres"])
+            assert code == 200 and "answer: postgres" in page and "Which database" in page
+            assert (await rpc(d.socket_path, "goal/get", {"goalId": "linked"}))["status"] == "waiting"
+            # Forged: another option's signature on this option, a changed question id.
+            qid = body["question"]["id"]
+            token = links["postgres"].rsplit("/", 1)[1]
+            swapped = token.replace(f"{qid}.2.", f"{qid}.1.")
+            code, text = await asyncio.to_thread(_post, links["postgres"].rsplit("/", 1)[0] + "/" + swapped)
+            assert code == 403 and "not valid" in text
+            other = "q_" + ("0" if qid[2] != "0" else "1") + qid[3:]
+            code, text = await asyncio.to_thread(_post, links["postgres"].replace(qid, other))
+            assert code == 403 and "not valid" in text
+            # The link's token is no page token, as a query, a bearer or a cookie.
+            for tried in ({"url": f"http://127.0.0.1:{port}/?token={token}"},):
+                code, _ = await asyncio.to_thread(_get, tried["url"])
+                assert code == 401
+            code, _ = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/", {"Authorization": f"Bearer {token}"})
+            assert code == 401
+
+            code, text = await asyncio.to_thread(_post, links["postgres"])
+            assert code == 200 and "Answered: postgres" in text
+            assert await asyncio.to_thread(d.calls.wait, "asker heard=") == "asker heard=postgres"
+            done = await wait_goal(d.socket_path, goal["id"], {"completed"})
+            assert done["rounds"] == 2
+            # Replayed (the same link, or the other option's): refused with the first answer.
+            for url in (links["postgres"], links["sqlite"]):
+                code, text = await asyncio.to_thread(_post, url)
+                assert code == 409 and "it was answered by link at" in text, text
+            [q] = (await rpc(d.socket_path, "goal/questions", {"goalId": "linked"}))["questions"]
+            assert (q["answer"], q["answeredBy"], q["how"]) == ("postgres", "link", "answer")
+
+            # A withdrawn question's links are refused too.
+            second = await _asking(d, "withdrawn")
+            await hook.wait(lambda: len(hook.accepted("/ops")) >= 2, 30, "the second question")
+            url = hook.accepted("/ops")[-1].json["answerUrls"][0]["url"]
+            await rpc(d.socket_path, "goal/answer", {"goalId": "withdrawn", "withdraw": True, "text": "not needed"})
+            code, text = await asyncio.to_thread(_post, url)
+            assert code == 409 and "withdrawn by uid" in text, text
+            await wait_goal(d.socket_path, second["id"], {"completed"})
+            assert page_token  # the page's own token was made; the link never needed it
+        finally:
+            d.close()

@@ -346,3 +346,48 @@ def test_a_page_open_across_a_restart_resumes_from_the_right_sequence_number(tmp
         browser.save_screenshot(str(tmp_path / "after-restart.png"))
     finally:
         d.close()
+
+
+def test_a_waiting_goal_is_answered_from_its_page_and_the_questions_view(tmp_path: Path, browser: Any) -> None:
+    """A goal that asked shows its question with a button per option and a text field; the
+    questions view lists every open question; a click answers (as the page's token) and the goal
+    goes on; a second goal is withdrawn from the questions view with a reason."""
+    port = free_port()
+    d, token = start(tmp_path, port)
+    try:
+        first = add_goal(d, "Write the report.", "--model", "test:asker", "--key", "first")
+        second = add_goal(d, "Write another report.", "--model", "test:asker", "--key", "second")
+        asyncio.run(wait_goal(d.socket_path, first, {"waiting"}))
+        asyncio.run(wait_goal(d.socket_path, second, {"waiting"}))
+        wait = waiter(browser, 30)
+        browser.get(f"http://127.0.0.1:{port}/questions?token={token}")
+        wait.until(lambda b: b.find_elements(By.ID, "open-count"))
+        assert browser.find_element(By.ID, "open-count").text == "2 open"
+        assert len(browser.find_elements(By.CSS_SELECTOR, "div.question")) == 2
+
+        browser.get(f"http://127.0.0.1:{port}/goals/{first}")
+        wait.until(lambda b: b.find_elements(By.ID, "question-text"))
+        assert browser.find_element(By.ID, "question-text").text == "Which database should the report read?"
+        assert browser.find_element(By.ID, "goal-status").text.startswith("waiting (question: Which database")
+        assert [b.text for b in browser.find_elements(By.CSS_SELECTOR, "button.opt")] == ["sqlite", "postgres"]
+        browser.find_element(By.ID, "opt-2").click()
+        try:
+            wait.until(lambda b: "done=answered" in b.current_url)
+        except Exception:
+            raise AssertionError(browser.current_url + browser.find_element(By.TAG_NAME, "body").text[:800]) from None
+        assert d.calls.wait("asker heard=", 60) == "asker heard=postgres"
+        done = asyncio.run(wait_goal(d.socket_path, first, {"completed"}))
+        assert done["rounds"] == 2
+        [q] = d.cli_json("goal", "questions", first)["questions"]
+        assert (q["answer"], q["answeredBy"]) == ("postgres", "web token alice")
+
+        browser.get(f"http://127.0.0.1:{port}/questions")
+        wait.until(lambda b: b.find_element(By.ID, "open-count").text == "1 open")
+        browser.find_element(By.ID, "withdraw-reason").send_keys("use the one in the config")
+        browser.find_element(By.ID, "btn-withdraw").click()
+        wait.until(lambda b: "done=withdrawn" in b.current_url)
+        asyncio.run(wait_goal(d.socket_path, second, {"completed"}))
+        [w] = d.cli_json("goal", "questions", second)["questions"]
+        assert (w["how"], w["answer"], w["answeredBy"]) == ("withdrawn", "use the one in the config", "web token alice")
+    finally:
+        d.close()

@@ -11,6 +11,7 @@ scripted model.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from test_goal_people import call, latest_user
 from agent import ModelRequest, Reply
 from goals import GoalSpec, GoalStatus, StopRules
 from goals.questions import QuestionClosed
+from goals.timers import Reminders
 
 QUESTION = "Which database should the report read: sqlite or postgres?"
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -193,3 +195,37 @@ async def test_bad_answers_are_refused_and_change_nothing(db_path: Path, tmp_pat
         assert after.status is GoalStatus.WAITING and after.revision == goal.revision
         [q] = await engine.questions(goal.id)
         assert q.open
+
+
+async def test_a_question_is_notified_repeated_until_answered_and_its_answer_said(
+    db_path: Path, tmp_path: Path
+) -> None:
+    """One ``goal_question`` notification when it is asked, then one per reminder (at most two here),
+    and a ``goal_answered`` one naming who answered; each in the transaction of its change."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    reminders = Reminders(every=0.3, most=2)
+    async with goal_runtime(db_path, asker([], options=["a", "b"]), "remind", reminders=reminders) as (rt, engine, _m):
+        goal = await _asked(rt, engine, workdir)
+
+        async def sent() -> list[dict[str, Any]]:
+            rows = await rt.store.read(
+                lambda conn: conn.execute("SELECT kind, payload FROM outbox ORDER BY id").fetchall()
+            )
+            return [{"kind": r["kind"], **json.loads(r["payload"])} for r in rows]
+
+        async with asyncio.timeout(30):
+            while sum(1 for n in await sent() if n["kind"] == "goal_question") < 3:
+                await engine.settled()
+                await asyncio.sleep(0.05)  # polling the outbox table: no event announces a notification
+        questions = [n for n in await sent() if n["kind"] == "goal_question"]
+        assert [n["reminder"] for n in questions] == [0, 1, 2]
+        assert all(n["question"]["options"] == ["a", "b"] and n["question"]["text"] == QUESTION for n in questions)
+        assert "asks (reminder 2): Which database" in questions[2]["summary"]
+        await engine.answer(goal.id, None, option=1, caller={"web": "phone"})
+        await wait_status(rt, goal, GoalStatus.COMPLETED)
+        kinds = [n["kind"] for n in await sent()]
+        assert kinds.count("goal_question") == 3  # no reminder after the answer, nor past the most
+        [said] = [n for n in await sent() if n["kind"] == "goal_answered"]
+        assert said["question"]["answeredBy"] == "web token phone"
+        assert "answered by web token phone: a" in said["summary"]

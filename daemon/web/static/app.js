@@ -17,13 +17,13 @@
       var el = document.getElementById(p[0]);
       if (el && p[1] != null) el.textContent = p[1];
     });
-    var enable = { pause: s.status === "active", resume: s.status === "paused", cancel: s.status === "active" || s.status === "paused" };
+    var enable = { pause: s.status === "active", resume: s.status === "paused", cancel: s.status === "active" || s.status === "paused" || s.status === "waiting" };
     Object.keys(enable).forEach(function (k) {
       var b = document.getElementById("btn-" + k);
       if (b) b.disabled = !enable[k];
     });
     // An ended goal takes no message; only a paused one is resumed with it.
-    var live = s.status === "active" || s.status === "paused";
+    var live = s.status === "active" || s.status === "paused" || s.status === "waiting";
     var form = document.getElementById("send-form");
     if (form) form.hidden = !live;
     var resume = document.getElementById("send-resume");
@@ -45,6 +45,7 @@
     img.src = img.src.split("?")[0] + "?t=" + t;
   }
 
+  // Answer forms (class "ans") post as they are: the page reloads without the answered question.
   // Actions: the same POST the form makes, with the CSRF token, answered in JSON.
   document.addEventListener("submit", function (ev) {
     var f = ev.target;
