@@ -221,6 +221,12 @@ def _add_send_parser(sub: Subparsers) -> None:
         " (without it such a message is refused)",
     )
     send.add_argument(
+        "--answer",
+        action="store_true",
+        help="to a goal waiting on its question (SESSION_OR_GOAL: the goal): the message is the answer"
+        " (as goald goal answer GOAL TEXT)",
+    )
+    send.add_argument(
         "--resume",
         action="store_true",
         help="to a paused goal: resume it as well (without it the message runs one turn and the goal stays paused)",

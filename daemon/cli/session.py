@@ -11,11 +11,20 @@ import argparse
 import sys
 
 from daemon.cli.goal import goal_session
-from daemon.cli.parser import EXIT_OK, print_json
+from daemon.cli.parser import EXIT_OK, UsageError, print_json
 from daemon.client import Connection
 
 
 async def send(client: Connection, args: argparse.Namespace) -> int:
+    if args.answer:
+        if args.steer or args.context or args.reopen or args.resume:
+            raise UsageError("send --answer: the message answers the goal's question; no other option goes with it")
+        done = await client.call("goal/answer", {"goalId": args.target, "text": args.text})
+        if args.json:
+            print_json(done)
+        else:
+            print(f"answered {done['question']['id']}: {done['question']['answer']}")
+        return EXIT_OK
     sid = await goal_session(client, args.target)
     delivery = "steer" if args.steer else "context" if args.context else "followup"
     params = {"sessionId": sid, "text": args.text, "delivery": delivery, "reopen": args.reopen, "resume": args.resume}
@@ -30,6 +39,12 @@ async def send(client: Connection, args: argparse.Namespace) -> int:
         print(
             f"goal {gid} is paused: this message runs one turn now, charged to the goal and not counted as a"
             f" round; the goal stays paused (--resume, or goald goal resume {gid}, resumes it)",
+            file=sys.stderr,
+        )
+    elif result.get("goalStatus") == "waiting":
+        print(
+            f"goal {gid} waits for an answer to its question: this message runs one turn and does not answer"
+            f" it (goald send --answer, or goald goal answer {gid}, does)",
             file=sys.stderr,
         )
     elif gid is not None and args.reopen:

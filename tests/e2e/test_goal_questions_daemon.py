@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import urllib.error
 import urllib.parse
@@ -255,3 +256,80 @@ async def test_a_signed_link_from_the_webhook_answers_once_and_opens_nothing_els
             assert page_token  # the page's own token was made; the link never needed it
         finally:
             d.close()
+
+
+async def test_the_cli_and_a_signed_link_racing_one_wins_and_the_loser_hears_who(tmp_path: Path) -> None:
+    """``GOALD_QUESTION_RACES`` goals (100 in the soak) each answered at once by the CLI and by its link."""
+    port = _free_port()
+    async with WebhookServer() as hook:
+        config = {
+            **TEST_MODELS,
+            "web": {"enabled": True, "listen": f"127.0.0.1:{port}"},
+            "notify": {
+                "sinks": [{"type": "webhook", "name": "ops", "url": f"{hook.url}/ops", "kinds": ["goal_question"]}],
+                "retry_first_seconds": 0.05,
+                "group_window_seconds": 0.0,
+            },
+        }
+        d = Daemon(tmp_path / "state", config=config)
+        d.start()
+        wins = {"cli": 0, "link": 0}
+        try:
+            for i in range(RACES):
+                goal = await _asking(d, f"race{i}")
+                qid = goal["memory"]["question"]["id"] if "memory" in goal else None
+                await hook.wait(
+                    lambda: any(r.json["goal"]["key"] == f"race{i}" for r in hook.accepted("/ops")), 30, "its question"
+                )
+                [body] = [r.json for r in hook.accepted("/ops") if r.json["goal"]["key"] == f"race{i}"]
+                assert qid is None or body["question"]["id"] == qid
+                link = body["answerUrls"][0]["url"]
+                # The CLI is a new process (some 0.3-0.6 s to its call): the link leaves after a random
+                # part of that, so that either may be first (a jitter for the race, not a settling wait).
+                jitter = random.Random(i).uniform(0.0, 0.8)
+
+                async def by_link(url: str = link, after: float = jitter) -> tuple[int, str]:
+                    await asyncio.sleep(after)
+                    return await asyncio.to_thread(_post, url)
+
+                (code, _out, err), (status, text) = await asyncio.gather(
+                    d.acli("goal", "answer", f"race{i}", "from the cli"), by_link()
+                )
+                assert (code == 0) != (status == 200), (code, err, status, text)
+                if code == 0:
+                    wins["cli"] += 1
+                    assert status == 409 and "it was answered by uid" in text, text
+                else:
+                    wins["link"] += 1
+                    assert "it was answered by link at" in err, err
+                [q] = (await rpc(d.socket_path, "goal/questions", {"goalId": f"race{i}"}))["questions"]
+                assert q["answeredBy"] == ("link" if status == 200 else q["answeredBy"])
+                done = await wait_goal(d.socket_path, goal["id"], {"completed"})
+                assert done["rounds"] == 2
+            print(f"races: {RACES}, won by the CLI {wins['cli']}, by the link {wins['link']}")
+        finally:
+            d.close()
+
+
+async def test_a_message_to_a_waiting_goal_leaves_its_question_open_unless_it_says_it_answers(daemon: Daemon) -> None:
+    d = daemon
+    goal = await _asking(d, "chatty")
+    d.calls.wait("asker step=1")
+    code, out, err = await d.acli("send", "chatty", "Are you still there?")
+    assert code == 0, err
+    assert "waits for an answer to its question: this message runs one turn and does not answer it" in err, err
+    await asyncio.to_thread(d.calls.wait, "asker step=1")  # that turn ran (its ask was refused: one is open)
+
+    after = await rpc(d.socket_path, "goal/get", {"goalId": "chatty"})
+    assert after["status"] == "waiting" and after["rounds"] == 1
+    [q] = (await rpc(d.socket_path, "goal/questions", {"goalId": "chatty"}))["questions"]
+    assert q["open"] is True
+
+    code, out, err = await d.acli("send", "chatty", "--answer", "postgres, please")
+    assert code == 0, err
+    assert out.startswith(f"answered {q['id']}: postgres, please"), out
+    done = await wait_goal(d.socket_path, goal["id"], {"completed"})
+    assert done["rounds"] == 2
+    assert (Path(str(done["workdir"])) / "heard.txt").read_text() == "postgres, please"
+    # The message's turn asked again while the question was open: refused, so one question in all.
+    assert len((await rpc(d.socket_path, "goal/questions", {"goalId": "chatty"}))["questions"]) == 1
