@@ -279,7 +279,9 @@ async def test_the_cli_and_a_signed_link_racing_one_wins_and_the_loser_hears_who
                 goal = await _asking(d, f"race{i}")
                 qid = goal["memory"]["question"]["id"] if "memory" in goal else None
                 await hook.wait(
-                    lambda: any(r.json["goal"]["key"] == f"race{i}" for r in hook.accepted("/ops")), 30, "its question"
+                    lambda key=f"race{i}": any(r.json["goal"]["key"] == key for r in hook.accepted("/ops")),
+                    30,
+                    "its question",
                 )
                 [body] = [r.json for r in hook.accepted("/ops") if r.json["goal"]["key"] == f"race{i}"]
                 assert qid is None or body["question"]["id"] == qid
