@@ -48,6 +48,7 @@ from goals import (
     CommandRunner,
     Goal,
     SandboxSpec,
+    approver_for_session,
     live_goal_of_chain,
     live_goal_sandboxes_with_secrets,
     policy_for_session,
@@ -89,6 +90,7 @@ class HostSessions:
             + self.mcp.tools(),
             policy=policy_for_session(row.config, self.settings.tool_policy),
             redactor=self.sandboxing.redactor,
+            approver=approver_for_session(row.config),
         )
         if self.sandboxing.unavailable is None:
             tools.add(Shell(self._sandbox_for, default_timeout=self.settings.shell_timeout_seconds))

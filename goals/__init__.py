@@ -97,6 +97,7 @@ if TYPE_CHECKING:
         GoalBlocked,
         GoalComplete,
         GoalProgress,
+        approver_for_session,
         goal_policy,
         goal_tools,
         policy_for_session,
@@ -187,6 +188,7 @@ _HOMES: dict[str, str] = {
     "size_text": "goals.fingerprint_limits",
     "stable_part": "goals.continuation",
     "tools_for_goal_sessions": "goals.tools",
+    "approver_for_session": "goals.tools",
     "transition": "goals.model",
     "workdir_holder": "goals.locks",
 }
@@ -246,6 +248,7 @@ __all__ = [
     "StopRules",
     "VerifyCommand",
     "VerifyResult",
+    "approver_for_session",
     "budget_spent",
     "check_nesting",
     "claim_workdir",

@@ -49,6 +49,10 @@ class AskedQuestion(BaseModel):
     default: str | None = None
     #: How long the question may wait (``None``: the goal's ``rules.question_timeout_seconds``).
     timeout_seconds: float | None = None
+    #: ``question`` (``ask_operator``) or ``approval`` (a call the tool policy asks about).
+    kind: str = "question"
+    #: An approval's subject: the call it approves (:attr:`agent.tools.policy.Ask.key`).
+    subject: str | None = None
 
 
 class Interval(BaseModel):

@@ -97,6 +97,8 @@ def interval_facts(goal: Goal, events: list[Event], end_seq: int) -> Interval:
                         options=asked.options,
                         default=asked.default,
                         timeout_seconds=asked.timeout_seconds,
+                        kind=asked.kind,
+                        subject=asked.subject,
                     )
                 )
             case _:

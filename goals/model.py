@@ -28,6 +28,12 @@ class GoalId(TypedId):
     prefix = "goal_"
 
 
+class QuestionId(TypedId):
+    """Identity of one question a goal asked (``ask_operator``, or an approval)."""
+
+    prefix = "q_"
+
+
 class GoalStatus(enum.StrEnum):
     """Where a goal stands."""
 
@@ -396,6 +402,11 @@ class GoalMemory(BaseModel):
     pending_claim: PendingClaim | None = None
     #: The question the goal waits on (status ``waiting``): its row is in ``goal_questions``.
     question: OpenQuestion | None = None
+    #: Calls the operator approved for this goal (``approve for this goal``), each as what it was
+    #: approved for (:attr:`agent.tools.policy.Ask.key`): they run without asking again until revoked.
+    approvals: list[str] = []
+    #: Calls approved once (``approve once``): the next such call runs, and the approval is used up.
+    approved_once: list[str] = []
     #: The words of the event behind the goal's current status or wait (an authentication error's
     #: text, the spend guard's refusal, the error a backoff waits out), written with that status or
     #: wait and cleared when the goal moves on: what :func:`goals.why.why` explains it with.

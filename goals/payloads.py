@@ -103,6 +103,9 @@ class GoalQuestionAsked(Payload):
     options: list[str] = Field(default_factory=list)
     default: str | None = None
     timeout_seconds: float | None = None
+    #: ``question`` or ``approval``; an approval's subject (the call it is about).
+    kind: str = "question"
+    subject: str | None = None
 
 
 class GoalQuestionAnswered(Payload):

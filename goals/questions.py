@@ -33,13 +33,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from agent import Tx, TypedId
+from agent import Tx
 from agent.db import Conn
+from goals.approvals import approval_message, granted
 from goals.budgets import with_status
 from goals.continuation import quote, render
 from goals.decision import AskedQuestion
 from goals.errors import GoalConflict, GoalNotFound, InvalidGoal
-from goals.model import Goal, GoalStatus, OpenQuestion, StopReason
+from goals.model import Goal, GoalStatus, OpenQuestion, QuestionId, StopReason
 from goals.notices import notify_answered, notify_question
 from goals.rows import conn_of
 from goals.store import GOAL_ANSWERED, emit_changed, issue_continuation, load_goal, resolve_goal_id, save_goal
@@ -48,12 +49,6 @@ from goals.timers import Reminders, next_reminder
 How = Literal["answer", "default", "withdrawn", "unanswered"]
 #: How much of a question a goal's status reason carries.
 REASON_CHARS = 200
-
-
-class QuestionId(TypedId):
-    """Identity of one question a goal asked."""
-
-    prefix = "q_"
 
 
 class Question(BaseModel):
@@ -75,6 +70,8 @@ class Question(BaseModel):
     answered_by: str | None = None
     how: str | None = None
     message_id: str | None = None
+    #: An approval's subject: the call it is about (:attr:`agent.tools.policy.Ask.key`).
+    subject: str | None = None
 
     @property
     def open(self) -> bool:
@@ -98,6 +95,7 @@ class Question(BaseModel):
             "answeredBy": self.answered_by,
             "how": self.how,
             "messageId": self.message_id,
+            "subject": self.subject,
         }
 
 
@@ -125,6 +123,7 @@ def _row(r: Mapping[str, Any]) -> Question:
         answered_by=r["answered_by"],
         how=r["how"],
         message_id=r["message_id"],
+        subject=r["subject"],
     )
 
 
@@ -150,17 +149,19 @@ def insert_question(tx: Tx, goal: Goal, asked: AskedQuestion, now: datetime) -> 
     """Write the row of ``asked`` (in the decision's transaction)."""
     deadline = goal.memory.question.deadline if goal.memory.question is not None else deadline_of(goal, asked, now)
     tx.execute(
-        "INSERT INTO goal_questions(id, goal_id, session_id, kind, text, options, default_answer, asked_at, deadline)"
-        " VALUES (?, ?, ?, 'question', ?, ?, ?, ?, ?)",
+        "INSERT INTO goal_questions(id, goal_id, session_id, kind, text, options, default_answer, asked_at, deadline,"
+        " subject) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             asked.id,
             goal.id,
             goal.session_id,
+            asked.kind,
             asked.text,
             json.dumps(asked.options),
             asked.default,
             now.isoformat(),
             deadline.isoformat(),
+            asked.subject,
         ),
     )
 
@@ -273,9 +274,14 @@ def close_question(
     waits = goal.memory.question is not None and goal.memory.question.id == q.id
     if waits:
         goal = goal.model_copy(update={"memory": goal.memory.model_copy(update={"question": None})})
+    if q.kind == "approval" and how == "answer":
+        goal = granted(goal, q.subject, answer)
     if waits and resume and goal.status is GoalStatus.WAITING:
         goal = with_status(goal, GoalStatus.ACTIVE, None, now)
-        text = answer_message(q, how, answer, by) + "\n\n" + render(goal, goal.rounds + 1, now)
+        said = answer_message(q, how, answer, by)
+        if q.kind == "approval" and how == "answer":
+            said = approval_message(q.subject, answer, by)
+        text = said + "\n\n" + render(goal, goal.rounds + 1, now)
         goal = issue_continuation(tx, goal, goal.rounds + 1, text)
         message_id = goal.continuation_id
         tx.execute("UPDATE goal_questions SET message_id=? WHERE id=?", (message_id, q.id))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent import InvalidInput, NotFound, Runtime, Store, Tx
+from goals.approvals import approve_for_goal, revoke_approval
 from goals.budgets import guard_limits
 from goals.creation import check_workdir, create_goal
 from goals.errors import GoalError, InvalidGoal
@@ -185,6 +186,13 @@ class GoalRequests:
         self._track(goal)
         return goal, q
 
+    async def revoke(self, goal_ref: str, subject: str | None, *, caller: Caller | None = None) -> Goal:
+        """Remove a standing approval of the goal (``subject``; ``None``: every one): the same call
+        is asked about again."""
+        goal = await self.store.transact(lambda tx: revoke_approval(tx, goal_ref, subject, caller))
+        self._track(goal)
+        return goal
+
     async def question(self, question_id: str) -> Question:
         """One question by id (:class:`~goals.questions.QuestionNotFound` when there is none)."""
         return await self.store.read(lambda conn: load_question(conn, question_id))
@@ -278,6 +286,7 @@ class GoalRequests:
             if policy is not None:
                 agent.tools.policy = policy.allowing(*GOAL_TOOL_NAMES)
             agent.add_tools(list(goal_tools()))
+            agent.tools.approver = approve_for_goal
             agent.guard = await self.rt.guard(goal.guard_id)
 
     async def _sync_guard(self, goal: Goal) -> None:

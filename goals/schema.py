@@ -170,7 +170,8 @@ CREATE TABLE goal_questions (
     answered_at TEXT,
     answered_by TEXT,
     how TEXT,
-    message_id TEXT
+    message_id TEXT,
+    subject TEXT
 );
 CREATE INDEX goal_questions_goal ON goal_questions(goal_id, asked_at);
 CREATE INDEX goal_questions_open ON goal_questions(answered_at) WHERE answered_at IS NULL;
@@ -213,7 +214,8 @@ CREATE TABLE goal_questions (
     answered_at TEXT,
     answered_by TEXT,
     how TEXT,
-    message_id TEXT
+    message_id TEXT,
+    subject TEXT
 );
 CREATE INDEX goal_questions_goal ON goal_questions(goal_id, asked_at);
 CREATE INDEX goal_questions_open ON goal_questions(answered_at) WHERE answered_at IS NULL;

@@ -17,9 +17,10 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from agent import Tool, ToolContext, ToolOutput, ToolPolicy, Tx
+from agent.tools.base import Approver
+from goals.approvals import approve_for_goal
 from goals.errors import InvalidGoal
-from goals.model import GoalStatus
-from goals.questions import QuestionId
+from goals.model import GoalStatus, QuestionId
 from goals.store import GOAL_BLOCKED, GOAL_CLAIM, GOAL_PROGRESS, GOAL_QUESTION, live_goal_of_session
 
 
@@ -199,6 +200,12 @@ GOAL_TOOL_NAMES = ("goal_progress", "goal_complete", "goal_blocked", "ask_operat
 def goal_tools() -> list[Tool[ProgressArgs] | Tool[CompleteArgs] | Tool[BlockedArgs] | Tool[AskArgs]]:
     """The goal tools (they find their goal through the session at call time)."""
     return [GoalProgress(), GoalComplete(), GoalBlocked(), AskOperator()]
+
+
+def approver_for_session(row_config: dict[str, Any]) -> Approver | None:
+    """The approver of a session's calls its policy asks about: a goal's session asks its operator
+    (:func:`goals.approvals.approve_for_goal`); any other has nobody to ask (such calls are denied)."""
+    return approve_for_goal if row_config.get("goal") else None
 
 
 def tools_for_goal_sessions(row_config: dict[str, Any]) -> list[Any]:

@@ -154,9 +154,26 @@ def _asker(request: ModelRequest) -> Reply:
     return Reply.say("I asked the operator; waiting for the answer.")
 
 
+def _runner(request: ModelRequest) -> Reply:
+    """Runs ``echo one >> log.txt`` in the shell; when the policy asks about it, ends the turn; once
+    the operator approved it, runs it again and claims completion; denied, claims completion too."""
+    text, step = _last_user(request)
+    announce(f"runner step={step}")
+    line = {"command": "echo one >> log.txt"}
+    if "approved" in text and "The operator" in text:
+        if step == 0:
+            return Reply(tool_calls=[ToolCall("shell", line)])
+        if step == 1:
+            return Reply(tool_calls=[ToolCall("goal_complete", {"summary": "logged", "evidence": "log.txt"})])
+        return Reply.say("Done.")
+    if step == 0:
+        return Reply(tool_calls=[ToolCall("shell", line)])
+    return Reply.say("The command needs an approval; waiting.")
+
+
 def slow(name: str) -> ScriptedModel | None:
     """The model called ``name`` (``worker``, ``chat`` or ``asker``); None for any other name."""
-    rules = {"worker": _worker, "chat": _chat, "asker": _asker}
+    rules = {"worker": _worker, "chat": _chat, "asker": _asker, "runner": _runner}
     rule = rules.get(name)
     if rule is None:
         return None

@@ -16,6 +16,7 @@ from typing import Any
 from agent import ModelRegistry, ModelRequest, Reply, Runtime, ScriptedModel, ToolRegistry, file_tools
 from agent.tools.base import Tool
 from goals import GOAL_CHANGED, Goal, GoalEngine, GoalStatus, tools_for_goal_sessions
+from goals.tools import approver_for_session, policy_for_session
 
 Rule = Callable[[ModelRequest], Reply | Awaitable[Reply]]
 DecisionListener = Callable[..., None]
@@ -42,7 +43,10 @@ async def goal_runtime(
     base: list[Tool[Any]] = [*(file_tools() if with_file_tools else ()), *extra_tools]
 
     def tools(row: Any) -> ToolRegistry:
-        return ToolRegistry([*base, *tools_for_goal_sessions(row.config)])
+        policy = policy_for_session(row.config)
+        return ToolRegistry(
+            [*base, *tools_for_goal_sessions(row.config)], policy=policy, approver=approver_for_session(row.config)
+        )
 
     opened = (
         Runtime.open(db_path, models=registry, tools=tools)

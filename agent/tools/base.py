@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from agent.errors import InvalidInput
 from agent.models.base import ToolSpec
 from agent.redact import Redactor
-from agent.tools.policy import DENIED_PREFIX, ToolPolicy
+from agent.tools.policy import DENIED_PREFIX, Ask, ToolPolicy
 
 if TYPE_CHECKING:
     from agent.spend import SpendGuard
@@ -125,6 +125,10 @@ def truncate(text: str, cap: int) -> str:
     return text[:keep] + f"\n[... output truncated: {len(text) - keep} of {len(text)} characters not shown ...]"
 
 
+#: Decides a call the policy asks about: ``None`` to run it, or the output the model gets instead.
+Approver = Callable[[Ask, "ToolContext"], Awaitable["ToolOutput | None"]]
+
+
 class ToolRegistry:
     """The tools one session may use, by name, under an optional :class:`ToolPolicy`."""
 
@@ -135,8 +139,12 @@ class ToolRegistry:
         policy: ToolPolicy | None = None,
         redactor: Redactor | None = None,
         unavailable: Mapping[str, str] | None = None,
+        approver: Approver | None = None,
     ) -> None:
         self._tools: dict[str, Tool[Any]] = {}
+        #: Who decides a call the policy asks about (:class:`~agent.tools.policy.Ask`): ``None`` to
+        #: run it, or the output the model gets instead. Without one such a call is denied.
+        self.approver = approver
         #: Secret values replaced in every result before it is stored or shown.
         self.redactor = redactor
         #: Tools not offered here, by name, with the reason a call to one is answered with.
@@ -192,6 +200,14 @@ class ToolRegistry:
         """Check the policy, validate and run one call (timeout, output cap). Never raises for tool faults."""
         if self._policy is not None:
             denied = self._policy.check(name, raw_args)
+            ask = self._policy.asks(name, raw_args, denied) if self._policy.ask or self._policy.shell_ask else None
+            if ask is not None and self.approver is not None:
+                instead = await self.approver(ask, ctx)
+                if instead is not None:
+                    return ToolOutput(self._redact(instead.content), instead.is_error)
+                denied = None  # approved: it runs
+            elif ask is not None:
+                denied = f"{ask.reason}; the policy asks an operator about it, and nobody can be asked here"
             if denied is not None:
                 denied = self._redact(denied)  # it quotes the command, which may carry a secret
                 return ToolOutput(DENIED_PREFIX + denied, True, denied=denied)

@@ -17,7 +17,7 @@ from typing import Any
 
 from daemon.cli.goal_view import goal_list, goal_logs, goal_show
 from daemon.cli.parser import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK, UsageError, parse_deadline, print_json
-from daemon.cli.questions import goal_answer, goal_questions, goal_withdraw
+from daemon.cli.questions import goal_answer, goal_questions, goal_revoke, goal_withdraw
 from daemon.cli.transfer import goal_export, goal_import
 from daemon.client import Connection
 from daemon.display import goal_line, status_text, use_utc, when
@@ -118,7 +118,7 @@ async def goal(client: Connection, args: argparse.Namespace) -> int:
     use_utc(getattr(args, "utc", False))
     if action is None:
         raise UsageError(
-            "usage: goald goal add|list|show|pause|resume|cancel|answer|withdraw|questions|edit|logs|delete"
+            "usage: goald goal add|list|show|pause|resume|cancel|answer|withdraw|questions|revoke|edit|logs|delete"
         )
     handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] = GOAL_ACTIONS[action]
     return await handler(client, args)
@@ -264,4 +264,5 @@ GOAL_ACTIONS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int
     "answer": goal_answer,
     "withdraw": goal_withdraw,
     "questions": goal_questions,
+    "revoke": goal_revoke,
 }

@@ -17,7 +17,7 @@ from typing import Any
 
 from agent import parse_payload
 from daemon.cli.parser import EXIT_OK, UsageError, parse_instant, print_json
-from daemon.cli.questions import open_question_lines
+from daemon.cli.questions import approval_lines, open_question_lines
 from daemon.client import Connection
 from daemon.display import TERMINAL, GoalDisplay, describe_event, describe_lines, goal_table, watch_goal, when
 from goals import GOAL_CHANGED, GoalChanged
@@ -124,7 +124,7 @@ async def goal_show(client: Connection, args: argparse.Namespace) -> int:
         print_json(await client.call("goal/get", {"goalId": args.goal}))
     else:
         described = await client.call("goal/describe", {"goalId": args.goal})
-        print("\n".join(describe_lines(described) + open_question_lines(described)))
+        print("\n".join(describe_lines(described) + open_question_lines(described) + approval_lines(described)))
     return EXIT_OK
 
 

@@ -87,6 +87,32 @@ async def goal_questions(client: Connection, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def goal_revoke(client: Connection, args: argparse.Namespace) -> int:
+    """``goal revoke KEY APPROVAL`` or ``--all``: the call is asked about again."""
+    if (args.approval is None) == (not args.all):
+        raise UsageError("usage: goald goal revoke GOAL APPROVAL  (as goal show lists it), or --all")
+    params: dict[str, Any] = {"goalId": args.goal, **({"all": True} if args.all else {"subject": args.approval})}
+    g = await client.call("goal/revoke", params)
+    if args.json:
+        print_json(g)
+    else:
+        left = g.get("approvals") or []
+        print(f"goal {g.get('key') or g['id']}: {len(left)} approval(s) left")
+    return EXIT_OK
+
+
+def approval_lines(described: dict[str, Any]) -> list[str]:
+    """``goal show``'s standing approvals (calls that run without asking), with how to revoke one."""
+    g = described["goal"]
+    found = g.get("approvals") or []
+    if not found:
+        return []
+    ref = g.get("key") or g["id"]
+    lines = ["approved:   calls that run without asking (goald goal revoke " + ref + " 'APPROVAL' or --all):"]
+    lines.extend(f"  {a}" for a in found)
+    return lines
+
+
 def open_question_lines(described: dict[str, Any]) -> list[str]:
     """``goal show``'s lines of the question a waiting goal waits on, with how to answer it."""
     q = described.get("question")
@@ -94,7 +120,8 @@ def open_question_lines(described: dict[str, Any]) -> list[str]:
         return []
     g = described["goal"]
     ref = g.get("key") or g["id"]
-    lines = [f"question:   {q['id']}, asked {when(q['askedAt'])}, open until {when(q['deadline'])}", f"  {q['text']}"]
+    lines = [f"question:   {q['id']}, asked {when(q['askedAt'])}, open until {when(q['deadline'])}"]
+    lines.extend(f"  {line}" for line in str(q["text"]).splitlines())
     if q.get("options"):
         lines.append("  options: " + "  ".join(f"{i}) {o}" for i, o in enumerate(q["options"], 1)))
         lines.append(f"  answer:  goald goal answer {ref} --option N   (or in words: goald goal answer {ref} TEXT)")
@@ -113,7 +140,8 @@ def question_line(q: dict[str, Any]) -> str:
         state = f"{q['how']} by {q['answeredBy']} {when(q['answeredAt'])}" + (
             f": {q['answer']}" if q.get("answer") else ""
         )
-    lines = [f"{q['id']}  goal {q['goalId']}  asked {when(q['askedAt'])}  {state}", f"  {q['text']}"]
+    lines = [f"{q['id']}  goal {q['goalId']}  asked {when(q['askedAt'])}  {state}"]
+    lines.extend(f"  {line}" for line in str(q["text"]).splitlines())
     if q.get("options"):
         lines.append("  options: " + "  ".join(f"{i}) {o}" for i, o in enumerate(q["options"], 1)))
     return "\n".join(lines)

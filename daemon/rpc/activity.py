@@ -174,7 +174,7 @@ def activity_of(
             q = goal.memory.question
             until = _at(q.deadline) if q is not None else None
             then = "its default answer is used" if q is not None and q.has_default else "it pauses"
-            text = f"waiting for an answer to question {q.id if q else '?'}: nothing runs; at the deadline {then}"
+            text = f"waiting for an answer to question {q.id if q else '?'} (nothing runs; at its deadline {then})"
             return _act("waiting_answer", text, until, round_no)
         case GoalStatus.ACTIVE if st is not None:
             pass

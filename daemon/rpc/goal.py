@@ -27,6 +27,7 @@ from daemon.rpc.params import (
     GoalRef,
     GoalResume,
     GoalResumeAll,
+    GoalRevoke,
     GoalUpdate,
 )
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
@@ -225,6 +226,12 @@ def register(d: Dispatcher, host: HostPort) -> None:
         )
         now = await eng.question(asked.id)
         return {"goal": goal_view(goal), "question": now.public(), "messageId": now.message_id}
+
+    @d.method("goal/revoke", GoalRevoke)
+    async def goal_revoke(p: GoalRevoke, peer: Peer) -> JsonObject:
+        if (p.subject is None) == (not p.all):
+            raise InvalidField("give subject (an approval as goal show lists it) or all, not both", field="subject")
+        return goal_view(await engine(host).revoke(p.goal_id, p.subject, caller=peer.caller))
 
     @d.method("goal/questions", GoalQuestions)
     async def goal_questions(p: GoalQuestions, peer: Peer) -> QuestionListing:

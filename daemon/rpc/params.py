@@ -191,6 +191,14 @@ class GoalAnswer(GoalRef):
     withdraw: bool = False
 
 
+class GoalRevoke(GoalRef):
+    """``goal/revoke``: remove a standing approval of the goal (``subject``, as ``goal show`` lists
+    it), or with ``all`` every one: the same call is asked about again."""
+
+    subject: str | None = Field(default=None, min_length=1, max_length=10_000)
+    all: bool = False
+
+
 class GoalQuestions(Params):
     """``goal/questions``: questions goals asked, newest first (``goalId``: of that goal only;
     ``open``: only those still waiting for an answer)."""

@@ -36,6 +36,8 @@ def goal_view(goal: Goal, now: datetime | None = None) -> JsonObject:
     out: JsonObject = goal.model_dump(mode="json", by_alias=True, exclude={"memory"})
     mem = goal.memory
     out["notes"] = mem.notes
+    #: Calls the operator approved for this goal (``goald goal revoke`` removes one).
+    out["approvals"] = mem.approvals
     out["lastVerification"] = [verify_view(r) for r in mem.verify_results]
     out["lastError"] = mem.last_error
     out["why"] = why(goal, now or datetime.now(UTC))
@@ -52,6 +54,7 @@ class GoalView(Goal):
     model_config = ConfigDict(extra="ignore")
 
     notes: list[str] = Field(default_factory=list)
+    approvals: list[str] = Field(default_factory=list)
     #: The last verification's results, as the view sends them (camelCase).
     last_verification: list[JsonObject] = Field(default_factory=list)
     last_error: str | None = None

@@ -335,3 +335,30 @@ async def test_a_message_to_a_waiting_goal_leaves_its_question_open_unless_it_sa
     assert (Path(str(done["workdir"])) / "heard.txt").read_text() == "postgres, please"
     # The message's turn asked again while the question was open: refused, so one question in all.
     assert len((await rpc(d.socket_path, "goal/questions", {"goalId": "chatty"}))["questions"]) == 1
+
+
+async def test_an_ask_shell_policy_turns_a_command_into_an_approval_through_the_daemon(daemon: Daemon) -> None:
+    """``--tool ask:shell``: the command is not run but asked about; ``goal show`` prints the exact
+    line and the three options; "approve for this goal" runs it and is listed; revoke removes it."""
+    d = daemon
+    created = await d.acli_json(
+        "goal", "add", "Log a line.", "--model", "test:runner", "--key", "approve", "--tool", "ask:shell"
+    )
+    goal = await wait_goal(d.socket_path, created["goalId"], {"waiting"})
+    workdir = Path(str(goal["workdir"]))
+    assert not (workdir / "log.txt").exists()
+    code, out, err = await d.acli("goal", "show", "approve")
+    assert code == 0, err
+    assert "Approve this shell command?" in out and "  echo one >> log.txt" in out, out
+    assert "options: 1) approve once  2) approve for this goal  3) deny" in out, out
+    code, out, err = await d.acli("goal", "answer", "approve", "--option", "2")
+    assert code == 0, err
+    done = await wait_goal(d.socket_path, goal["id"], {"completed"})
+    assert (workdir / "log.txt").read_text() == "one\n"
+    assert done["approvals"] == ["shell: echo one >> log.txt"]
+    code, out, err = await d.acli("goal", "show", "approve")
+    assert "approved:   calls that run without asking" in out and "  shell: echo one >> log.txt" in out, out
+    code, out, err = await d.acli("goal", "revoke", "approve", "shell: echo one >> log.txt")
+    assert code == 0 and "0 approval(s) left" in out, (out, err)
+    code, out, err = await d.acli("goal", "revoke", "approve", "shell: nothing")
+    assert code != 0 and "has no approval 'shell: nothing'" in err, err
