@@ -3,7 +3,7 @@
 A goal that asked (``ask_operator``) waits, ``waiting (question: …)``, until one answer closes its
 question: ``goald goal answer KEY [QUESTION_ID] TEXT`` (or ``--option N`` for one of its options)
 answers it and the goal goes on at once; ``goal withdraw KEY [QUESTION_ID] --reason R`` withdraws it
-(the goal hears the reason). A second answer is refused, naming who answered first and when (exit 3,
+(the goal hears the reason). A second answer is refused, naming who answered first and when (exit 4,
 a conflict). ``goal questions [KEY] [--open]`` lists them.
 """
 
