@@ -109,6 +109,25 @@ async def test_kill_9_between_the_answers_commit_and_the_resume_resumes_once(dae
     assert (Path(str(done["workdir"])) / "heard.txt").read_text() == "use postgres"
 
 
+@pytest.mark.parametrize("kills", [3, pytest.param(30, marks=[pytest.mark.soak, pytest.mark.timeout(3600)])])
+async def test_kill_9_right_after_the_answer_commits_resumes_once(kills: int, daemon: Daemon) -> None:
+    """The daemon is killed the moment ``goal/answer`` returns (the answer committed; its turn may
+    not have started): after the restart the goal goes on once, with that answer, and the question
+    stays answered once."""
+    d = daemon
+    for i in range(kills):
+        goal = await _asking(d, f"cut{i}")
+        answered = await rpc(d.socket_path, "goal/answer", {"goalId": f"cut{i}", "option": 1 + i % 2})
+        d.kill()
+        d.start()
+        done = await wait_goal(d.socket_path, goal["id"], {"completed"})
+        want = ["sqlite", "postgres"][i % 2]
+        assert (Path(str(done["workdir"])) / "heard.txt").read_text() == want
+        assert done["rounds"] == 2
+        [q] = (await rpc(d.socket_path, "goal/questions", {"goalId": f"cut{i}"}))["questions"]
+        assert (q["answer"], q["messageId"]) == (want, answered["messageId"])
+
+
 async def test_two_answers_racing_one_wins_and_the_loser_hears_who(daemon: Daemon) -> None:
     d = daemon
     for i in range(RACES):
@@ -258,8 +277,9 @@ async def test_a_signed_link_from_the_webhook_answers_once_and_opens_nothing_els
             d.close()
 
 
-async def test_the_cli_and_a_signed_link_racing_one_wins_and_the_loser_hears_who(tmp_path: Path) -> None:
-    """``GOALD_QUESTION_RACES`` goals (100 in the soak) each answered at once by the CLI and by its link."""
+@pytest.mark.parametrize("races", [RACES, pytest.param(100, marks=[pytest.mark.soak, pytest.mark.timeout(3600)])])
+async def test_the_cli_and_a_signed_link_racing_one_wins_and_the_loser_hears_who(races: int, tmp_path: Path) -> None:
+    """Goals each answered at once by the CLI and by its link (5 in CI, 100 in the soak)."""
     port = _free_port()
     async with WebhookServer() as hook:
         config = {
@@ -275,7 +295,7 @@ async def test_the_cli_and_a_signed_link_racing_one_wins_and_the_loser_hears_who
         d.start()
         wins = {"cli": 0, "link": 0}
         try:
-            for i in range(RACES):
+            for i in range(races):
                 goal = await _asking(d, f"race{i}")
                 qid = goal["memory"]["question"]["id"] if "memory" in goal else None
                 await hook.wait(
@@ -308,7 +328,7 @@ async def test_the_cli_and_a_signed_link_racing_one_wins_and_the_loser_hears_who
                 assert q["answeredBy"] == ("link" if status == 200 else q["answeredBy"])
                 done = await wait_goal(d.socket_path, goal["id"], {"completed"})
                 assert done["rounds"] == 2
-            print(f"races: {RACES}, won by the CLI {wins['cli']}, by the link {wins['link']}")
+            print(f"races: {races}, won by the CLI {wins['cli']}, by the link {wins['link']}")
         finally:
             d.close()
 

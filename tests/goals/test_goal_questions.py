@@ -25,6 +25,8 @@ from goals import GoalSpec, GoalStatus, StopRules
 from goals.questions import QuestionClosed
 from goals.timers import Reminders
 
+pytestmark = pytest.mark.both_stores
+
 QUESTION = "Which database should the report read: sqlite or postgres?"
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
