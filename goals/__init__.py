@@ -40,7 +40,6 @@ if TYPE_CHECKING:
         GoalMemory,
         GoalSpec,
         GoalStatus,
-        SandboxSpec,
         StopReason,
         StopRules,
         VerifyCommand,
@@ -69,6 +68,7 @@ if TYPE_CHECKING:
         decide,
         guard_limits,
     )
+    from goals.sandbox_spec import SandboxSpec
     from goals.store import (
         GOAL_BLOCKED,
         GOAL_CHANGED,
@@ -151,7 +151,7 @@ _HOMES: dict[str, str] = {
     "InvalidGoalTransition": "goals.errors",
     "MIGRATIONS": "goals.store",
     "PolicyInput": "goals.policy",
-    "SandboxSpec": "goals.model",
+    "SandboxSpec": "goals.sandbox_spec",
     "StaleDecision": "goals.errors",
     "StopReason": "goals.model",
     "StopRules": "goals.model",

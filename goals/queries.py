@@ -16,8 +16,9 @@ from typing import Any
 from agent import Tx
 from agent.db import Conn
 from goals.errors import GoalNotFound, InvalidGoal
-from goals.model import LIVE_SQL, Goal, GoalId, GoalStatus, SandboxSpec
+from goals.model import LIVE_SQL, Goal, GoalId, GoalStatus
 from goals.rows import conn_of, goal_from_row
+from goals.sandbox_spec import SandboxSpec
 
 
 def load_goal(tx_or_conn: Tx | Conn, goal_id: str) -> Goal:
