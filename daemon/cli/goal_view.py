@@ -16,10 +16,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent import parse_payload
+from daemon.cli.goal_show import describe_lines
 from daemon.cli.parser import EXIT_OK, UsageError, parse_instant, print_json
 from daemon.cli.questions import approval_lines, open_question_lines
 from daemon.client import Connection
-from daemon.display import TERMINAL, GoalDisplay, describe_event, describe_lines, goal_table, watch_goal, when
+from daemon.display import TERMINAL, GoalDisplay, describe_event, goal_table, watch_goal, when
 from goals import GOAL_CHANGED, GoalChanged
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")

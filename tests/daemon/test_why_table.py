@@ -32,7 +32,8 @@ import pytest
 
 from agent import AgentStatus
 from agent.tx import SessionState
-from daemon.display import describe_lines, goal_table, reason_text
+from daemon.cli.goal_show import describe_lines
+from daemon.display import goal_table, reason_text
 from daemon.rpc.activity import activity_of, describe_answer
 from daemon.rpc.views import goal_view
 from daemon.web.goal_view import describe_rows
