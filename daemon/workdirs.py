@@ -27,6 +27,10 @@ class Workdirs:
         #: sandbox profile is built), else the daemon itself.
         self.owner: SandboxUser | None = None
 
+    def hand_tree(self, path: Path) -> None:
+        """Give everything in a work directory goald filled (a goal's worktree) to the sandbox user."""
+        hand_over(path, self.owner, tree=True)
+
     def resolve(self, raw: str | None, name: str) -> Path:
         """A work directory inside the allowed roots: ``raw`` checked, or a new one named ``name``.
 

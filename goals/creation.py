@@ -41,6 +41,7 @@ def create_goal(
     policy: ToolPolicy | None,
     now: datetime,
     caller: Caller | None = None,
+    base_commit: str | None = None,
 ) -> tuple[Goal, bool]:
     """Create the goal of ``spec`` in ``tx``; ``(goal, created)``, where a repeated idempotency key
     returns the goal first created with it and ``created`` false.
@@ -55,7 +56,7 @@ def create_goal(
             return earlier, False
     if spec.key is not None and goal_by_key(tx, spec.key) is not None:
         raise GoalConflict(f"a goal with key {spec.key!r} already exists: use another key")
-    draft = _draft(spec, goal_id, workdir, baseline, now)
+    draft = _draft(spec, goal_id, workdir, baseline, now).model_copy(update={"base_commit": base_commit})
     guard_id = create_guard(tx, guard_limits(draft, now))
     draft, sid = _bind_session(tx, draft, spec, policy, guard_id)
     if spec.verify and draft.workdir is None:

@@ -58,6 +58,7 @@ from goals.operations import log_change
 from goals.policy import decide, disk_over
 from goals.questions import QuestionClosed, insert_question, question_due, remind
 from goals.requests import GoalRequests
+from goals.snapshots import Snapshots
 from goals.store import (
     GOAL_FINGERPRINT,
     GOAL_VERIFIED,
@@ -100,6 +101,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
         disk_limit_for: Callable[[Goal], int | None] | None = None,
         hold: Callable[[], str | None] | None = None,
         reminders: Reminders | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         self.rt = runtime
         self.store = runtime.store
@@ -121,6 +123,8 @@ class GoalEngine(GoalRequests, GoalFollowing):
         self.hold = hold
         #: How a waiting goal's question is repeated to its operator (``None``: it is told once).
         self.reminders = reminders
+        #: Where a goal on a repository records its start and each round's tree (``None``: nowhere).
+        self.snapshots = snapshots
         #: The goals waiting for :attr:`hold`, with the reason (shown with their activity).
         self.held: dict[str, str] = {}
         self._sessions: dict[str, str] = {}
@@ -277,6 +281,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
         decision = decide(inp)
         if decision.kind is DecisionKind.NOTHING:
             return decision
+        await self._checkpoint(goal, decision.goal.rounds)
         try:
             saved = await self.store.transact(lambda tx: _fenced_commit(tx, goal, st.status_seq, decision, measured))
         except StaleDecision:
@@ -293,6 +298,17 @@ class GoalEngine(GoalRequests, GoalFollowing):
         return decision
 
     # -- internals -------------------------------------------------------------------------
+
+    async def _checkpoint(self, goal: Goal, rounds: int) -> None:
+        """Record the tree of a goal on a repository at the idle that ends round ``rounds``, before
+        the decision commits (nothing of the goal runs now); a checkpoint taken for a decision that
+        turns out stale is taken again, over it, at the next idle."""
+        if self.snapshots is None or goal.repo is None or goal.workdir is None or rounds <= goal.rounds:
+            return
+        try:
+            await asyncio.to_thread(self.snapshots.take, goal.id, f"round-{rounds}", Path(goal.workdir))
+        except OSError as exc:  # the state directory's disk: the goal goes on, its diff misses a round
+            logger.warning("goal {}: round {}'s checkpoint was not recorded: {}", goal.id, rounds, exc)
 
     async def _question_due(self, goal: Goal) -> None:
         """A waiting goal's question at its deadline: its default answer, or a pause

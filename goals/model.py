@@ -222,6 +222,28 @@ class GoalSpec(BaseModel):
     #: In a cluster: only a node with this label (``[cluster] labels``) runs the goal — the host
     #: that has its work directory or toolchain. ``None``: any node.
     node_label: str | None = Field(default=None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
+    #: A git repository of the operator's (absolute path): the goal works in a worktree of it made
+    #: for the goal, on a new branch (``branch``, default ``goald/<key or id>``) from ``base``
+    #: (default ``HEAD``). goald records each round's tree and diffs it (``goald goal diff``).
+    repo: str | None = Field(default=None, min_length=2, max_length=4096)
+    base: str | None = Field(default=None, min_length=1, max_length=250, pattern=r"^[A-Za-z0-9._/@^~{}-]+$")
+    branch: str | None = Field(default=None, min_length=1, max_length=250, pattern=r"^[A-Za-z0-9._/-]+$")
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or "\0" in value):
+            raise ValueError(f"repo {value!r} must be an absolute path")
+        return value
+
+    @field_validator("base", "branch")
+    @classmethod
+    def _ref(cls, value: str | None) -> str | None:
+        if value is not None and (
+            value.startswith(("-", "/", ".")) or ".." in value or value.endswith((".", "/", ".lock"))
+        ):
+            raise ValueError(f"{value!r} is not a usable git ref name")
+        return value
 
     @field_validator("tools")
     @classmethod
@@ -365,6 +387,9 @@ class Goal(GoalSpec):
     memory: GoalMemory = GoalMemory()
     result_summary: str | None = None
     evidence: str | None = None
+    #: With ``repo``: the commit the goal's branch started from (what ``goald goal diff`` and a
+    #: replay start from).
+    base_commit: str | None = None
     created_at: datetime
     updated_at: datetime
     revision: int = 1

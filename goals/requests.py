@@ -8,6 +8,7 @@ evaluation. The engine's own loop (read, decide, fenced commit) stays in :mod:`g
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ from goals.operations import (
 )
 from goals.payloads import Caller
 from goals.questions import Question, answer_goal, load_question, questions_of
+from goals.snapshots import Snapshots
 from goals.store import goals_of_session, list_goals, load_goal, resolve_goal_id
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
 
@@ -45,6 +47,7 @@ class GoalRequests:
     model_check: Callable[[str | None], None] | None
     allowed_roots: list[Path] | None
     fingerprinter: Fingerprinter
+    snapshots: Snapshots | None
 
     if TYPE_CHECKING:  # the engine's, where the goals it follows and their evaluations live
 
@@ -61,6 +64,7 @@ class GoalRequests:
         goal_id: GoalId | None = None,
         caller: Caller | None = None,
         also: Callable[[Tx, Goal], object] | None = None,
+        base_commit: str | None = None,
     ) -> Goal:
         """Create a goal; round 1's continuation is enqueued in the same transaction.
 
@@ -75,13 +79,24 @@ class GoalRequests:
         workdir = check_workdir(spec.workdir, self.allowed_roots)
         # The work directory as it is at creation: round 1's progress is measured against it.
         baseline = (await self.fingerprinter.walk(workdir)).known if workdir is not None else None
-        now = self.clock()
         goal_id = goal_id or GoalId.new()
+        if spec.repo is not None and workdir is not None and self.snapshots is not None:
+            # The goal's start, as a checkpoint: what `goald goal diff` and a replay compare with.
+            await asyncio.to_thread(self.snapshots.take, goal_id, "base", workdir)
+        now = self.clock()
         policy = goal_policy(spec.tools)
 
         def run(tx: Tx) -> tuple[Goal, bool]:
             made = create_goal(
-                tx, spec, goal_id=goal_id, workdir=workdir, baseline=baseline, policy=policy, now=now, caller=caller
+                tx,
+                spec,
+                goal_id=goal_id,
+                workdir=workdir,
+                baseline=baseline,
+                policy=policy,
+                now=now,
+                caller=caller,
+                base_commit=base_commit,
             )
             if also is not None:
                 also(tx, made[0])

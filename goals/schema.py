@@ -246,6 +246,16 @@ WHEN (NEW.workdir IS NOT NULL AND NEW.status IN {_LIVE8}
 EXECUTE FUNCTION goals_workdir_lock();
 """,
     ),
+    Migration(
+        version=9,
+        summary="a goal on a git repository: its repository, base ref, branch and the commit it started from",
+        sql="""
+ALTER TABLE goals ADD COLUMN repo TEXT;
+ALTER TABLE goals ADD COLUMN base TEXT;
+ALTER TABLE goals ADD COLUMN branch TEXT;
+ALTER TABLE goals ADD COLUMN base_commit TEXT;
+""",
+    ),
 ]
 
 __all__ = ["MIGRATIONS"]

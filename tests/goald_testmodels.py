@@ -171,9 +171,33 @@ def _runner(request: ModelRequest) -> Reply:
     return Reply.say("The command needs an approval; waiting.")
 
 
+#: What ``gitattack`` runs in its sandbox: the worktree's ``.git`` replaced by a directory whose
+#: config names an fsmonitor, a hooks path with a hook, a clean filter and a diff textconv, each of
+#: which would leave a ``PWNED*`` file where it ran; attributes that apply them to every file; a change.
+GIT_ATTACK = (
+    "rm -f .git && mkdir -p .git/hooks && "
+    "printf '[core]\\n\\tfsmonitor = touch PWNED-fsmonitor\\n\\thooksPath = .git/hooks\\n"
+    '[filter "evil"]\\n\\tclean = touch PWNED-filter\\n\\tsmudge = touch PWNED-smudge\\n'
+    '[diff "evil"]\\n\\ttextconv = touch PWNED-textconv\\n\' > .git/config && '
+    "printf '#!/bin/sh\\ntouch PWNED-hook\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit && "
+    "cp .git/hooks/pre-commit .git/hooks/post-checkout && "
+    "echo '* filter=evil diff=evil' > .gitattributes && echo 'changed by the goal' > a.txt"
+)
+
+
+def _gitattack(request: ModelRequest) -> Reply:
+    _text, step = _last_user(request)
+    announce(f"gitattack step={step}")
+    if step == 0:
+        return Reply(tool_calls=[ToolCall("shell", {"command": GIT_ATTACK})])
+    if step == 1:
+        return Reply(tool_calls=[ToolCall("goal_complete", {"summary": "changed a.txt", "evidence": "a.txt"})])
+    return Reply.say("Done.")
+
+
 def slow(name: str) -> ScriptedModel | None:
     """The model called ``name`` (``worker``, ``chat`` or ``asker``); None for any other name."""
-    rules = {"worker": _worker, "chat": _chat, "asker": _asker, "runner": _runner}
+    rules = {"worker": _worker, "chat": _chat, "asker": _asker, "runner": _runner, "gitattack": _gitattack}
     rule = rules.get(name)
     if rule is None:
         return None

@@ -11,10 +11,12 @@ unless ``--yes``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from daemon.cli.branches import goal_commit, goal_diff
 from daemon.cli.goal_view import goal_list, goal_logs, goal_show
 from daemon.cli.parser import EXIT_CONFLICT, EXIT_FAILURE, EXIT_OK, UsageError, parse_deadline, print_json
 from daemon.cli.questions import goal_answer, goal_questions, goal_revoke, goal_withdraw
@@ -118,10 +120,16 @@ async def goal(client: Connection, args: argparse.Namespace) -> int:
     use_utc(getattr(args, "utc", False))
     if action is None:
         raise UsageError(
-            "usage: goald goal add|list|show|pause|resume|cancel|answer|withdraw|questions|revoke|edit|logs|delete"
+            "usage: goald goal add|list|show|pause|resume|cancel|answer|withdraw|questions|revoke|diff|commit"
+            "|edit|logs|delete"
         )
     handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] = GOAL_ACTIONS[action]
     return await handler(client, args)
+
+
+def _absolute(path: str | None) -> str | None:
+    """A path given on the command line, absolute (the daemon resolves it, not in the CLI's directory)."""
+    return os.path.abspath(os.path.expanduser(path)) if path else None
 
 
 async def goal_add(client: Connection, args: argparse.Namespace) -> int:
@@ -142,6 +150,9 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
         "sandbox": sandbox_params(args),
         "keepWorkdir": args.keep_workdir,
         "nodeLabel": args.node_label,
+        "repo": _absolute(args.repo),
+        "base": args.base,
+        "branch": args.branch,
     }
     created = await client.call("goal/create", params)
     if args.json:
@@ -265,4 +276,6 @@ GOAL_ACTIONS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int
     "withdraw": goal_withdraw,
     "questions": goal_questions,
     "revoke": goal_revoke,
+    "diff": goal_diff,
+    "commit": goal_commit,
 }

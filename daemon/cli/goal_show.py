@@ -83,6 +83,12 @@ def describe_lines(d: dict[str, Any]) -> list[str]:
         out.append("schedule:   none (created directly)")
     out.append("verify:     " + ("; ".join(f"$ {v.cmd}" for v in g.verify) if g.verify else "none (unverified)"))
     out.extend(setting_lines(wire))
+    if g.repo and g.branch:
+        ref = g.key or g.id
+        out.append(
+            f"base:       {g.base_commit or '-'} (the commit the branch started from; diff: goald goal diff {ref})"
+        )
+        out.append(f"merge:      goald goal commit {ref}, then git -C {g.repo} merge {g.branch}")
     refused = d.get("refusedVerification") or []
     if refused:
         out.append("last verification refused the completion claim:")

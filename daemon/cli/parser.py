@@ -106,6 +106,13 @@ def _add_goal_parser(sub: Subparsers) -> None:
         metavar="LABEL",
         help="in a cluster, run the goal only on a node with this label ([cluster] labels): the host with its files",
     )
+    add.add_argument(
+        "--repo",
+        metavar="PATH",
+        help="work in a new git worktree of this repository, on a new branch (goald diffs each round)",
+    )
+    add.add_argument("--base", metavar="REF", help="with --repo: the commit to start from (default HEAD)")
+    add.add_argument("--branch", metavar="NAME", help="with --repo: the new branch (default goald/<key or id>)")
     add.add_argument("--json", action="store_true", help=JSON_HELP)
     lst = gsub.add_parser("list", help="list goals as a table (newest first)")
     lst.add_argument("--status", choices=GOAL_STATUSES, help="only goals of this status")
@@ -183,6 +190,15 @@ def _add_goal_questions(gsub: Subparsers) -> None:
     wd.add_argument("question", nargs="?", metavar="QUESTION_ID", help="the question (default: the one it waits on)")
     wd.add_argument("--reason", required=True, metavar="TEXT", help="why, in your words: the goal hears it")
     wd.add_argument("--json", action="store_true", help=JSON_HELP)
+    df = gsub.add_parser("diff", help="what a goal on a repository changed: since its start, or in one round")
+    df.add_argument("goal", help=GOAL_HELP)
+    df.add_argument("--round", type=int, metavar="N", help="only what round N changed")
+    df.add_argument("--stat", action="store_true", help="a line per file: lines added and removed")
+    df.add_argument("--json", action="store_true", help=JSON_HELP)
+    cm = gsub.add_parser("commit", help="commit a goal's latest recorded tree onto its branch (its repository's)")
+    cm.add_argument("goal", help=GOAL_HELP)
+    cm.add_argument("--message", "-m", metavar="TEXT", help="the commit message (default: the goal's title)")
+    cm.add_argument("--json", action="store_true", help=JSON_HELP)
     rv = gsub.add_parser("revoke", help="revoke a call approved for a goal: it is asked about again")
     rv.add_argument("goal", help=GOAL_HELP)
     rv.add_argument("approval", nargs="?", metavar="APPROVAL", help="the approval, as goal show lists it")

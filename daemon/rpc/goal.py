@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 from datetime import UTC, datetime
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from daemon.checks import check_goal_input, one_call_warning
 from daemon.rpc.activity import activities, describe, nodes
+from daemon.rpc.branches import create_on_repo
 from daemon.rpc.context import HostPort, checked_sandbox, engine, runtime, scheduler, taking_work
 from daemon.rpc.params import (
     GoalAnswer,
@@ -129,6 +130,8 @@ async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
         max_cost=spec.budgets.max_cost,
     )
     checked_sandbox(host, spec.sandbox, p.session_id is not None)
+    if spec.repo is not None:
+        return cast(GoalCreated, await create_on_repo(host, spec, goal_id, peer))
     if p.workdir is not None or p.session_id is None:
         workdir = host.workdirs.resolve(p.workdir, goal_id)
         spec = spec.model_copy(update={"workdir": str(workdir)})

@@ -9,7 +9,7 @@ dispatcher with typed params and result. They see the daemon only as a
 from __future__ import annotations
 
 from daemon.ports import HostPort
-from daemon.rpc import daemon, goal, node, schedule, session, store, timeline, transfer
+from daemon.rpc import branches, daemon, goal, node, schedule, session, store, timeline, transfer
 from daemon.rpc.protocol import Dispatcher
 
 
@@ -19,6 +19,7 @@ def build_dispatcher(host: HostPort) -> Dispatcher:
     daemon.register(d, host)
     session.register(d, host)
     goal.register(d, host)
+    branches.register(d, host)
     timeline.register(d, host)
     schedule.register(d, host)
     store.register(d, host)

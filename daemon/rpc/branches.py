@@ -1,0 +1,165 @@
+"""A goal on a repository (``repo`` in its spec): its worktree at ``goal/create``, ``goal/diff`` and ``goal/commit``.
+
+The worktree is made before the goal exists (:func:`daemon.worktrees.make_worktree`), in a new
+directory inside the work-directory roots, and undone if the goal cannot be created. ``goal/diff``
+compares two of the goal's recorded checkpoints (:mod:`goals.snapshots`): its start and its latest
+round, or one round and the one before. ``goal/commit`` writes the latest checkpoint as a commit
+on the goal's branch (:func:`daemon.worktrees.commit_checkpoint`). No git reads the work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TypedDict
+
+from pydantic import Field
+
+from daemon.checks import one_call_warning
+from daemon.ports import HostPort
+from daemon.rpc.context import engine
+from daemon.rpc.params import GoalRef
+from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
+from daemon.rpc.views import JsonObject
+from daemon.worktrees import GitFailed, commit_checkpoint, default_branch, git, make_worktree, remove_worktree
+from goals import GoalSpec
+from goals.model import GoalId
+from goals.snapshots import Snapshots
+
+
+class GoalDiff(GoalRef):
+    """``goal/diff``: since the goal's start (its latest round against its start), or ``round`` N
+    against the round before; ``stat``: the files' counts only, no text."""
+
+    round: int | None = Field(default=None, ge=1)
+    stat: bool = False
+
+
+class GoalCommit(GoalRef):
+    """``goal/commit``: the latest recorded tree as a commit on the goal's branch."""
+
+    message: str | None = Field(default=None, min_length=1, max_length=10_000)
+
+
+#: ``goal/diff``'s answer: the two checkpoints compared (``from``, ``to``: ``base``, ``round-N``),
+#: the files that differ (path, status, lines added and removed), the diff's text, and notes.
+Diffed = TypedDict(
+    "Diffed",
+    {"goalId": str, "from": str, "to": str, "files": list[JsonObject], "text": str, "notes": list[str]},
+)
+
+
+class Committed(TypedDict):
+    """``goal/commit``'s answer."""
+
+    commit: str
+    branch: str
+    repo: str
+    checkpoint: str
+
+
+def _is_dir(path: Path) -> bool:
+    return path.is_dir()
+
+
+async def create_on_repo(host: HostPort, spec: GoalSpec, goal_id: GoalId, peer: Peer) -> dict[str, object]:
+    """``goal/create`` of a goal with ``repo``: its worktree on its new branch, then the goal."""
+    if spec.workdir is not None:
+        raise InvalidField(
+            "give repo or workdir, not both: a goal on a repository works in a worktree of it", field="workdir"
+        )
+    repo = Path(str(spec.repo))
+    if not _is_dir(repo):
+        raise InvalidField(f"repo {spec.repo!r} is not a directory", field="repo")
+    branch = spec.branch or default_branch(spec.key, goal_id)
+    workdir = host.workdirs.resolve(None, goal_id)
+    try:
+        base_commit = await make_worktree(repo, spec.base or "HEAD", branch, workdir)
+    except GitFailed as exc:
+        with contextlib.suppress(OSError):
+            os.rmdir(workdir)
+        raise InvalidField(f"repo: {exc}", field="repo") from None
+    host.workdirs.hand_tree(workdir)  # the checked-out files are the goal's commands' to change
+    spec = spec.model_copy(update={"workdir": str(workdir), "branch": branch})
+    try:
+        goal = await engine(host).create(spec, goal_id=goal_id, caller=peer.caller, base_commit=base_commit)
+    except BaseException:
+        with contextlib.suppress(GitFailed):
+            await remove_worktree(repo, branch, workdir)
+        raise
+    warning = one_call_warning(host.models, goal.model or host.settings.default_model, goal.objective, goal.budgets)
+    return {
+        "goalId": goal.id,
+        "sessionId": goal.session_id,
+        "workdir": goal.workdir,
+        "warnings": [warning] if warning is not None else [],
+        "branch": branch,
+        "baseCommit": base_commit,
+    }
+
+
+def _snapshots(host: HostPort) -> Snapshots:
+    snaps = engine(host).snapshots
+    if snaps is None:
+        raise InvalidField("this daemon records no checkpoints", field="goalId")
+    return snaps
+
+
+def register(d: Dispatcher, host: HostPort) -> None:
+    """Add ``goal/diff`` and ``goal/commit`` to ``d``."""
+
+    @d.method("goal/diff", GoalDiff)
+    async def goal_diff(p: GoalDiff, peer: Peer) -> Diffed:
+        goal = await engine(host).get(p.goal_id)
+        if goal.repo is None:
+            raise InvalidField(
+                f"goal {goal.key or goal.id} is not on a repository: it has no recorded rounds to diff", field="goalId"
+            )
+        snaps = _snapshots(host)
+        names = snaps.names(goal.id)
+        if p.round is None:
+            old_name, new_name = "base", (names[-1] if names else "base")
+        else:
+            new_name = f"round-{p.round}"
+            if new_name not in names:
+                recorded = ", ".join(names) or "none"
+                raise InvalidField(
+                    f"round {p.round} of goal {goal.key or goal.id} was not recorded (recorded: {recorded})",
+                    field="round",
+                )
+            earlier = [n for n in names if n != "base" and int(n.split("-")[1]) < p.round]
+            old_name = earlier[-1] if earlier else "base"
+        old, new = snaps.manifest(goal.id, old_name), snaps.manifest(goal.id, new_name)
+        if old is None or new is None:
+            raise InvalidField(f"goal {goal.key or goal.id} has no recorded start", field="goalId")
+        files = snaps.diff(goal.id, old, new)
+        notes = [f"{n}: {m.truncated}" for n, m in ((old_name, old), (new_name, new)) if m.truncated]
+        return {
+            "goalId": goal.id,
+            "from": old_name,
+            "to": new_name,
+            "files": [f.public() for f in files],
+            "text": "" if p.stat else "".join(f.text for f in files),
+            "notes": notes,
+        }
+
+    @d.method("goal/commit", GoalCommit)
+    async def goal_commit(p: GoalCommit, peer: Peer) -> Committed:
+        goal = await engine(host).get(p.goal_id)
+        if goal.repo is None or goal.branch is None or goal.base_commit is None:
+            raise InvalidField(f"goal {goal.key or goal.id} is not on a repository", field="goalId")
+        snaps = _snapshots(host)
+        names = snaps.names(goal.id)
+        name = names[-1] if names else None
+        manifest = snaps.manifest(goal.id, name) if name else None
+        if manifest is None or name is None:
+            raise InvalidField(f"goal {goal.key or goal.id} has no recorded tree", field="goalId")
+        repo = Path(goal.repo)
+        try:
+            tip = (await git(repo, "rev-parse", "--verify", f"refs/heads/{goal.branch}^{{commit}}")).strip()
+            message = p.message or f"{goal.title}\n\ngoald goal {goal.id}, {name}"
+            commit = await commit_checkpoint(repo, goal.branch, tip, snaps, goal.id, manifest, message)
+        except GitFailed as exc:
+            raise InvalidField(f"commit: {exc}", field="goalId") from None
+        return {"commit": commit, "branch": goal.branch, "repo": goal.repo, "checkpoint": name}

@@ -1,0 +1,131 @@
+"""A goal on a git repository, through a real daemon: its worktree and branch, ``goal diff`` per
+round and overall (equal to what git itself counts), two goals on one repository at once, and a
+``.git``-level attack written by the model that runs nothing while goald records, diffs and commits.
+
+The repository is made by the test with the real ``git``; the goals run the shipped scripted
+provider's ``worker`` (writes ``round<r>.txt`` each round) and ``gitattack`` (replaces the
+worktree's ``.git`` by one whose config names an fsmonitor, hooks, a clean filter and a textconv,
+and applies them to every file through ``.gitattributes``) models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from harness import Daemon, wait_goal
+
+pytestmark = [pytest.mark.e2e, pytest.mark.needs_bwrap]
+
+ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
+
+
+def run_git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=ENV, check=True)
+    return done.stdout
+
+
+def make_repo(path: Path) -> str:
+    path.mkdir()
+    run_git(path, "init", "-q", "-b", "main")
+    (path / "a.txt").write_text("the start\n")
+    (path / "README").write_text("a repository of the test's\n")
+    run_git(path, "add", "-A")
+    run_git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    return run_git(path, "rev-parse", "HEAD").strip()
+
+
+def git_numstat(repo: Path, base: str, workdir: Path, tmp: Path) -> dict[str, tuple[str, str]]:
+    """What git itself counts between ``base`` and the files of ``workdir`` (copied, without its ``.git``)."""
+    copy = tmp / "copy"
+    subprocess.run(["git", "clone", "-q", str(repo), str(copy)], check=True, env=ENV)
+    run_git(copy, "checkout", "-q", base)
+    for item in copy.iterdir():
+        if item.name != ".git":
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+    for item in workdir.iterdir():
+        if item.name != ".git":
+            shutil.copytree(item, copy / item.name) if item.is_dir() else shutil.copy2(item, copy / item.name)
+    run_git(copy, "add", "-A")
+    out = run_git(copy, "diff", "--cached", "--numstat", base)
+    shutil.rmtree(copy)
+    return {line.split("\t")[2]: (line.split("\t")[0], line.split("\t")[1]) for line in out.splitlines()}
+
+
+async def test_a_goal_on_a_repository_works_on_its_branch_and_diffs_like_git(daemon: Daemon, tmp_path: Path) -> None:
+    d = daemon
+    repo = tmp_path / "repo"
+    base = make_repo(repo)
+    one = await d.acli_json(
+        "goal", "add", "Write three rounds. [rounds=3]", "--model", "test:worker", "--key", "wt1", "--repo", str(repo)
+    )
+    two = await d.acli_json(
+        "goal", "add", "Write two rounds. [rounds=2]", "--model", "test:worker", "--key", "wt2", "--repo", str(repo)
+    )
+    assert (one["branch"], one["baseCommit"]) == ("goald/wt1", base)
+    assert two["branch"] == "goald/wt2" and one["workdir"] != two["workdir"]
+    done = await wait_goal(d.socket_path, one["goalId"], {"completed"})
+    await wait_goal(d.socket_path, two["goalId"], {"completed"})
+    assert done["rounds"] == 3 and done["baseCommit"] == base and done["branch"] == "goald/wt1"
+    workdir = Path(one["workdir"])
+    assert (workdir / ".git").read_text().startswith("gitdir: ")  # a worktree of the repository
+    branches = run_git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/goald/").split()
+    assert branches == ["goald/wt1", "goald/wt2"]
+    code, shown, err = await d.acli("goal", "show", "wt1")
+    assert f"repo:       {repo}" in shown and "branch:     goald/wt1" in shown, shown
+    assert f"git -C {repo} merge goald/wt1" in shown, shown
+
+    whole = await d.acli_json("goal", "diff", "wt1", "--stat")
+    assert (whole["from"], whole["to"]) == ("base", "round-3")
+    ours = {f["path"]: (str(f["added"]), str(f["removed"])) for f in whole["files"]}
+    theirs = await asyncio.to_thread(git_numstat, repo, base, workdir, tmp_path)
+    assert ours == theirs == {f"round{r}.txt": ("1", "0") for r in (1, 2, 3)}
+    code, text, err = await d.acli("goal", "diff", "wt1")
+    assert code == 0, err
+    assert "diff --git a/round2.txt b/round2.txt\nnew file mode 100644\n--- /dev/null\n+++ b/round2.txt\n" in text
+    assert "+round 2\n" in text
+    per_round = await d.acli_json("goal", "diff", "wt1", "--round", "2")
+    assert (per_round["from"], per_round["to"]) == ("round-1", "round-2")
+    assert [f["path"] for f in per_round["files"]] == ["round2.txt"]
+    other = await d.acli_json("goal", "diff", "wt2", "--stat")
+    assert sorted(f["path"] for f in other["files"]) == ["round1.txt", "round2.txt"]
+
+    committed = await d.acli_json("goal", "commit", "wt1")
+    assert committed["branch"] == "goald/wt1" and committed["checkpoint"] == "round-3"
+    assert run_git(repo, "rev-parse", "goald/wt1").strip() == committed["commit"]
+    assert run_git(repo, "show", "goald/wt1:round3.txt") == "round 3\n"
+    assert run_git(repo, "rev-parse", "goald/wt1^").strip() == base
+    assert run_git(repo, "rev-parse", "main").strip() == base  # the operator's branch is untouched
+
+    code, _out, err = await d.acli("goal", "diff", "wt1", "--round", "9")
+    assert code != 0 and "round 9 of goal wt1 was not recorded (recorded: base, round-1, round-2, round-3)" in err
+    code, _out, err = await d.acli("goal", "add", "x", "--model", "test:worker", "--repo", str(tmp_path / "nope"))
+    assert code != 0 and "repo" in err, err
+
+
+async def test_a_git_attack_in_the_worktree_runs_nothing_as_goald_records_diffs_and_commits(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    d = daemon
+    repo = tmp_path / "repo"
+    base = make_repo(repo)
+    created = await d.acli_json(
+        "goal", "add", "Change a.txt.", "--model", "test:gitattack", "--key", "evil", "--repo", str(repo)
+    )
+    done = await wait_goal(d.socket_path, created["goalId"], {"completed"})
+    workdir = Path(created["workdir"])
+    assert (workdir / ".git").is_dir() and "fsmonitor" in (workdir / ".git" / "config").read_text()
+    diffed = await d.acli_json("goal", "diff", "evil")
+    assert sorted(f["path"] for f in diffed["files"]) == [".gitattributes", "a.txt"]  # .git is git's, not the work's
+    assert "-the start\n+changed by the goal\n" in diffed["text"]
+    committed = await d.acli_json("goal", "commit", "evil")
+    tree = run_git(repo, "ls-tree", "-r", "--name-only", committed["commit"]).split()
+    assert tree == [".gitattributes", "README", "a.txt"]
+    assert run_git(repo, "show", f"{committed['commit']}:a.txt") == "changed by the goal\n"
+    assert run_git(repo, "rev-parse", f"{committed['commit']}^").strip() == base
+    assert done["status"] == "completed"
+    pwned = [p for root in (workdir, repo, tmp_path, d.state_dir) for p in root.rglob("PWNED*")]
+    assert pwned == [], pwned
