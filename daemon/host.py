@@ -276,7 +276,7 @@ class Host(HostSessions, HostStatus):
             disk_limit_for=lambda goal: goal_disk_limit(s, goal),
             hold=self.disk.low,
             reminders=Reminders(every=s.notify.question_repeat_seconds, most=s.notify.question_repeat_max),
-            snapshots=Snapshots(s.state_dir.expanduser() / "snapshots"),
+            snapshots=Snapshots(s.snapshots_dir),
         )
         self.engine = engine
         # Before the engine resumes any goal's session (their tools are set up as they load).

@@ -51,7 +51,7 @@ class ReadyServices:
         watchdog = rt.spawn(watchdog_loop(notifier, status))
         retainer = None
         if s.retention.interval_seconds > 0:
-            policy, every = s.retention.policy(s.roots), s.retention.interval_seconds
+            policy, every = s.retention.policy(s.roots, s.snapshots_dir), s.retention.interval_seconds
             retainer = rt.spawn(one_at_a_time(leases, "retention", lambda: retention_loop(rt.store, policy, every)))
         await metrics.start(rt.spawn)
         sender = rt.spawn(one_at_a_time(leases, "notifications", lambda: alerts.run(rt.store, healthy)))

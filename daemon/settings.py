@@ -107,8 +107,9 @@ class RetentionSettings(BaseModel):
     #: Pages one ``incremental_vacuum`` step gives back to the file system.
     vacuum_pages: int = Field(default=256, ge=1, le=1_000_000)
 
-    def policy(self, roots: list[Path]) -> RetentionPolicy:
-        """The goal package's retention policy for these settings and work-directory ``roots``."""
+    def policy(self, roots: list[Path], snapshots: Path | None = None) -> RetentionPolicy:
+        """The goal package's retention policy for these settings, the work-directory ``roots`` and
+        where goals' checkpoints are kept (``snapshots``)."""
         from goals.retention import RetentionPolicy  # the CLI's client commands never need it
 
         return RetentionPolicy(
@@ -117,6 +118,7 @@ class RetentionSettings(BaseModel):
             workdir_seconds=self.workdir_seconds,
             keep_workdirs=self.keep_workdirs,
             workdir_roots=roots,
+            snapshots_root=snapshots,
             batch_rows=self.batch_rows,
             batch_bytes=self.batch_bytes,
             vacuum_pages=self.vacuum_pages,
@@ -328,6 +330,11 @@ class Settings(BaseSettings):
     def roots(self) -> list[Path]:
         """Allowed work-directory roots (the state directory's ``work`` when none is configured)."""
         return [r.expanduser() for r in self.workdir_roots] or [self.state_dir.expanduser() / "work"]
+
+    @property
+    def snapshots_dir(self) -> Path:
+        """Where the checkpoints of goals on repositories are kept (:mod:`goals.snapshots`)."""
+        return self.state_dir.expanduser() / "snapshots"
 
     @classmethod
     def settings_customise_sources(

@@ -41,6 +41,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import Store, Tx, retention
+from goals.snapshots import Snapshots
 from goals.store import (
     mark_history_pruned,
     mark_workdir_removed,
@@ -66,6 +67,8 @@ class RetentionPolicy(BaseModel):
     keep_workdirs: list[str] = []
     #: The work-directory roots: only ``<root>/<goal id>`` (a directory goald made) is ever removed.
     workdir_roots: list[Path] = []
+    #: Where goals' checkpoints are kept (:mod:`goals.snapshots`): a goal's go with its work directory.
+    snapshots_root: Path | None = None
     #: Rows deleted by one step (one transaction): bounds how long a step holds the writer.
     batch_rows: int = Field(default=500, ge=1)
     #: Bytes of events deleted by one step, about (at least one event): bounds the hold by size too.
@@ -177,6 +180,8 @@ async def _remove_workdirs(store: Store, policy: RetentionPolicy, now: datetime,
         if removed:
             logger.info("retention: removed the work directory {} of goal {}", raw, goal_id)
             report.workdirs_removed.append(raw)
+        if removed is not None and policy.snapshots_root is not None:
+            await asyncio.to_thread(Snapshots(policy.snapshots_root).remove, goal_id)
         kept = removed is None
         report.workdirs_kept += kept
 

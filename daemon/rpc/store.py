@@ -45,7 +45,7 @@ def register(d: Dispatcher, host: HostPort) -> None:
     @d.method("store/compact", NoParams)
     async def compact_now(p: NoParams, peer: Peer) -> JsonObject:
         store = runtime(host).store
-        report = await compact(store, host.settings.retention.policy(host.settings.roots))
+        report = await compact(store, host.settings.retention.policy(host.settings.roots, host.settings.snapshots_dir))
         return {to_camel(k): v for k, v in report.model_dump(mode="json").items()}
 
     @d.method("store/backup", StoreBackup)

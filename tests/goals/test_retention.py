@@ -265,12 +265,20 @@ async def test_work_directories_are_removed_after_their_own_period_unless_kept(t
         made, kept, _, spec_kept = goals
         assert spec_kept.keep_workdir and not made.keep_workdir
         ended = max(g.updated_at for g in goals)
-        pol = policy(history_seconds=0, workdir_seconds=30, keep_workdirs=["kept"], workdir_roots=[root])
+        snaps = tmp_path / "snapshots"
+        for g in (made, kept):  # checkpoints of theirs: they go with the work directory, and stay with it
+            (snaps / g.id).mkdir(parents=True)
+            (snaps / g.id / "base.json").write_text("{}")
+        pol = policy(
+            history_seconds=0, workdir_seconds=30, keep_workdirs=["kept"], workdir_roots=[root], snapshots_root=snaps
+        )
         assert (await run_retention(rt.store, pol, now=ended + timedelta(seconds=29))).workdirs_removed == []
         report = await run_retention(rt.store, pol, now=ended + timedelta(seconds=31))
         assert report.workdirs_removed == [made.workdir] and report.workdirs_kept == 3
         assert not await asyncio.to_thread(Path(str(made.workdir)).exists)
         assert await asyncio.to_thread(Path(str(kept.workdir)).is_dir)
+        assert not await asyncio.to_thread((snaps / made.id).exists)
+        assert await asyncio.to_thread((snaps / kept.id / "base.json").exists)
         assert await asyncio.to_thread(Path(str(spec_kept.workdir)).is_dir)
         assert await asyncio.to_thread((own / "keep.txt").read_text) == "mine"
         views = [await rt.store.read(lambda c, g=g: goal_retention(c, g.id)) for g in goals]
