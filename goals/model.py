@@ -228,6 +228,8 @@ class GoalSpec(BaseModel):
     repo: str | None = Field(default=None, min_length=2, max_length=4096)
     base: str | None = Field(default=None, min_length=1, max_length=250, pattern=r"^[A-Za-z0-9._/@^~{}-]+$")
     branch: str | None = Field(default=None, min_length=1, max_length=250, pattern=r"^[A-Za-z0-9._/-]+$")
+    #: The goal this one replays (``goald goal replay``): the same objective from the same start.
+    replay_of: str | None = Field(default=None, min_length=1, max_length=100)
 
     @field_validator("repo")
     @classmethod

@@ -248,12 +248,14 @@ EXECUTE FUNCTION goals_workdir_lock();
     ),
     Migration(
         version=9,
-        summary="a goal on a git repository: its repository, base ref, branch and the commit it started from",
+        summary="a goal on a git repository: its repository, base ref, branch, the commit it started from,"
+        " and the goal it replays",
         sql="""
 ALTER TABLE goals ADD COLUMN repo TEXT;
 ALTER TABLE goals ADD COLUMN base TEXT;
 ALTER TABLE goals ADD COLUMN branch TEXT;
 ALTER TABLE goals ADD COLUMN base_commit TEXT;
+ALTER TABLE goals ADD COLUMN replay_of TEXT;
 """,
     ),
 ]

@@ -120,7 +120,7 @@ async def goal(client: Connection, args: argparse.Namespace) -> int:
     use_utc(getattr(args, "utc", False))
     if action is None:
         raise UsageError(
-            "usage: goald goal add|list|show|pause|resume|cancel|answer|withdraw|questions|revoke|diff|commit"
+            "usage: goald goal add|list|show|pause|resume|cancel|answer|withdraw|questions|revoke|diff|commit|replay"
             "|edit|logs|delete"
         )
     handler: Callable[[Connection, argparse.Namespace], Awaitable[int]] = GOAL_ACTIONS[action]
@@ -187,6 +187,18 @@ def _status_change(method: str) -> Callable[[Connection, argparse.Namespace], Aw
         return EXIT_OK
 
     return run
+
+
+async def goal_replay(client: Connection, args: argparse.Namespace) -> int:
+    """``goal replay KEY [--model M] [--key K] [budgets]``: the same goal from the same start."""
+    params: dict[str, Any] = {"goalId": args.goal, "model": args.model, "key": args.key}
+    params["budgets"] = await _changed_budgets(client, args)
+    created = await client.call("goal/replay", {k: v for k, v in params.items() if v is not None})
+    if args.json:
+        print_json(created)
+    else:
+        print(f"{created['goalId']} replays {args.goal} on branch {created['branch']} from {created['baseCommit']}")
+    return EXIT_OK
 
 
 async def goal_edit(client: Connection, args: argparse.Namespace) -> int:
@@ -278,4 +290,5 @@ GOAL_ACTIONS: dict[str, Callable[[Connection, argparse.Namespace], Awaitable[int
     "revoke": goal_revoke,
     "diff": goal_diff,
     "commit": goal_commit,
+    "replay": goal_replay,
 }

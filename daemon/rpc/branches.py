@@ -16,14 +16,14 @@ from typing import TypedDict
 
 from pydantic import Field
 
-from daemon.checks import one_call_warning
+from daemon.checks import check_goal_input, one_call_warning
 from daemon.ports import HostPort
-from daemon.rpc.context import engine
+from daemon.rpc.context import engine, taking_work
 from daemon.rpc.params import GoalRef
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject
 from daemon.worktrees import GitFailed, commit_checkpoint, default_branch, git, make_worktree, remove_worktree
-from goals import GoalSpec
+from goals import Budgets, GoalSpec
 from goals.model import GoalId
 from goals.snapshots import Snapshots
 
@@ -40,6 +40,16 @@ class GoalCommit(GoalRef):
     """``goal/commit``: the latest recorded tree as a commit on the goal's branch."""
 
     message: str | None = Field(default=None, min_length=1, max_length=10_000)
+
+
+class GoalReplay(GoalRef):
+    """``goal/replay``: a new goal with the goal's objective, verification, progress command, rules,
+    tools, sandbox and budgets (``budgets``: instead), from the same start (its base commit), on
+    ``model`` (default: the same), keyed ``key``; linked back (``replayOf``)."""
+
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    budgets: Budgets | None = None
 
 
 #: ``goal/diff``'s answer: the two checkpoints compared (``from``, ``to``: ``base``, ``round-N``),
@@ -99,6 +109,39 @@ async def create_on_repo(host: HostPort, spec: GoalSpec, goal_id: GoalId, peer: 
     }
 
 
+async def replay(host: HostPort, p: GoalReplay, peer: Peer) -> dict[str, object]:
+    """``goal/replay``: see :class:`GoalReplay`."""
+    original = await engine(host).get(p.goal_id)
+    if original.repo is None or original.base_commit is None:
+        raise InvalidField(
+            f"goal {original.key or original.id} is not on a repository: only a goal on a repository has a"
+            " recorded start to replay from",
+            field="goalId",
+        )
+    goal_id = GoalId.new()
+    fields = {name: getattr(original, name) for name in GoalSpec.model_fields}
+    fields.update(
+        key=p.key,
+        idempotency_key=None,
+        session_id=None,
+        workdir=None,
+        base=original.base_commit,
+        branch=None,
+        replay_of=original.id,
+        model=p.model or original.model,
+        budgets=p.budgets or original.budgets,
+    )
+    spec = GoalSpec.model_validate(fields)
+    check_goal_input(
+        host.settings,
+        host.models,
+        model=spec.model or host.settings.default_model,
+        commands=[(f"verify[{i}].cmd", v.cmd) for i, v in enumerate(spec.verify)],
+        max_cost=spec.budgets.max_cost,
+    )
+    return await create_on_repo(host, spec, goal_id, peer)
+
+
 def _snapshots(host: HostPort) -> Snapshots:
     snaps = engine(host).snapshots
     if snaps is None:
@@ -107,7 +150,7 @@ def _snapshots(host: HostPort) -> Snapshots:
 
 
 def register(d: Dispatcher, host: HostPort) -> None:
-    """Add ``goal/diff`` and ``goal/commit`` to ``d``."""
+    """Add ``goal/diff``, ``goal/replay`` and ``goal/commit`` to ``d``."""
 
     @d.method("goal/diff", GoalDiff)
     async def goal_diff(p: GoalDiff, peer: Peer) -> Diffed:
@@ -143,6 +186,11 @@ def register(d: Dispatcher, host: HostPort) -> None:
             "text": "" if p.stat else "".join(f.text for f in files),
             "notes": notes,
         }
+
+    @d.method("goal/replay", GoalReplay)
+    async def goal_replay(p: GoalReplay, peer: Peer) -> dict[str, object]:
+        taking_work(host)
+        return await replay(host, p, peer)
 
     @d.method("goal/commit", GoalCommit)
     async def goal_commit(p: GoalCommit, peer: Peer) -> Committed:

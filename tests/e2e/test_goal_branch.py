@@ -11,6 +11,7 @@ and applies them to every file through ``.gitattributes``) models.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -99,6 +100,19 @@ async def test_a_goal_on_a_repository_works_on_its_branch_and_diffs_like_git(dae
     assert run_git(repo, "show", "goald/wt1:round3.txt") == "round 3\n"
     assert run_git(repo, "rev-parse", "goald/wt1^").strip() == base
     assert run_git(repo, "rev-parse", "main").strip() == base  # the operator's branch is untouched
+
+    # A replay on another model starts from the same base commit, not from where wt1 ended.
+    again = await d.acli_json("goal", "replay", "wt1", "--model", "test:asker", "--key", "again", "--max-rounds", "5")
+    assert again["baseCommit"] == base and again["branch"] == "goald/again"
+    replayed = await wait_goal(d.socket_path, again["goalId"], {"waiting"})
+    assert replayed["replayOf"] == one["goalId"] and replayed["objective"] == "Write three rounds. [rounds=3]"
+    assert replayed["budgets"]["maxRounds"] == 5 and replayed["model"] == "test:asker"
+    fresh = Path(again["workdir"])
+    assert sorted(await asyncio.to_thread(os.listdir, fresh)) == [".git", "README", "a.txt"]  # none of wt1's rounds
+    code, shown, err = await d.acli("goal", "show", "again")
+    assert f"replayOf:   {one['goalId']}" in shown, shown
+    code, _out, err = await d.acli("goal", "replay", "nonesuch")
+    assert code != 0 and "nonesuch" in err, err
 
     code, _out, err = await d.acli("goal", "diff", "wt1", "--round", "9")
     assert code != 0 and "round 9 of goal wt1 was not recorded (recorded: base, round-1, round-2, round-3)" in err
