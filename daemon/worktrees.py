@@ -86,6 +86,22 @@ async def make_worktree(repo: Path, base: str, branch: str, workdir: Path) -> st
     return commit
 
 
+async def drop_orphan(repo: Path, branch: str, roots: list[Path]) -> bool:
+    """Remove the worktree and branch a goal's creation left when it was cut short (the daemon died
+    between making the worktree and committing the goal): only a worktree inside the work-directory
+    ``roots`` is removed; ``False`` when there is none such."""
+    listing = await git(repo, "worktree", "list", "--porcelain")
+    path = None
+    for block in listing.split("\n\n"):
+        fields = dict(line.split(" ", 1) for line in block.splitlines() if " " in line)
+        if fields.get("branch") == f"refs/heads/{branch}":
+            path = Path(fields["worktree"])
+    if path is None or not any(path.resolve().is_relative_to(r.resolve()) for r in roots):
+        return False
+    await remove_worktree(repo, branch, path)
+    return True
+
+
 async def remove_worktree(repo: Path, branch: str, workdir: Path) -> None:
     """Undo :func:`make_worktree` (a goal that could not be created): the worktree and its branch."""
     try:
@@ -132,6 +148,7 @@ __all__ = [
     "GitFailed",
     "commit_checkpoint",
     "default_branch",
+    "drop_orphan",
     "git",
     "git_available",
     "make_worktree",

@@ -128,6 +128,12 @@ def goal_by_idempotency_key(tx_or_conn: Tx | Conn, key: str) -> Goal | None:
     return goal_from_row(row) if row is not None else None
 
 
+def goal_on_branch(tx_or_conn: Tx | Conn, repo: str, branch: str) -> Goal | None:
+    """The goal that works on ``branch`` of the repository ``repo``, if any."""
+    row = conn_of(tx_or_conn).execute("SELECT * FROM goals WHERE repo=? AND branch=?", (repo, branch)).fetchone()
+    return goal_from_row(row) if row is not None else None
+
+
 def live_goal_sandboxes_with_secrets(tx_or_conn: Tx | Conn) -> list[SandboxSpec]:
     """The sandbox settings of every live goal that names secrets (what must be redacted before any
     of their sessions runs), without building the goals: a daemon reads this before it serves."""

@@ -195,9 +195,23 @@ def _gitattack(request: ModelRequest) -> Reply:
     return Reply.say("Done.")
 
 
+def _lazy(request: ModelRequest) -> Reply:
+    """A weaker model: reads the objective, says it will look into it, and changes nothing (it stalls)."""
+    _text, step = _last_user(request)
+    announce(f"lazy step={step}")
+    return Reply.say("I will look into it next round.")
+
+
 def slow(name: str) -> ScriptedModel | None:
     """The model called ``name`` (``worker``, ``chat`` or ``asker``); None for any other name."""
-    rules = {"worker": _worker, "chat": _chat, "asker": _asker, "runner": _runner, "gitattack": _gitattack}
+    rules = {
+        "worker": _worker,
+        "chat": _chat,
+        "asker": _asker,
+        "runner": _runner,
+        "gitattack": _gitattack,
+        "lazy": _lazy,
+    }
     rule = rules.get(name)
     if rule is None:
         return None

@@ -95,6 +95,46 @@ EXAMPLES: dict[str, list[Example]] = {
         ("Delete an ended goal and its session (asks first)", "goald goal delete tests"),
         ("The same without asking, for scripts", "goald goal delete tests --yes"),
     ],
+    "goald goal answer": [
+        ("Answer a waiting goal's question with its second option", "goald goal answer report --option 2"),
+        ("Answer it in words", "goald goal answer report 'use the postgres replica'"),
+    ],
+    "goald goal withdraw": [
+        (
+            "Withdraw a goal's question: it goes on without an answer",
+            "goald goal withdraw report --reason 'not needed'",
+        ),
+    ],
+    "goald goal questions": [
+        ("Every question still waiting for an answer", "goald goal questions --open"),
+        ("One goal's questions, answered or not, as JSON", "goald goal questions report --json"),
+    ],
+    "goald goal revoke": [
+        ("Revoke a call approved for a goal", "goald goal revoke port 'shell: git push origin main'"),
+        ("Revoke every approval of the goal", "goald goal revoke port --all"),
+    ],
+    "goald goal diff": [
+        ("What a goal on a repository changed since its start", "goald goal diff port"),
+        ("What its round 3 changed, a line per file", "goald goal diff port --round 3 --stat"),
+    ],
+    "goald goal commit": [
+        ("Commit the goal's last recorded tree onto its branch", "goald goal commit port"),
+    ],
+    "goald goal replay": [
+        (
+            "The same goal from the same start on another model",
+            "goald goal replay port --model local:qwen --key port-qwen",
+        ),
+    ],
+    "goald eval": [
+        ("Run a suite of tasks across models and print the table", "goald eval run suite.toml"),
+    ],
+    "goald eval run": [
+        ("Start the runs not started yet, wait for all, and report", "goald eval run suite.toml"),
+    ],
+    "goald eval report": [
+        ("The table of a suite's runs so far, written to a directory", "goald eval report suite.toml --out reports"),
+    ],
     "goald send": [
         ("A follow-up to a goal's session", "goald send tests 'Use the March data'"),
         ("Steer the running turn at its next step", "goald send tests 'Commit what works first' --steer"),

@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "store": ("daemon.cli.store", "store_command"),
     "node": ("daemon.cli.node", "node_command"),
     "notify": ("daemon.cli.notify", "notify_command"),
+    "eval": ("daemon.cli.evals", "eval_command"),
 }
 
 

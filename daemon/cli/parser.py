@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_parser(sub)
     _add_node_parser(sub)
     _add_notify_parser(sub)
+    _add_eval_parser(sub)
     _add_config_parser(sub)
     _add_demo_and_run_parsers(sub)
     _add_completion_parser(sub)
@@ -258,6 +259,19 @@ def _add_send_parser(sub: Subparsers) -> None:
         action="store_true",
         help="to a paused goal: resume it as well (without it the message runs one turn and the goal stays paused)",
     )
+
+
+def _add_eval_parser(sub: Subparsers) -> None:
+    """``eval run|report SUITE.toml``: compare models on your own goals (:mod:`daemon.cli.evals`)."""
+    ev = sub.add_parser("eval", help="compare models on a suite of tasks, N runs each")
+    esub = ev.add_subparsers(dest="eval_command", metavar="ACTION")
+    for action, text in (
+        ("run", "start the suite's runs no goal exists for yet, wait for all, and report"),
+        ("report", "the suite's table, from its runs' goals (written beside the suite)"),
+    ):
+        a = esub.add_parser(action, help=text)
+        a.add_argument("suite", metavar="SUITE.toml", help="the suite file")
+        a.add_argument("--out", metavar="DIR", help="write the report here (default: the suite's directory)")
 
 
 def _add_schedule_parser(sub: Subparsers) -> None:

@@ -18,14 +18,23 @@ from pydantic import Field
 
 from daemon.checks import check_goal_input, one_call_warning
 from daemon.ports import HostPort
-from daemon.rpc.context import engine, taking_work
+from daemon.rpc.context import engine, runtime, taking_work
 from daemon.rpc.params import GoalRef
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject
-from daemon.worktrees import GitFailed, commit_checkpoint, default_branch, git, make_worktree, remove_worktree
-from goals import Budgets, GoalSpec
+from daemon.worktrees import (
+    GitFailed,
+    commit_checkpoint,
+    default_branch,
+    drop_orphan,
+    git,
+    make_worktree,
+    remove_worktree,
+)
+from goals import Budgets, Goal, GoalSpec
 from goals.model import GoalId
 from goals.snapshots import Snapshots
+from goals.store import goal_by_idempotency_key, goal_on_branch
 
 
 class GoalDiff(GoalRef):
@@ -82,10 +91,24 @@ async def create_on_repo(host: HostPort, spec: GoalSpec, goal_id: GoalId, peer: 
     repo = Path(str(spec.repo))
     if not _is_dir(repo):
         raise InvalidField(f"repo {spec.repo!r} is not a directory", field="repo")
+    store = runtime(host).store
+    if spec.idempotency_key is not None:
+        earlier = await store.read(lambda conn: goal_by_idempotency_key(conn, str(spec.idempotency_key)))
+        if earlier is not None:  # made already: no second worktree
+            return _created(host, earlier)
     branch = spec.branch or default_branch(spec.key, goal_id)
     workdir = host.workdirs.resolve(None, goal_id)
     try:
-        base_commit = await make_worktree(repo, spec.base or "HEAD", branch, workdir)
+        try:
+            base_commit = await make_worktree(repo, spec.base or "HEAD", branch, workdir)
+        except GitFailed as exc:
+            held = await store.read(lambda conn: goal_on_branch(conn, str(repo), branch))
+            if "already exists" not in str(exc) or held is not None:
+                raise
+            # A creation cut short before its goal committed left this branch: nobody's, so gone.
+            if not await drop_orphan(repo, branch, host.settings.roots):
+                raise
+            base_commit = await make_worktree(repo, spec.base or "HEAD", branch, workdir)
     except GitFailed as exc:
         with contextlib.suppress(OSError):
             os.rmdir(workdir)
@@ -98,14 +121,19 @@ async def create_on_repo(host: HostPort, spec: GoalSpec, goal_id: GoalId, peer: 
         with contextlib.suppress(GitFailed):
             await remove_worktree(repo, branch, workdir)
         raise
+    return _created(host, goal)
+
+
+def _created(host: HostPort, goal: Goal) -> dict[str, object]:
+    """``goal/create``'s answer for a goal on a repository."""
     warning = one_call_warning(host.models, goal.model or host.settings.default_model, goal.objective, goal.budgets)
     return {
         "goalId": goal.id,
         "sessionId": goal.session_id,
         "workdir": goal.workdir,
         "warnings": [warning] if warning is not None else [],
-        "branch": branch,
-        "baseCommit": base_commit,
+        "branch": goal.branch,
+        "baseCommit": goal.base_commit,
     }
 
 
