@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from daemon.schedule.claims import FireClaim
 from daemon.schedule.model import Schedule
 from daemon.workdirs import Workdirs
+from daemon.worktrees import make_worktree
 from goals import GoalEngine, GoalSpec, SandboxSpec
 
 
@@ -40,14 +42,26 @@ class GoalFiring:
         """
         template: dict[str, Any] = dict(schedule.goal)
         stamp = at.strftime("%Y%m%dT%H%M%S")
-        workdir = self.workdirs.resolve(template.pop("workdir", None), f"{schedule.id}-{stamp}")
+        # A trigger's instants are whole seconds; two manual runs within one second are told apart.
+        unique = stamp + (f"-{at.microsecond:06d}" if at.microsecond else "")
+        repo = template.get("repo")
+        workdir = self.workdirs.resolve(None if repo else template.pop("workdir", None), f"{schedule.id}-{unique}")
         template.setdefault("title", f"{schedule.key or schedule.id} {stamp}")
         template.setdefault("model", self.default_model)
+        base_commit = None
+        if repo:
+            # Each fire works on a worktree of its own, on a branch of its own (daemon.worktrees).
+            branch = template.get("branch") or f"goald/{schedule.key or schedule.id}/{unique}"
+            template["branch"] = branch
+            base_commit = await make_worktree(Path(repo), template.get("base") or "HEAD", branch, workdir)
+            self.workdirs.hand_tree(workdir)
         spec = GoalSpec.model_validate(
             {**template, "workdir": str(workdir), "idempotency_key": f"{schedule.id}@{at.isoformat()}"}
         )
         self.learn_secrets(spec.sandbox)
-        goal = await self.engine.create(spec, also=lambda tx, made: claim.record(tx, str(made.id)))
+        goal = await self.engine.create(
+            spec, also=lambda tx, made: claim.record(tx, str(made.id)), base_commit=base_commit
+        )
         return str(goal.id)
 
     async def goal_status(self, goal_id: str) -> str | None:

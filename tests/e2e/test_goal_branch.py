@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import Daemon, wait_goal
+from harness import Daemon, rpc, wait_goal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_bwrap]
 
@@ -143,3 +143,29 @@ async def test_a_git_attack_in_the_worktree_runs_nothing_as_goald_records_diffs_
     assert done["status"] == "completed"
     pwned = [p for root in (workdir, repo, tmp_path, d.state_dir) for p in root.rglob("PWNED*")]
     assert pwned == [], pwned
+
+
+async def test_a_schedule_whose_template_names_a_repository_fires_each_goal_on_its_own_worktree(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    d = daemon
+    repo = tmp_path / "repo"
+    base = make_repo(repo)
+    await rpc(
+        d.socket_path,
+        "schedule/add",
+        {
+            "key": "nightly",
+            "trigger": {"kind": "cron", "expr": "0 3 * * *"},
+            "goal": {"objective": "Write a round. [rounds=1]", "model": "test:worker", "repo": str(repo)},
+        },
+    )
+    runs = [await rpc(d.socket_path, "schedule/run", {"scheduleId": "nightly"}) for _ in range(2)]
+    assert all(r["goalId"] for r in runs), runs
+    goals = [await wait_goal(d.socket_path, str(r["goalId"]), {"completed"}) for r in runs]
+    assert len({g["branch"] for g in goals}) == 2 and all(g["branch"].startswith("goald/nightly/") for g in goals)
+    assert all(g["baseCommit"] == base for g in goals)
+    for g in goals:
+        assert (Path(str(g["workdir"])) / ".git").read_text().startswith("gitdir: ")
+        diffed = await rpc(d.socket_path, "goal/diff", {"goalId": g["id"], "stat": True})
+        assert [f["path"] for f in diffed["files"]] == ["round1.txt"]
