@@ -117,6 +117,7 @@ class WebService:
                 web.get("/goals/{ref}", self.goal),
                 web.get("/goals/{ref}/timeline", self.timeline),
                 web.get("/goals/{ref}/conversation", self.conversation),
+                web.get("/goals/{ref}/diff", self.diff),
                 web.get("/goals/{ref}/burn.svg", self.burn),
                 web.get("/goals/{ref}/live", self.live),
                 web.get("/goals/{ref}/state", self.state),
@@ -207,7 +208,7 @@ class WebService:
         flash = request.query.get("done")
         body = goal_page(
             d,
-            timeline_section(g["id"], tl),
+            timeline_section(g["id"], tl, diffs=bool(g.get("repo"))),
             csrf=token_of(request).csrf,
             read_only=token_of(request).read_only,
             last_seq=int(tl.get("lastSeq") or 0),
@@ -221,11 +222,32 @@ class WebService:
         before = query_int(request.query.get("before"), 2**62, minimum=1)
         count = query_int(request.query.get("limit"), BANDS_PER_PAGE, minimum=1, maximum=100)
         tl = await self.call(request, "goal/timeline", {"goalId": g["id"], "before": before, "limit": count})
-        html = timeline_html(g["id"], tl)
+        html = timeline_html(g["id"], tl, diffs=bool(g.get("repo")))
         if request.headers.get("X-Fragment"):
             return web.Response(text=html, content_type="text/html")
         body = f'<h1><a href="/goals/{h(g["id"])}">{h(g.get("title"))}</a>: older rounds</h1>{html}'
         return self._page(request, "Timeline", body, "goal")
+
+    async def diff(self, request: web.Request) -> web.Response:
+        """What a goal on a repository changed: since its start, or in one round (``?round=N``)."""
+        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
+        params: dict[str, Any] = {"goalId": g["id"]}
+        if "round" in request.query:
+            params["round"] = query_int(request.query.get("round"), 1, minimum=1)
+        d = await self.call(request, "goal/diff", params)
+        what = f"round {params['round']}" if "round" in params else "since its start"
+        stat = "".join(
+            f"<tr><td><code>{h(f['path'])}</code></td><td>{h(f['status'])}</td>"
+            f"<td>+{h(f['added'] if f['added'] is not None else '-')}</td>"
+            f"<td>-{h(f['removed'] if f['removed'] is not None else '-')}</td></tr>"
+            for f in d["files"]
+        )
+        body = (
+            f'<h1><a href="/goals/{h(g["id"])}">{h(g.get("title"))}</a>: what it changed, {h(what)}</h1>'
+            f'<p class="note">{h(d["from"])} → {h(d["to"])}</p><table id="diff-files">{stat}</table>'
+            f'<pre id="diff-text">{h(d["text"]) or "no change"}</pre>'
+        )
+        return self._page(request, "Changes", body, "goal")
 
     async def conversation(self, request: web.Request) -> web.Response:
         """One band's conversation (at most ``CONVERSATION_LIMIT`` events)."""

@@ -60,7 +60,7 @@ def entry(ev: Mapping[str, Any]) -> str:
     )
 
 
-def band_html(gid: str, band: Mapping[str, Any], *, expand: bool = False) -> str:
+def band_html(gid: str, band: Mapping[str, Any], *, expand: bool = False, diffs: bool = False) -> str:
     """One band (as ``goal/timeline`` answers it): its summary, entries, and a link to its
     conversation (loaded on demand); shown expanded while it runs, or with ``expand``. Without
     ``events`` it is the band's frame the live page adds or updates."""
@@ -68,19 +68,25 @@ def band_html(gid: str, band: Mapping[str, Any], *, expand: bool = False) -> str
     first, last = int(band["firstSeq"]), int(band["lastSeq"])
     conv = f"/goals/{h(gid)}/conversation?after={first - 1}&upto={last}"
     running = bool(band.get("open"))
+    changed = ""
+    if diffs and band.get("round") and not running:  # a goal on a repository: what this round changed
+        changed = f' · <a class="diff" href="/goals/{h(gid)}/diff?round={int(band["round"])}">what it changed</a>'
     return (
         f'<details class="band" data-first="{first}" data-last="{last}"'
         f' data-open="{"1" if running else "0"}"{" open" if running or expand else ""}>'
         f"<summary>{h(band.get('summary'))}</summary>"
-        f'<ol class="entries">{entries}</ol><a class="conv" href="{conv}">the conversation</a>'
+        f'<ol class="entries">{entries}</ol><a class="conv" href="{conv}">the conversation</a>{changed}'
         '<div class="conv-body"></div></details>'
     )
 
 
-def timeline_html(gid: str, page: Mapping[str, Any], *, newest: bool = False) -> str:
+def timeline_html(gid: str, page: Mapping[str, Any], *, newest: bool = False, diffs: bool = False) -> str:
     """A page of bands (``goal/timeline``'s answer), and the link to the older ones; with
-    ``newest`` (the goal page's first page) the newest band is shown expanded."""
-    bands = "".join(band_html(gid, b, expand=newest and i == 0) for i, b in enumerate(page.get("bands") or []))
+    ``newest`` (the goal page's first page) the newest band is shown expanded; with ``diffs`` (a
+    goal on a repository) each round's band links to what that round changed."""
+    bands = "".join(
+        band_html(gid, b, expand=newest and i == 0, diffs=diffs) for i, b in enumerate(page.get("bands") or [])
+    )
     before = page.get("before")
     older = (
         f'<a id="older" class="older" href="/goals/{h(gid)}/timeline?before={h(before)}">older rounds</a>'
@@ -90,10 +96,10 @@ def timeline_html(gid: str, page: Mapping[str, Any], *, newest: bool = False) ->
     return f'<div class="bands">{bands}</div>{older}'
 
 
-def timeline_section(gid: str, page: Mapping[str, Any]) -> str:
+def timeline_section(gid: str, page: Mapping[str, Any], *, diffs: bool = False) -> str:
     """The timeline as it first appears on a goal's page."""
     empty = "" if page.get("bands") else '<p class="empty">No events yet.</p>'
-    return f'<section id="timeline">{empty}{timeline_html(gid, page, newest=True)}</section>'
+    return f'<section id="timeline">{empty}{timeline_html(gid, page, newest=True, diffs=diffs)}</section>'
 
 
 def conversation(events: list[Mapping[str, Any]]) -> str:

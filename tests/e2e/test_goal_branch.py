@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import Daemon, rpc, wait_goal
+from harness import TEST_MODELS, Daemon, rpc, wait_goal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_bwrap]
 
@@ -169,3 +171,31 @@ async def test_a_schedule_whose_template_names_a_repository_fires_each_goal_on_i
         assert (Path(str(g["workdir"])) / ".git").read_text().startswith("gitdir: ")
         diffed = await rpc(d.socket_path, "goal/diff", {"goalId": g["id"], "stat": True})
         assert [f["path"] for f in diffed["files"]] == ["round1.txt"]
+
+
+async def test_the_status_page_shows_what_each_round_changed(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    d = Daemon(tmp_path / "state", config={**TEST_MODELS, "web": {"enabled": True, "listen": f"127.0.0.1:{port}"}})
+    token = d.cli("web", "token", "add", "alice").stdout.strip()
+    d.start()
+    try:
+        repo = tmp_path / "repo"
+        make_repo(repo)
+        made = await d.acli_json("goal", "add", "Two rounds. [rounds=2]", "--model", "test:worker", "--repo", str(repo))
+        await wait_goal(d.socket_path, made["goalId"], {"completed"})
+
+        def get(path: str) -> str:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return str(resp.read().decode())
+
+        page = await asyncio.to_thread(get, f"/goals/{made['goalId']}")
+        assert f'href="/goals/{made["goalId"]}/diff?round=1">what it changed</a>' in page
+        round2 = await asyncio.to_thread(get, f"/goals/{made['goalId']}/diff?round=2")
+        assert "round-1 → round-2" in round2 and "round2.txt" in round2 and "round1.txt" not in round2
+        whole = await asyncio.to_thread(get, f"/goals/{made['goalId']}/diff")
+        assert "base → round-2" in whole and "+round 1" in whole and "+round 2" in whole
+    finally:
+        d.close()
