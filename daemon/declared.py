@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent import InvalidInput, NotFound
 from agent.db import Conn
 from daemon.ports import HostPort
+from daemon.rpc.branches import create_on_repo
 from daemon.schedule.model import DateTrigger, ScheduleSpec
 from daemon.settings import ConfigError
 from goals import Budgets, GoalSpec, VerifyCommand, goal_by_key, live_goals
-from goals.model import field_loc
+from goals.model import GoalId, field_loc
 
 #: The discriminator tags pydantic puts in an error's location (not fields anyone wrote).
 _TAGS = ("cron", "interval", "date")
@@ -59,6 +60,11 @@ class DeclaredGoal(BaseModel):
     verify: list[VerifyCommand] = []
     #: A command whose changed output is the goal's observable progress (run in its sandbox).
     progress: VerifyCommand | None = None
+    #: A git repository to work in a worktree of, from ``base``, on ``branch`` (README "A goal's
+    #: work as a branch"); not with ``workdir``.
+    repo: str | None = None
+    base: str | None = None
+    branch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,9 +132,16 @@ def _check_goal(path: Path, host: HostPort, index: int, raw: Any) -> tuple[Decla
             budgets=entry.budgets,
             verify=entry.verify,
             progress=entry.progress,
+            repo=entry.repo,
+            base=entry.base,
+            branch=entry.branch,
         )
     except ValidationError as exc:
         raise _validation(path, where, exc) from None
+    if entry.repo is not None and entry.workdir is not None:
+        raise _problem(
+            path, where, "workdir", "give repo or workdir, not both: a goal on a repository works in a worktree"
+        )
     try:
         host.models.get(entry.model or host.settings.default_model)
     except (InvalidInput, LookupError) as exc:
@@ -268,6 +281,22 @@ async def apply_declared(host: HostPort, path: Path) -> dict[str, int]:
                     verify=entry.verify,
                     progress=entry.progress,
                 )
+            continue
+        if entry.repo is not None:
+            on_repo = GoalSpec(
+                objective=entry.objective,
+                title=entry.title,
+                key=entry.key,
+                model=entry.model or host.settings.default_model,
+                budgets=entry.budgets,
+                verify=entry.verify,
+                progress=entry.progress,
+                idempotency_key=f"declared:{entry.key}",
+                repo=entry.repo,
+                base=entry.base,
+                branch=entry.branch,
+            )
+            await create_on_repo(host, on_repo, GoalId.new())
             continue
         workdir = declared.workdirs[entry.key] or host.workdirs.resolve(None, f"declared-{entry.key}")
         await engine.create(

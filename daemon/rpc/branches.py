@@ -33,6 +33,7 @@ from daemon.worktrees import (
 )
 from goals import Budgets, Goal, GoalSpec
 from goals.model import GoalId
+from goals.payloads import Caller
 from goals.snapshots import Snapshots
 from goals.store import goal_by_idempotency_key, goal_on_branch
 
@@ -82,7 +83,9 @@ def _is_dir(path: Path) -> bool:
     return path.is_dir()
 
 
-async def create_on_repo(host: HostPort, spec: GoalSpec, goal_id: GoalId, peer: Peer) -> dict[str, object]:
+async def create_on_repo(
+    host: HostPort, spec: GoalSpec, goal_id: GoalId, caller: Caller | None = None
+) -> dict[str, object]:
     """``goal/create`` of a goal with ``repo``: its worktree on its new branch, then the goal."""
     if spec.workdir is not None:
         raise InvalidField(
@@ -116,7 +119,7 @@ async def create_on_repo(host: HostPort, spec: GoalSpec, goal_id: GoalId, peer: 
     host.workdirs.hand_tree(workdir)  # the checked-out files are the goal's commands' to change
     spec = spec.model_copy(update={"workdir": str(workdir), "branch": branch})
     try:
-        goal = await engine(host).create(spec, goal_id=goal_id, caller=peer.caller, base_commit=base_commit)
+        goal = await engine(host).create(spec, goal_id=goal_id, caller=caller, base_commit=base_commit)
     except BaseException:
         with contextlib.suppress(GitFailed):
             await remove_worktree(repo, branch, workdir)
@@ -167,7 +170,7 @@ async def replay(host: HostPort, p: GoalReplay, peer: Peer) -> dict[str, object]
         commands=[(f"verify[{i}].cmd", v.cmd) for i, v in enumerate(spec.verify)],
         max_cost=spec.budgets.max_cost,
     )
-    return await create_on_repo(host, spec, goal_id, peer)
+    return await create_on_repo(host, spec, goal_id, peer.caller)
 
 
 def _snapshots(host: HostPort) -> Snapshots:

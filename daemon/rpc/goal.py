@@ -131,7 +131,7 @@ async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
     )
     checked_sandbox(host, spec.sandbox, p.session_id is not None)
     if spec.repo is not None:
-        return cast(GoalCreated, await create_on_repo(host, spec, goal_id, peer))
+        return cast(GoalCreated, await create_on_repo(host, spec, goal_id, peer.caller))
     if p.workdir is not None or p.session_id is None:
         workdir = host.workdirs.resolve(p.workdir, goal_id)
         spec = spec.model_copy(update={"workdir": str(workdir)})

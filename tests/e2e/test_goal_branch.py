@@ -199,3 +199,25 @@ async def test_the_status_page_shows_what_each_round_changed(tmp_path: Path) -> 
         assert "base → round-2" in whole and "+round 1" in whole and "+round 2" in whole
     finally:
         d.close()
+
+
+async def test_a_goal_declared_on_a_repository_in_the_goals_file(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    base = make_repo(repo)
+    goals = tmp_path / "goals.toml"
+    goals.write_text(
+        f'[[goal]]\nkey = "declared"\nobjective = "One round. [rounds=1]"\nmodel = "test:worker"\nrepo = "{repo}"\n'
+        f'branch = "goald/from-file"\n'
+    )
+    d = Daemon(tmp_path / "state", config={**TEST_MODELS, "goals_file": str(goals)})
+    d.start()
+    try:
+        done = await wait_goal(d.socket_path, "declared", {"completed"})
+        assert (done["branch"], done["baseCommit"]) == ("goald/from-file", base)
+        diffed = await rpc(d.socket_path, "goal/diff", {"goalId": "declared", "stat": True})
+        assert [f["path"] for f in diffed["files"]] == ["round1.txt"]
+        assert d.cli("reload").returncode == 0  # applied again: the goal exists, no second worktree
+        listed = run_git(repo, "worktree", "list", "--porcelain").count("worktree ")
+        assert listed == 2  # the repository's own and the goal's
+    finally:
+        d.close()
