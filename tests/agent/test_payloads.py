@@ -60,6 +60,7 @@ from goals import (
     GOAL_VERIFIED,
     GoalChanged,
 )
+from goals.store import GOAL_ANSWERED, GOAL_QUESTION
 
 LIMIT = 10.0
 
@@ -81,6 +82,8 @@ def test_every_kind_has_a_model_discriminated_by_its_literal_type() -> None:
         GOAL_EDITED,
         GOAL_COUNTED,
         GOAL_FINGERPRINT,
+        GOAL_QUESTION,
+        GOAL_ANSWERED,
     }
     assert {kind_of(m) for m in GOAL_PAYLOADS} == goal_kinds
     # A kind reads as one model: registering another for it is refused, the same one again is not.
