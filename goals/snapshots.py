@@ -34,6 +34,13 @@ MAX_FILES = 20_000
 MAX_BYTES = 256 * 1024 * 1024
 #: A blob is text for a diff when it has no NUL in its first 8 KiB (git's test).
 _PROBE = 8192
+#: Checkpoints stored as the changes since the one before, at most this many in a row (then whole).
+CHAIN = 32
+
+
+def _order(name: str) -> int:
+    """``base`` first, then ``round-N`` by N."""
+    return -1 if name == "base" else int(name.split("-", 1)[1])
 
 
 @dataclass
@@ -77,9 +84,38 @@ class Snapshots:
         target = self._dir(goal_id) / f"{name}.json"
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest.to_json()))
+        tmp.write_text(json.dumps(self._stored(goal_id, name, manifest)))
         os.replace(tmp, target)
         return manifest
+
+    def _stored(self, goal_id: str, name: str, manifest: Manifest) -> dict[str, Any]:
+        """What is written for ``manifest``: the whole tree, or (after an earlier checkpoint, at most
+        :data:`CHAIN` in a row) only what changed since that one, so a round of one changed file in
+        a tree of thousands costs a few hundred bytes, not the whole list again."""
+        earlier = [n for n in self.names(goal_id) if n != name and _order(n) < _order(name)]
+        if not earlier:
+            return {**manifest.to_json(), "depth": 0}
+        parent_name = earlier[-1]
+        raw = self._raw(goal_id, parent_name)
+        parent = self.manifest(goal_id, parent_name)
+        if raw is None or parent is None or int(raw.get("depth", 0)) >= CHAIN:
+            return {**manifest.to_json(), "depth": 0}
+        changed = {p: [h, m] for p, (h, m) in manifest.files.items() if parent.files.get(p) != (h, m)}
+        removed = sorted(set(parent.files) - set(manifest.files))
+        return {
+            "parent": parent_name,
+            "depth": int(raw.get("depth", 0)) + 1,
+            "changed": changed,
+            "removed": removed,
+            "truncated": manifest.truncated,
+        }
+
+    def _raw(self, goal_id: str, name: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self._dir(goal_id) / f"{name}.json").read_text())
+            return data
+        except FileNotFoundError:
+            return None
 
     def _walk(self, goal_id: str, directory: Path, prefix: str, out: Manifest, budget: list[int], *, top: bool) -> None:
         try:
@@ -126,16 +162,25 @@ class Snapshots:
     # -- reading -------------------------------------------------------------------------------
 
     def manifest(self, goal_id: str, name: str) -> Manifest | None:
-        """Checkpoint ``name`` (``None``: not recorded)."""
-        try:
-            return Manifest.from_json(json.loads((self._dir(goal_id) / f"{name}.json").read_text()))
-        except FileNotFoundError:
+        """Checkpoint ``name`` (``None``: not recorded), its changes applied over its parent's."""
+        raw = self._raw(goal_id, name)
+        if raw is None:
             return None
+        if "parent" not in raw:
+            return Manifest.from_json(raw)
+        parent = self.manifest(goal_id, str(raw["parent"]))
+        if parent is None:
+            return None
+        files = dict(parent.files)
+        for path in raw.get("removed", []):
+            files.pop(path, None)
+        files.update({p: (str(v[0]), int(v[1])) for p, v in raw.get("changed", {}).items()})
+        return Manifest(files, raw.get("truncated"))
 
     def names(self, goal_id: str) -> list[str]:
         """The goal's checkpoints: ``base``, then ``round-N`` by round."""
         found = [p.stem for p in self._dir(goal_id).glob("*.json")]
-        rounds = sorted(int(n.split("-", 1)[1]) for n in found if n.startswith("round-"))
+        rounds = sorted(_order(n) for n in found if n.startswith("round-"))
         return (["base"] if "base" in found else []) + [f"round-{n}" for n in rounds]
 
     def blob(self, goal_id: str, digest: str) -> bytes:
