@@ -64,7 +64,8 @@ def main() -> None:
         diff_whole = time.perf_counter() - t0
         print(f"work directory: {args.files:,} files, {read / 1e6:.1f} MB")
         print(
-            f"start checkpoint: {first[0] * 1e3:.0f} ms wall, {first[1] * 1e3:.0f} ms CPU, store {first[2] / 1e6:.2f} MB"
+            f"start checkpoint: {first[0] * 1e3:.0f} ms wall, {first[1] * 1e3:.0f} ms CPU,"
+            f" store {first[2] / 1e6:.2f} MB"
         )
         print(
             f"round checkpoints ({args.rounds}): median {statistics.median(walls) * 1e3:.0f} ms wall"
@@ -73,7 +74,8 @@ def main() -> None:
             f" per round (a manifest and one changed file)"
         )
         print(
-            f"diff of one round: {len(one)} file, {diff_round * 1e3:.1f} ms; of the whole goal: {len(whole)} files, {diff_whole * 1e3:.1f} ms"
+            f"diff of one round: {len(one)} file, {diff_round * 1e3:.1f} ms;"
+            f" of the whole goal: {len(whole)} files, {diff_whole * 1e3:.1f} ms"
         )
 
 
