@@ -58,6 +58,7 @@ from daemon.models import build_registry
 from daemon.network_events import NetworkEvents
 from daemon.notify import Notifier
 from daemon.ready_services import ReadyServices
+from daemon.rpc.branches import commit_on_completion
 from daemon.rpc.methods import build_dispatcher
 from daemon.rpc.server import raise_nofile_limit, serve_stdio
 from daemon.run_state import RunState, transition_run_state
@@ -281,6 +282,7 @@ class Host(HostSessions, HostStatus):
         self.engine = engine
         # Before the engine resumes any goal's session (their tools are set up as they load).
         await self._learn_live_goal_secrets(rt)
+        commit_on_completion(engine, rt.spawn)
         await engine.start(defer=True)
         return engine
 

@@ -281,7 +281,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
         decision = decide(inp)
         if decision.kind is DecisionKind.NOTHING:
             return decision
-        await self._checkpoint(goal, decision.goal.rounds)
+        await self._checkpoint(goal, decision.goal.rounds, final=decision.kind is DecisionKind.COMPLETE)
         try:
             saved = await self.store.transact(lambda tx: _fenced_commit(tx, goal, st.status_seq, decision, measured))
         except StaleDecision:
@@ -299,11 +299,15 @@ class GoalEngine(GoalRequests, GoalFollowing):
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _checkpoint(self, goal: Goal, rounds: int) -> None:
+    async def _checkpoint(self, goal: Goal, rounds: int, *, final: bool = False) -> None:
         """Record the tree of a goal on a repository at the idle that ends round ``rounds``, before
         the decision commits (nothing of the goal runs now); a checkpoint taken for a decision that
-        turns out stale is taken again, over it, at the next idle."""
-        if self.snapshots is None or goal.repo is None or goal.workdir is None or rounds <= goal.rounds:
+        turns out stale is taken again, over it, at the next idle. A goal that completes is recorded
+        even when its last interval counted no round (one the infrastructure cut short): its last
+        round's checkpoint then holds the final tree."""
+        if self.snapshots is None or goal.repo is None or goal.workdir is None:
+            return
+        if rounds <= goal.rounds and not final:
             return
         try:
             await asyncio.to_thread(self.snapshots.take, goal.id, f"round-{rounds}", Path(goal.workdir))

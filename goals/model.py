@@ -228,6 +228,9 @@ class GoalSpec(BaseModel):
     repo: str | None = Field(default=None, min_length=2, max_length=4096)
     base: str | None = Field(default=None, min_length=1, max_length=250, pattern=r"^[A-Za-z0-9._/@^~{}-]+$")
     branch: str | None = Field(default=None, min_length=1, max_length=250, pattern=r"^[A-Za-z0-9._/-]+$")
+    #: With ``repo``: commit the last round's tree onto the branch when the goal completes (as
+    #: ``goald goal commit`` does).
+    commit_on_complete: bool = False
     #: The goal this one replays (``goald goal replay``): the same objective from the same start.
     replay_of: str | None = Field(default=None, min_length=1, max_length=100)
 

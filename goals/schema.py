@@ -256,6 +256,7 @@ ALTER TABLE goals ADD COLUMN base TEXT;
 ALTER TABLE goals ADD COLUMN branch TEXT;
 ALTER TABLE goals ADD COLUMN base_commit TEXT;
 ALTER TABLE goals ADD COLUMN replay_of TEXT;
+ALTER TABLE goals ADD COLUMN commit_on_complete INTEGER NOT NULL DEFAULT 0;
 """,
     ),
 ]

@@ -153,6 +153,7 @@ async def goal_add(client: Connection, args: argparse.Namespace) -> int:
         "repo": _absolute(args.repo),
         "base": args.base,
         "branch": args.branch,
+        "commitOnComplete": args.commit_on_complete or None,
     }
     created = await client.call("goal/create", params)
     if args.json:

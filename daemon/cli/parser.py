@@ -114,6 +114,11 @@ def _add_goal_parser(sub: Subparsers) -> None:
     )
     add.add_argument("--base", metavar="REF", help="with --repo: the commit to start from (default HEAD)")
     add.add_argument("--branch", metavar="NAME", help="with --repo: the new branch (default goald/<key or id>)")
+    add.add_argument(
+        "--commit-on-complete",
+        action="store_true",
+        help="with --repo: commit the last round's tree onto the branch when the goal completes",
+    )
     add.add_argument("--json", action="store_true", help=JSON_HELP)
     lst = gsub.add_parser("list", help="list goals as a table (newest first)")
     lst.add_argument("--status", choices=GOAL_STATUSES, help="only goals of this status")

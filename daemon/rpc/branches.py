@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
+from loguru import logger
 from pydantic import Field
 
 from daemon.checks import check_goal_input, one_call_warning
@@ -31,7 +33,7 @@ from daemon.worktrees import (
     make_worktree,
     remove_worktree,
 )
-from goals import Budgets, Goal, GoalSpec
+from goals import Budgets, Decision, DecisionKind, Goal, GoalEngine, GoalSpec, PolicyInput
 from goals.model import GoalId
 from goals.payloads import Caller
 from goals.snapshots import Snapshots
@@ -225,20 +227,50 @@ def register(d: Dispatcher, host: HostPort) -> None:
 
     @d.method("goal/commit", GoalCommit)
     async def goal_commit(p: GoalCommit, peer: Peer) -> Committed:
-        goal = await engine(host).get(p.goal_id)
-        if goal.repo is None or goal.branch is None or goal.base_commit is None:
-            raise InvalidField(f"goal {goal.key or goal.id} is not on a repository", field="goalId")
-        snaps = _snapshots(host)
-        names = snaps.names(goal.id)
-        name = names[-1] if names else None
-        manifest = snaps.manifest(goal.id, name) if name else None
-        if manifest is None or name is None:
-            raise InvalidField(f"goal {goal.key or goal.id} has no recorded tree", field="goalId")
-        repo = Path(goal.repo)
+        return await commit_latest(_snapshots(host), await engine(host).get(p.goal_id), p.message)
+
+
+def commit_on_completion(eng: GoalEngine, spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
+    """Commit the last recorded tree of a goal with ``commit_on_complete`` onto its branch as it
+    completes (after the decision committed; a failure is logged, the goal stays completed)."""
+
+    async def commit(goal: Goal) -> None:
+        if eng.snapshots is None:
+            return
         try:
-            tip = (await git(repo, "rev-parse", "--verify", f"refs/heads/{goal.branch}^{{commit}}")).strip()
-            message = p.message or f"{goal.title}\n\ngoald goal {goal.id}, {name}"
-            commit = await commit_checkpoint(repo, goal.branch, tip, snaps, goal.id, manifest, message)
-        except GitFailed as exc:
-            raise InvalidField(f"commit: {exc}", field="goalId") from None
-        return {"commit": commit, "branch": goal.branch, "repo": goal.repo, "checkpoint": name}
+            done = await commit_latest(eng.snapshots, goal)
+        except InvalidField as exc:
+            logger.warning("goal {}: its final state was not committed: {}", goal.id, exc)
+            return
+        logger.info("goal {}: committed its final state {} on {}", goal.id, done["commit"], done["branch"])
+
+    def listen(_inp: PolicyInput, decision: Decision) -> None:
+        goal = decision.goal
+        if decision.kind is DecisionKind.COMPLETE and goal.repo is not None and goal.commit_on_complete:
+            spawn(commit(goal))
+
+    eng.add_decision_listener(listen)
+
+
+async def commit_latest(snaps: Snapshots, goal: Goal, message: str | None = None) -> Committed:
+    """Write the goal's latest recorded tree as a commit on its branch (``goal/commit``, and a goal
+    with ``commit_on_complete`` when it completes).
+
+    Raises:
+        InvalidField: not on a repository, nothing recorded, or git refused (its words).
+    """
+    if goal.repo is None or goal.branch is None or goal.base_commit is None:
+        raise InvalidField(f"goal {goal.key or goal.id} is not on a repository", field="goalId")
+    names = snaps.names(goal.id)
+    name = names[-1] if names else None
+    manifest = snaps.manifest(goal.id, name) if name else None
+    if manifest is None or name is None:
+        raise InvalidField(f"goal {goal.key or goal.id} has no recorded tree", field="goalId")
+    repo = Path(goal.repo)
+    try:
+        tip = (await git(repo, "rev-parse", "--verify", f"refs/heads/{goal.branch}^{{commit}}")).strip()
+        text = message or f"{goal.title}\n\ngoald goal {goal.id}, {name}"
+        commit = await commit_checkpoint(repo, goal.branch, tip, snaps, goal.id, manifest, text)
+    except GitFailed as exc:
+        raise InvalidField(f"commit: {exc}", field="goalId") from None
+    return {"commit": commit, "branch": goal.branch, "repo": goal.repo, "checkpoint": name}

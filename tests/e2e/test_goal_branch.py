@@ -221,3 +221,27 @@ async def test_a_goal_declared_on_a_repository_in_the_goals_file(tmp_path: Path)
         assert listed == 2  # the repository's own and the goal's
     finally:
         d.close()
+
+
+async def test_commit_on_complete_leaves_the_final_tree_on_the_branch(daemon: Daemon, tmp_path: Path) -> None:
+    d = daemon
+    repo = tmp_path / "repo"
+    base = make_repo(repo)
+    made = await d.acli_json(
+        "goal", "add", "Two rounds. [rounds=2]", "--model", "test:worker", "--key", "auto",
+        "--repo", str(repo), "--commit-on-complete",
+    )  # fmt: skip
+    await wait_goal(d.socket_path, made["goalId"], {"completed"})
+
+    def committed() -> bool:
+        return run_git(repo, "rev-parse", "goald/auto").strip() != base
+
+    async with asyncio.timeout(30):
+        while True:  # the commit follows the completion, off its transaction: watched from outside
+            if await asyncio.to_thread(committed):
+                break
+            await asyncio.sleep(0.05)
+    assert run_git(repo, "ls-tree", "-r", "--name-only", "goald/auto").split() == [
+        "README", "a.txt", "round1.txt", "round2.txt",
+    ]  # fmt: skip
+    assert run_git(repo, "rev-parse", "goald/auto^").strip() == base
