@@ -251,6 +251,10 @@ async def test_a_signed_link_from_the_webhook_answers_once_and_opens_nothing_els
                 assert code == 401
             code, _ = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/", {"Authorization": f"Bearer {token}"})
             assert code == 401
+            # The links' prefix lets nothing else through: a path that leaves it is guarded as any.
+            for sneak in ("/answer/../", "/answer/%2e%2e/questions", f"/answer/{token}/../../questions"):
+                code, text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}{sneak}")
+                assert code in (401, 403, 404) and "Which database" not in text, (sneak, code)
 
             code, text = await asyncio.to_thread(_post, links["postgres"])
             assert code == 200 and "Answered: postgres" in text
