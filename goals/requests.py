@@ -80,8 +80,9 @@ class GoalRequests:
         # The work directory as it is at creation: round 1's progress is measured against it.
         baseline = (await self.fingerprinter.walk(workdir)).known if workdir is not None else None
         goal_id = goal_id or GoalId.new()
-        if spec.repo is not None and workdir is not None and self.snapshots is not None:
-            # The goal's start, as a checkpoint: what `goald goal diff` and a replay compare with.
+        if workdir is not None and self.snapshots is not None:
+            # The goal's start, as a checkpoint: what `goald goal diff` compares with and a replay
+            # starts from (a goal on a repository starts from its base commit as well).
             await asyncio.to_thread(self.snapshots.take, goal_id, "base", workdir)
         now = self.clock()
         policy = goal_policy(spec.tools)

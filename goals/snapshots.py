@@ -183,6 +183,27 @@ class Snapshots:
         rounds = sorted(_order(n) for n in found if n.startswith("round-"))
         return (["base"] if "base" in found else []) + [f"round-{n}" for n in rounds]
 
+    def restore(self, goal_id: str, manifest: Manifest, target: Path) -> int:
+        """Write ``manifest``'s tree into the empty directory ``target`` (a replay's start): files with
+        their modes, symlinks as symlinks; returns how many entries were written.
+
+        Raises:
+            ValueError: a path that would leave ``target`` (a manifest is never written with one).
+        """
+        root = target.resolve()
+        for path, (digest, mode) in sorted(manifest.files.items()):
+            dest = (root / path).resolve() if mode != 0o120000 else (root / path).parent.resolve() / Path(path).name
+            if not dest.is_relative_to(root) or ".." in Path(path).parts:
+                raise ValueError(f"{path!r} leaves the directory")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            data = self.blob(goal_id, digest)
+            if mode == 0o120000:
+                os.symlink(data.decode(), dest)
+            else:
+                dest.write_bytes(data)
+                os.chmod(dest, 0o755 if mode == 0o100755 else 0o644)
+        return len(manifest.files)
+
     def blob(self, goal_id: str, digest: str) -> bytes:
         """A stored content by its hash."""
         return zlib.decompress(self._blob_path(goal_id, digest).read_bytes())

@@ -198,7 +198,12 @@ async def goal_replay(client: Connection, args: argparse.Namespace) -> int:
     if args.json:
         print_json(created)
     else:
-        print(f"{created['goalId']} replays {args.goal} on branch {created['branch']} from {created['baseCommit']}")
+        start = (
+            f"on branch {created['branch']} from {created['baseCommit']}"
+            if created.get("branch")
+            else f"from its recorded start ({created.get('startFiles', 0)} file(s)) in {created['workdir']}"
+        )
+        print(f"{created['goalId']} replays {args.goal} {start}")
     return EXIT_OK
 
 

@@ -9,6 +9,7 @@ on the goal's branch (:func:`daemon.worktrees.commit_checkpoint`). No git reads 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Coroutine
@@ -145,12 +146,6 @@ def _created(host: HostPort, goal: Goal) -> dict[str, object]:
 async def replay(host: HostPort, p: GoalReplay, peer: Peer) -> dict[str, object]:
     """``goal/replay``: see :class:`GoalReplay`."""
     original = await engine(host).get(p.goal_id)
-    if original.repo is None or original.base_commit is None:
-        raise InvalidField(
-            f"goal {original.key or original.id} is not on a repository: only a goal on a repository has a"
-            " recorded start to replay from",
-            field="goalId",
-        )
     goal_id = GoalId.new()
     fields = {name: getattr(original, name) for name in GoalSpec.model_fields}
     fields.update(
@@ -172,7 +167,32 @@ async def replay(host: HostPort, p: GoalReplay, peer: Peer) -> dict[str, object]
         commands=[(f"verify[{i}].cmd", v.cmd) for i, v in enumerate(spec.verify)],
         max_cost=spec.budgets.max_cost,
     )
-    return await create_on_repo(host, spec, goal_id, peer.caller)
+    if original.repo is not None and original.base_commit is not None:
+        return await create_on_repo(host, spec, goal_id, peer.caller)
+    return await _replay_from_copy(host, original, spec, goal_id, peer)
+
+
+async def _replay_from_copy(
+    host: HostPort, original: Goal, spec: GoalSpec, goal_id: GoalId, peer: Peer
+) -> dict[str, object]:
+    """A replay of a goal not on a repository: a new work directory holding the original's start,
+    as goald recorded it when the original was created."""
+    snaps = _snapshots(host)
+    start = snaps.manifest(original.id, "base") if original.workdir is not None else None
+    ref = original.key or original.id
+    if original.workdir is None:
+        raise InvalidField(f"goal {ref} has no work directory: there is no start to replay from", field="goalId")
+    if start is None:
+        raise InvalidField(f"goal {ref}'s start was not recorded (made before goald recorded starts)", field="goalId")
+    if start.truncated:
+        raise InvalidField(f"goal {ref}'s start was recorded only in part ({start.truncated})", field="goalId")
+    workdir = host.workdirs.resolve(None, goal_id)
+    await asyncio.to_thread(snaps.restore, original.id, start, workdir)
+    host.workdirs.hand_tree(workdir)
+    goal = await engine(host).create(
+        spec.model_copy(update={"workdir": str(workdir)}), goal_id=goal_id, caller=peer.caller
+    )
+    return {**_created(host, goal), "startFiles": len(start.files)}
 
 
 def _snapshots(host: HostPort) -> Snapshots:

@@ -245,3 +245,27 @@ async def test_commit_on_complete_leaves_the_final_tree_on_the_branch(daemon: Da
         "README", "a.txt", "round1.txt", "round2.txt",
     ]  # fmt: skip
     assert run_git(repo, "rev-parse", "goald/auto^").strip() == base
+
+
+async def test_a_goal_not_on_a_repository_is_replayed_from_the_start_goald_recorded(daemon: Daemon) -> None:
+    d = daemon
+    start = d.state_dir / "work" / "mine"
+    start.mkdir(parents=True)
+    (start / "data.csv").write_text("a,b\n1,2\n")
+    (start / "tools").mkdir()
+    (start / "tools" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (start / "tools" / "run.sh").chmod(0o755)
+    first = await d.acli_json(
+        "goal", "add", "One round. [rounds=1]", "--model", "test:worker", "--key", "plain", "--workdir", str(start)
+    )
+    await wait_goal(d.socket_path, first["goalId"], {"completed"})
+    assert (start / "round1.txt").exists()
+    code, out, err = await d.acli("goal", "replay", "plain", "--model", "test:asker", "--key", "plain-again")
+    assert code == 0, err
+    assert "replays plain from its recorded start (2 file(s))" in out, out
+    again = await wait_goal(d.socket_path, "plain-again", {"waiting"})
+    fresh = Path(str(again["workdir"]))
+    assert again["replayOf"] == first["goalId"] and fresh != start
+    listed = await asyncio.to_thread(lambda: sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*")))
+    assert listed == ["data.csv", "tools", "tools/run.sh"]
+    assert (fresh / "data.csv").read_text() == "a,b\n1,2\n" and os.access(fresh / "tools" / "run.sh", os.X_OK)
