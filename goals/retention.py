@@ -67,7 +67,8 @@ class RetentionPolicy(BaseModel):
     keep_workdirs: list[str] = []
     #: The work-directory roots: only ``<root>/<goal id>`` (a directory goald made) is ever removed.
     workdir_roots: list[Path] = []
-    #: Where goals' checkpoints are kept (:mod:`goals.snapshots`): a goal's go with its work directory.
+    #: Where goals' checkpoints are kept (:mod:`goals.snapshots`): a goal's go after ``workdir_seconds``
+    #: with its work directory, or alone when the directory is kept.
     snapshots_root: Path | None = None
     #: Rows deleted by one step (one transaction): bounds how long a step holds the writer.
     batch_rows: int = Field(default=500, ge=1)
@@ -180,7 +181,9 @@ async def _remove_workdirs(store: Store, policy: RetentionPolicy, now: datetime,
         if removed:
             logger.info("retention: removed the work directory {} of goal {}", raw, goal_id)
             report.workdirs_removed.append(raw)
-        if removed is not None and policy.snapshots_root is not None:
+        if policy.snapshots_root is not None:
+            # Its recorded start and rounds go after the same period even when the directory is kept
+            # (a directory someone named, reused by goal after goal, must not be copied forever).
             await asyncio.to_thread(Snapshots(policy.snapshots_root).remove, goal_id)
         kept = removed is None
         report.workdirs_kept += kept
