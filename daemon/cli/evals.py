@@ -2,10 +2,12 @@
 
 A suite is a TOML file: a ``name``, the ``models`` to compare, ``runs`` (N) of each task per model,
 a ``concurrency`` limit, and ``[[tasks]]``, each an objective with its start (``repo`` and ``base``:
-a git repository and ref, relative paths from the suite's directory), ``verify`` commands,
+a git repository and ref; or ``directory``, inside the daemon's work-directory roots, each run
+starting from a copy of it; relative paths from the suite's directory), ``verify`` commands,
 ``budgets`` and ``stall_rounds``. An evaluation is goals like any other: each run is a goal on its
-own worktree from the task's base, keyed ``eval:<suite>:<task>:<model>:<n>``, so it is durable,
-resumable, visible on the status page and charged to its budgets. ``eval run`` creates the runs no
+own worktree from the task's base (or its own copy of the task's directory), keyed
+``eval:<suite>:<task>:<model>:<n>``, so it is durable, resumable, visible on the status page and
+charged to its budgets. ``eval run`` creates the runs no
 goal exists for yet, at most ``concurrency`` unfinished at once, and waits for them; run again
 after anything stopped it (the CLI, the daemon, the machine), it finds the goals that exist by
 their keys and repeats none. A run is finished when its goal ended or stopped for a person (paused,
@@ -46,8 +48,11 @@ class EvalTask(BaseModel):
 
     name: str = Field(min_length=1, max_length=60, pattern=r"^[A-Za-z0-9_.-]+$")
     objective: str = Field(min_length=1)
-    repo: str
+    #: The start: a git repository and its ``base``, or a ``directory`` (inside the daemon's
+    #: work-directory roots) each run starts from a copy of.
+    repo: str | None = None
     base: str = "HEAD"
+    directory: str | None = None
     verify: list[str] = []
     budgets: dict[str, Any] = {}
     stall_rounds: int | None = Field(default=None, ge=1)
@@ -84,7 +89,18 @@ def load_suite(path: Path) -> Suite:
     names = [t.name for t in suite.tasks]
     if len(set(names)) != len(names):
         raise UsageError(f"{path}: task names must be unique")
-    tasks = [t.model_copy(update={"repo": str((path.parent / t.repo).resolve())}) for t in suite.tasks]
+    for t in suite.tasks:
+        if (t.repo is None) == (t.directory is None):
+            raise UsageError(f"{path}: task {t.name}: give repo or directory (its start), one of them")
+    tasks = [
+        t.model_copy(
+            update={
+                "repo": str((path.parent / t.repo).resolve()) if t.repo else None,
+                "directory": str((path.parent / t.directory).resolve()) if t.directory else None,
+            }
+        )
+        for t in suite.tasks
+    ]
     return suite.model_copy(update={"tasks": tasks})
 
 
@@ -115,8 +131,9 @@ async def _create(client: Connection, suite: Suite, task: EvalTask, model: str, 
         "idempotencyKey": run_key(suite, task, model, n),
         "model": model,
         "repo": task.repo,
-        "base": task.base,
-        "branch": f"goald/eval/{suite.name}/{task.name}/{model.replace(':', '-')}/{n}",
+        "base": task.base if task.repo else None,
+        "branch": f"goald/eval/{suite.name}/{task.name}/{model.replace(':', '-')}/{n}" if task.repo else None,
+        "startFrom": task.directory,
         "verify": [{"cmd": c} for c in task.verify],
         "budgets": task.budgets or None,
         "stallRounds": task.stall_rounds,

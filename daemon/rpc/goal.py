@@ -10,10 +10,14 @@ one call and every reason arrives as the daemon knows it. ``goal/list`` gives ea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import shutil
 from datetime import UTC, datetime
 from typing import TypedDict, cast
+
+from loguru import logger
 
 from daemon.checks import check_goal_input, one_call_warning
 from daemon.rpc.activity import activities, describe, nodes
@@ -33,6 +37,7 @@ from daemon.rpc.params import (
 )
 from daemon.rpc.protocol import Dispatcher, InvalidField, Peer
 from daemon.rpc.views import JsonObject, goal_view
+from daemon.workdirs import copy_tree
 from goals import Budgets, Goal, GoalId
 from goals.why import operator_reason
 
@@ -131,8 +136,25 @@ async def create_goal(host: HostPort, p: GoalCreate, peer: Peer) -> GoalCreated:
     )
     checked_sandbox(host, spec.sandbox, p.session_id is not None)
     if spec.repo is not None:
+        if p.start_from is not None:
+            raise InvalidField("give repo or startFrom, not both", field="startFrom")
         return cast(GoalCreated, await create_on_repo(host, spec, goal_id, peer.caller))
-    if p.workdir is not None or p.session_id is None:
+    if p.start_from is not None:
+        if p.workdir is not None or p.session_id is not None:
+            raise InvalidField(
+                "startFrom makes the goal a work directory of its own: not with workdir or sessionId", field="startFrom"
+            )
+        source = host.workdirs.inside_roots(p.start_from, "startFrom")
+        workdir = host.workdirs.resolve(None, goal_id)
+        try:
+            copied = await asyncio.to_thread(copy_tree, source, workdir)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)  # the copy cut short goes with it
+            raise
+        host.workdirs.hand_tree(workdir)
+        logger.info("goal {}: starts from a copy of {} ({} entries)", goal_id, source, copied)
+        spec = spec.model_copy(update={"workdir": str(workdir)})
+    elif p.workdir is not None or p.session_id is None:
         workdir = host.workdirs.resolve(p.workdir, goal_id)
         spec = spec.model_copy(update={"workdir": str(workdir)})
     elif (row := await runtime(host).session(p.session_id)).workdir is not None:

@@ -115,6 +115,9 @@ class GoalCreate(GoalSpec):
     model_config = ConfigDict(defer_build=True)
 
     session_id: SessionId | None = None
+    #: A directory inside the work-directory roots whose copy the goal starts from (in a new work
+    #: directory of its own; not with ``workdir``, ``sessionId`` or ``repo``).
+    start_from: str | None = Field(default=None, min_length=2, max_length=4096)
     stall_rounds: int | None = Field(default=None, ge=1)
     #: Rounds re-run in a row for the infrastructure's trouble before the goal tries only once every
     #: ``error_backoff_max_seconds`` (default 20).

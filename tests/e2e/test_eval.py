@@ -112,3 +112,29 @@ async def test_an_eval_of_two_models_survives_kill_9_and_reports_the_goals_own_f
     md = (tmp_path / "out" / "smoke.report.md").read_text()
     assert "| test:worker | 9/9 | " in md and "| test:lazy | 0/9 | - | - | - | - | 9 | 0 |" in md, md
     print(md)
+
+
+async def test_a_task_may_start_from_a_directory_each_run_its_own_copy(daemon: Daemon, tmp_path: Path) -> None:
+    d = daemon
+    start = d.state_dir / "work" / "task-start"
+    (start / "src").mkdir(parents=True)
+    (start / "src" / "data.txt").write_text("input\n")
+    suite = tmp_path / "dirs.toml"
+    suite.write_text(
+        'name = "dirs"\nmodels = ["test:worker"]\nruns = 2\nconcurrency = 2\n'
+        f'[[tasks]]\nname = "copy"\nobjective = "One round. [rounds=1]"\ndirectory = "{start}"\n'
+        'verify = ["test -f round1.txt && test -f src/data.txt"]\n'
+    )
+    proc = await _eval(d, "run", str(suite))
+    async with asyncio.timeout(120):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert "| test:worker | 2/2 |" in out.decode()
+    workdirs = [
+        Path((await rpc(d.socket_path, "goal/get", {"goalId": f"eval:dirs:copy:test:worker:{n}"}))["workdir"])
+        for n in (1, 2)
+    ]
+    assert workdirs[0] != workdirs[1] and start not in workdirs
+    assert not await asyncio.to_thread((start / "round1.txt").exists)  # the start itself is untouched
+    with pytest.raises(Exception, match="startFrom '/etc' is outside the allowed work-directory roots"):
+        await rpc(d.socket_path, "goal/create", {"objective": "x", "model": "test:worker", "startFrom": "/etc"})
