@@ -9,6 +9,7 @@ evaluation. The engine's own loop (read, decide, fenced commit) stays in :mod:`g
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +34,7 @@ from goals.operations import (
 )
 from goals.payloads import Caller
 from goals.questions import Question, answer_goal, load_question, questions_of
-from goals.snapshots import Snapshots
+from goals.snapshots import START_MAX_BYTES, Snapshots
 from goals.store import goals_of_session, list_goals, load_goal, resolve_goal_id
 from goals.tools import GOAL_TOOL_NAMES, goal_policy, goal_tools
 
@@ -83,7 +84,8 @@ class GoalRequests:
         if workdir is not None and self.snapshots is not None:
             # The goal's start, as a checkpoint: what `goald goal diff` compares with and a replay
             # starts from (a goal on a repository starts from its base commit as well).
-            await asyncio.to_thread(self.snapshots.take, goal_id, "base", workdir)
+            bound = None if spec.repo is not None else START_MAX_BYTES
+            await asyncio.to_thread(functools.partial(self.snapshots.take, goal_id, "base", workdir, max_bytes=bound))
         now = self.clock()
         policy = goal_policy(spec.tools)
 

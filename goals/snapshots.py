@@ -32,6 +32,9 @@ from typing import Any
 #: What one walk reads at most: files and bytes (a checkpoint that meets either says so).
 MAX_FILES = 20_000
 MAX_BYTES = 256 * 1024 * 1024
+#: What the recorded start of a goal not on a repository may hold (a replay's copy): a directory
+#: someone named and reuses goal after goal is not copied whole each time.
+START_MAX_BYTES = 16 * 1024 * 1024
 #: A blob is text for a diff when it has no NUL in its first 8 KiB (git's test).
 _PROBE = 8192
 #: Checkpoints stored as the changes since the one before, at most this many in a row (then whole).
@@ -76,10 +79,11 @@ class Snapshots:
 
     # -- taking one ----------------------------------------------------------------------------
 
-    def take(self, goal_id: str, name: str, workdir: Path) -> Manifest:
-        """Record ``workdir`` as checkpoint ``name`` of ``goal_id`` (blocking: run it in a thread)."""
+    def take(self, goal_id: str, name: str, workdir: Path, *, max_bytes: int | None = None) -> Manifest:
+        """Record ``workdir`` as checkpoint ``name`` of ``goal_id`` (blocking: run it in a thread);
+        ``max_bytes``: a smaller bound on what is read for this one."""
         manifest = Manifest()
-        budget = [self.max_bytes]
+        budget = [min(self.max_bytes, max_bytes) if max_bytes is not None else self.max_bytes]
         self._walk(goal_id, workdir, "", manifest, budget, top=True)
         target = self._dir(goal_id) / f"{name}.json"
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -140,7 +144,7 @@ class Snapshots:
                     out.files[rel] = (self._store(goal_id, os.readlink(entry.path).encode()), 0o120000)
             elif st.S_ISREG(info.st_mode):
                 if info.st_size > budget[0]:
-                    out.truncated = f"over {self.max_bytes:,} bytes read: {rel} and later files were not recorded"
+                    out.truncated = f"over the bytes it may read: {rel} and later files were not recorded"
                     return
                 data = _read(entry.path)
                 if data is None:
@@ -295,4 +299,4 @@ def file_diff(path: str, a: tuple[str, int] | None, b: tuple[str, int] | None, b
     return FileDiff(path, status, added, removed, text)
 
 
-__all__ = ["MAX_BYTES", "MAX_FILES", "FileDiff", "Manifest", "Snapshots", "file_diff"]
+__all__ = ["MAX_BYTES", "MAX_FILES", "START_MAX_BYTES", "FileDiff", "Manifest", "Snapshots", "file_diff"]

@@ -45,4 +45,6 @@ def test_the_walk_is_bounded_and_says_so(tmp_path: Path) -> None:
     few = Snapshots(tmp_path / "a", max_files=3).take("g", "base", work)
     assert len(few.files) == 3 and few.truncated is not None and "more than 3 files" in few.truncated
     small = Snapshots(tmp_path / "b", max_bytes=120).take("g", "base", work)
-    assert small.truncated is not None and "over 120 bytes" in small.truncated and len(small.files) == 2
+    assert small.truncated is not None and "over the bytes it may read" in small.truncated and len(small.files) == 2
+    bounded = Snapshots(tmp_path / "c").take("g", "base", work, max_bytes=60)
+    assert bounded.truncated is not None and len(bounded.files) == 1
