@@ -12,6 +12,31 @@ from agent import Migration
 
 #: The live statuses as version 8 wrote them (a migration's text never changes with the code).
 _LIVE8 = "('active', 'paused', 'waiting')"
+#: Version 8's first part, the same on both stores: the questions table, and the live-session index
+#: made again with the waiting status.
+_QUESTIONS8 = f"""
+CREATE TABLE goal_questions (
+    id TEXT PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'question',
+    text TEXT NOT NULL,
+    options TEXT NOT NULL DEFAULT '[]',
+    default_answer TEXT,
+    asked_at TEXT NOT NULL,
+    deadline TEXT NOT NULL,
+    answer TEXT,
+    answered_at TEXT,
+    answered_by TEXT,
+    how TEXT,
+    message_id TEXT,
+    subject TEXT
+);
+CREATE INDEX goal_questions_goal ON goal_questions(goal_id, asked_at);
+CREATE INDEX goal_questions_open ON goal_questions(answered_at) WHERE answered_at IS NULL;
+DROP INDEX goals_live_session;
+CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN {_LIVE8};
+"""
 
 MIGRATIONS = [
     Migration(
@@ -155,29 +180,8 @@ ALTER TABLE goals ADD COLUMN interrupted_tokens INTEGER NOT NULL DEFAULT 0;
         summary="questions a goal asks its operator, and the waiting status holding a goal's session and workdir",
         # The live statuses gain 'waiting': the one-live-goal-per-session index and the work-directory
         # triggers are made again with it (their text otherwise as in versions 1 and 2).
-        sql=f"""
-CREATE TABLE goal_questions (
-    id TEXT PRIMARY KEY,
-    goal_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    kind TEXT NOT NULL DEFAULT 'question',
-    text TEXT NOT NULL,
-    options TEXT NOT NULL DEFAULT '[]',
-    default_answer TEXT,
-    asked_at TEXT NOT NULL,
-    deadline TEXT NOT NULL,
-    answer TEXT,
-    answered_at TEXT,
-    answered_by TEXT,
-    how TEXT,
-    message_id TEXT,
-    subject TEXT
-);
-CREATE INDEX goal_questions_goal ON goal_questions(goal_id, asked_at);
-CREATE INDEX goal_questions_open ON goal_questions(answered_at) WHERE answered_at IS NULL;
-DROP INDEX goals_live_session;
-CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN {_LIVE8};
-DROP TRIGGER goals_workdir_lock_insert;
+        sql=_QUESTIONS8
+        + f"""DROP TRIGGER goals_workdir_lock_insert;
 DROP TRIGGER goals_workdir_lock_update;
 CREATE TRIGGER goals_workdir_lock_insert BEFORE INSERT ON goals
 WHEN NEW.workdir IS NOT NULL AND NEW.status IN {_LIVE8} AND EXISTS (
@@ -199,29 +203,8 @@ BEGIN
     SELECT RAISE(ABORT, 'goals.workdir is held by another active or paused goal');
 END;
 """,
-        postgres=f"""
-CREATE TABLE goal_questions (
-    id TEXT PRIMARY KEY,
-    goal_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    kind TEXT NOT NULL DEFAULT 'question',
-    text TEXT NOT NULL,
-    options TEXT NOT NULL DEFAULT '[]',
-    default_answer TEXT,
-    asked_at TEXT NOT NULL,
-    deadline TEXT NOT NULL,
-    answer TEXT,
-    answered_at TEXT,
-    answered_by TEXT,
-    how TEXT,
-    message_id TEXT,
-    subject TEXT
-);
-CREATE INDEX goal_questions_goal ON goal_questions(goal_id, asked_at);
-CREATE INDEX goal_questions_open ON goal_questions(answered_at) WHERE answered_at IS NULL;
-DROP INDEX goals_live_session;
-CREATE UNIQUE INDEX goals_live_session ON goals(session_id) WHERE status IN {_LIVE8};
-CREATE OR REPLACE FUNCTION goals_workdir_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+        postgres=_QUESTIONS8
+        + f"""CREATE OR REPLACE FUNCTION goals_workdir_lock() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('goals.workdir'));
     IF EXISTS (
