@@ -40,10 +40,11 @@ own with the caps for itself. How many calls of a step run at once is capped too
 
 How a command enters its group before it runs anything. On cgroup v1 (:attr:`Limiter.enters_itself`)
 the command's first process is a ``/bin/sh`` that writes ``0`` into each controller's ``tasks`` file
-of its group (:meth:`Group.entry_script`; a process moving itself there takes no threadgroup lock,
+of its group (:meth:`Group.entry_files`; a process moving itself there takes no threadgroup lock,
 where moving another process costs an RCU grace period, about 5 ms per controller), exits 70 if it
 cannot (the command is then refused, plainly, and nothing of it ran), and only then execs (setpriv
-and) bwrap. Otherwise bwrap is started with ``--args FD`` on a
+and) bwrap. The shell is started first and reads those files on its standard input: the daemon
+makes the group while the shell starts, so neither waits for the other. Otherwise bwrap is started with ``--args FD`` on a
 pipe whose write end the daemon still holds. bwrap reads its arguments before it does anything
 else, so it waits there; the daemon writes bwrap's PID into the group (or sets its rlimits with
 ``prlimit``), then writes the arguments (the secrets, or nothing) and closes the pipe. Everything

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.errors import AgentError
 
@@ -116,6 +117,11 @@ class Group:
         command runs (the MCP SDK's; see :meth:`agent.sandbox.Sandbox.launcher`), and, where
         :attr:`Limiter.enters_itself`, in front of every command's bwrap."""
         return ""
+
+    def entry_files(self) -> list[Path]:
+        """Where :attr:`Limiter.enters_itself`: the files a process writes ``0`` into to move itself
+        into this group (cgroup v1's ``tasks``, one per controller); empty otherwise."""
+        return []
 
     def verdict(self, *, failed: bool = False) -> str | None:
         """Which limit the command hit, in words; ``None`` if none (or if it cannot be told).

@@ -257,10 +257,13 @@ class _CgroupGroup(Group):
             except OSError as exc:
                 raise LimitsUnavailable(f"cannot put the command into cgroup {path}: {exc.strerror}") from None
 
+    def entry_files(self) -> list[Path]:
+        # Itself (0), through ``tasks``: no threadgroup lock (the Limiter's enters_itself).
+        return [path / "tasks" for path in dict.fromkeys(self.dirs.values())] if self.version == 1 else []
+
     def entry_script(self) -> str:
-        if self.version == 1:  # itself (0), through ``tasks``: no threadgroup lock (the Limiter's enters_itself)
-            paths = dict.fromkeys(self.dirs.values())
-            return "".join(f"echo 0 > {shlex.quote(str(path / 'tasks'))} || exit 70\n" for path in paths)
+        if self.version == 1:
+            return "".join(f"echo 0 > {shlex.quote(str(path))} || exit 70\n" for path in self.entry_files())
         return "".join(
             f'printf "%d\\n" "$$" > {shlex.quote(str(path / "cgroup.procs"))} || exit 70\n'
             for path in dict.fromkeys(self.dirs.values())

@@ -122,6 +122,7 @@ async def _start(
     """
     group: Group | None = None
     args = ArgsPipe()
+    go: ArgsPipe | None = None
     filter_fd = -1
     fds: tuple[int, ...] = ()
     fd_numbers = (workdir_fd, -1)
@@ -137,9 +138,11 @@ async def _start(
             argv[:0] = sandbox.user_switch()
             if sandbox.limits.active and limiter().enters_itself:
                 # cgroup v1: the command's first process, a /bin/sh, moves itself into its group (or
-                # exits 70) and only then execs bwrap: cheaper than moving bwrap in from here.
-                group = _new_group(sandbox.limits, sandbox.limits_group)
-                argv[:0] = [_SH, "-c", group.entry_script() + 'exec "$@"', "goald-sandbox"]
+                # exits 70) and only then execs bwrap: cheaper than moving bwrap in from here. It
+                # reads its group's files on its standard input: the group is made while it starts.
+                go = ArgsPipe()
+                go.open()
+                argv[:0] = [_SH, "-c", _ENTER, "goald-sandbox"]
             # bwrap closes the work directory's and the filter's descriptors once used, and the
             # others are its own (--info-fd, --args): the command holds 0, 1 and 2 only (the census).
             fds = (info.write_fd, args.read_fd, workdir_fd, filter_fd)
@@ -149,7 +152,7 @@ async def _start(
                 *argv,
                 cwd=str(sandbox.workdir) if info is None else "/",
                 env=sandbox.environment() if info is None else {"PATH": DEFAULT_PATH},
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if go is None else go.read_fd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                 start_new_session=True,
@@ -159,15 +162,19 @@ async def _start(
             raise SandboxUnavailable(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
         finally:
             args.close_read()
+            if go is not None:
+                go.close_read()
             os.close(workdir_fd)
             workdir_fd = -1
             if filter_fd >= 0:
                 os.close(filter_fd)
                 filter_fd = -1
         if info is not None:
-            group = await _prepare(sandbox, proc, args, fd_numbers, group)
+            group = await _prepare(sandbox, proc, args, fd_numbers, go)
     except BaseException:
         args.close()
+        if go is not None:
+            go.close()
         if workdir_fd >= 0:
             os.close(workdir_fd)
         if filter_fd >= 0:
@@ -184,6 +191,13 @@ async def _start(
 #: could not (nothing else ran).
 _SH = shutil.which("sh", path=DEFAULT_PATH) or "/bin/sh"
 _NOT_ENTERED = 70
+#: That shell's script: the files to write ``0`` into, a line each, then ``go``, come on its standard
+#: input (:func:`_prepare` writes them once the group is made); without ``go`` (the daemon gave up)
+#: it exits 70. Its standard input is then ``/dev/null`` again, and it becomes (setpriv and) bwrap.
+_ENTER = (
+    'while IFS= read -r t; do [ "$t" = go ] && break; echo 0 > "$t" || exit 70; done; '
+    '[ "$t" = go ] || exit 70; exec "$@" < /dev/null'
+)
 
 
 async def _prepare(
@@ -191,22 +205,25 @@ async def _prepare(
     proc: asyncio.subprocess.Process,
     args: ArgsPipe,
     fd_numbers: tuple[int, int],
-    entered: Group | None,
+    go: ArgsPipe | None,
 ) -> Group | None:
-    """While bwrap waits on its ``--args`` pipe: its arguments (mounts and secrets, naming the work
-    directory's and the filter's descriptors by number), its cgroup, entered (unless the command
-    entered ``entered`` itself); then the arguments written, and bwrap goes on. Failing anything,
-    bwrap is killed before it gets an argument (it must never run without its mounts, or
-    unlimited) and nothing made here is left."""
+    """While bwrap waits on its ``--args`` pipe: its cgroup, made, and entered (or, with ``go``, the
+    shell in front of bwrap told where to enter itself); its arguments (mounts and secrets, naming
+    the work directory's and the filter's descriptors by number); then the arguments written, and
+    bwrap goes on. Failing anything, bwrap is killed before it gets an argument (it must never run
+    without its mounts, or unlimited) and nothing made here is left."""
     made: Group | None = None
     try:
-        data = sandbox.setup_args(*fd_numbers)
-        if sandbox.limits.active and entered is None:
+        if sandbox.limits.active:
             made = _new_group(sandbox.limits, sandbox.limits_group)
-            try:
-                made.enter(proc.pid)
-            except LimitsUnavailable as exc:
-                raise SandboxUnavailable(str(exc)) from None
+            if go is not None:  # first: that shell waits for it, and setpriv and bwrap load meanwhile
+                go.release(b"".join(str(path).encode() + b"\n" for path in made.entry_files()) + b"go\n")
+            else:
+                try:
+                    made.enter(proc.pid)
+                except LimitsUnavailable as exc:
+                    raise SandboxUnavailable(str(exc)) from None
+        data = sandbox.setup_args(*fd_numbers)
         args.release(data)
     except BaseException:
         _killpg(proc.pid, signal.SIGKILL)
@@ -215,7 +232,7 @@ async def _prepare(
         if made is not None:
             await asyncio.shield(made.remove())
         raise
-    return made if entered is None else entered
+    return made
 
 
 #: bwrap's words when the user it runs as may not pass through a directory on the way to a path it

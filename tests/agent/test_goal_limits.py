@@ -442,7 +442,7 @@ async def test_a_command_that_cannot_enter_its_group_never_runs_and_says_why(
     from agent.limits import cgroup
 
     # A group whose interface file is not there: the shell in front of bwrap cannot write itself in.
-    monkeypatch.setattr(cgroup._CgroupGroup, "entry_script", lambda self: "echo 0 > /nonexistent/tasks || exit 70\n")
+    monkeypatch.setattr(cgroup._CgroupGroup, "entry_files", lambda self: [Path("/nonexistent/tasks")])
     box = sandbox_in(workdir, limits=GOAL_MEMORY, limits_group="goal_01REFUSED")
     with pytest.raises(SandboxUnavailable, match=r"cannot put the command into its cgroup: .*nonexistent"):
         await box.run(["touch", "ran"], timeout=30)
