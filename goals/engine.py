@@ -56,7 +56,7 @@ from goals.measure import Fingerprinter, Measured, measure
 from goals.model import Goal, GoalStatus
 from goals.operations import log_change
 from goals.policy import decide, disk_over
-from goals.questions import QuestionClosed, insert_question, question_due, remind
+from goals.questions import insert_question
 from goals.requests import GoalRequests
 from goals.snapshots import Snapshots
 from goals.store import (
@@ -313,33 +313,6 @@ class GoalEngine(GoalRequests, GoalFollowing):
             await asyncio.to_thread(self.snapshots.take, goal.id, f"round-{rounds}", Path(goal.workdir))
         except OSError as exc:  # the state directory's disk: the goal goes on, its diff misses a round
             logger.warning("goal {}: round {}'s checkpoint was not recorded: {}", goal.id, rounds, exc)
-
-    async def _question_due(self, goal: Goal) -> None:
-        """A waiting goal's question at its deadline: its default answer, or a pause
-        (:func:`goals.questions.question_due`)."""
-        now = self.clock()
-        try:
-            done = await self.store.transact(lambda tx: question_due(tx, goal.id, now))
-        except (StaleDecision, QuestionClosed):
-            self.kick(goal.id)  # answered (or changed) meanwhile: look again from the durable state
-            return
-        if done is None:
-            return
-        saved, before = done
-        log_change(before, saved)
-        await self._sync_guard(saved)
-        self._track(saved)
-
-    async def _remind(self, goal: Goal) -> None:
-        """Repeat the question a waiting goal waits on to its operator (one notification more)."""
-        now = self.clock()
-        try:
-            saved = await self.store.transact(lambda tx: remind(tx, goal.id, now, self.reminders))
-        except StaleDecision:
-            self.kick(goal.id)
-            return
-        if saved is not None:
-            self._track(saved)
 
     def _disk_limit(self, goal: Goal) -> int | None:
         """``goal``'s disk limit in bytes (``None``: none)."""

@@ -1,7 +1,8 @@
 """Which goals the goal engine follows: the live goals of the sessions this node drives.
 
 :class:`GoalFollowing` is that part of :class:`~goals.engine.GoalEngine` (which is one): the map from
-a session to its live goal, each goal's durable timers, the committed idles that wake an evaluation,
+a session to its live goal, each goal's durable timers (a waiting goal's question at its deadline and
+its reminders among them), the committed idles that wake an evaluation,
 and in a cluster the goals of sessions whose lease this node takes over (:meth:`~GoalFollowing.adopt`)
 or gives up (:meth:`~GoalFollowing.drop`), and a cancel made on another node reaching the turn it
 interrupts here.
@@ -10,13 +11,17 @@ interrupts here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from agent import Agent, Event, Runtime, Store, is_idle
+from goals.errors import StaleDecision
 from goals.model import Goal, GoalStatus
+from goals.operations import log_change
 from goals.payloads import Caller
+from goals.questions import QuestionClosed, question_due, remind
 from goals.store import GOAL_CHANGED, live_goal_of_session
 from goals.timers import GoalTimers, Reminders, due_of
 
@@ -31,10 +36,13 @@ class GoalFollowing:
     _sessions: dict[str, str]
     _timers: GoalTimers
     reminders: Reminders | None
+    clock: Callable[[], datetime]
 
     if TYPE_CHECKING:  # the engine's
 
         def kick(self, goal_id: str) -> None: ...
+
+        async def _sync_guard(self, goal: Goal) -> None: ...
 
         async def _fail_if_faulty(self, goal: Goal) -> Goal: ...
 
@@ -117,6 +125,33 @@ class GoalFollowing:
             )
             caller = {k: v for k, v in event.data.items() if k in ("uid", "pid", "web")}
             self.rt.spawn(_interrupt(agent, caller))
+
+    async def _question_due(self, goal: Goal) -> None:
+        """A waiting goal's question at its deadline: its default answer, or a pause
+        (:func:`goals.questions.question_due`)."""
+        now = self.clock()
+        try:
+            done = await self.store.transact(lambda tx: question_due(tx, goal.id, now))
+        except (StaleDecision, QuestionClosed):
+            self.kick(goal.id)  # answered (or changed) meanwhile: look again from the durable state
+            return
+        if done is None:
+            return
+        saved, before = done
+        log_change(before, saved)
+        await self._sync_guard(saved)
+        self._track(saved)
+
+    async def _remind(self, goal: Goal) -> None:
+        """Repeat the question a waiting goal waits on to its operator (one notification more)."""
+        now = self.clock()
+        try:
+            saved = await self.store.transact(lambda tx: remind(tx, goal.id, now, self.reminders))
+        except StaleDecision:
+            self.kick(goal.id)
+            return
+        if saved is not None:
+            self._track(saved)
 
 
 async def _interrupt(agent: Agent, caller: dict[str, Any]) -> None:
