@@ -44,8 +44,8 @@ of its group (:meth:`Group.entry_files`; a process moving itself there takes no 
 where moving another process costs an RCU grace period, about 5 ms per controller), exits 70 if it
 cannot (the command is then refused, plainly, and nothing of it ran), and only then execs (setpriv
 and) bwrap. The shell is started first and reads those files on its standard input: the daemon
-makes the group while the shell starts, so neither waits for the other. Otherwise bwrap is started with ``--args FD`` on a
-pipe whose write end the daemon still holds. bwrap reads its arguments before it does anything
+makes the group while the shell starts, so neither waits for the other. Otherwise bwrap is started
+with ``--args FD`` on a pipe whose write end the daemon still holds. bwrap reads its arguments before it does anything
 else, so it waits there; the daemon writes bwrap's PID into the group (or sets its rlimits with
 ``prlimit``), then writes the arguments (the secrets, or nothing) and closes the pipe. Everything
 bwrap starts inherits the group. No ``preexec_fn`` (unsafe in a threaded process), and nothing

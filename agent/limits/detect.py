@@ -17,8 +17,9 @@ from pathlib import Path
 from loguru import logger
 
 from agent.limits.base import Limiter
-from agent.limits.cgroup import LEAF, PREFIX, V1Limiter, V2Limiter, clean_stale, write
+from agent.limits.cgroup import LEAF, PREFIX, V1Limiter, V2Limiter, write
 from agent.limits.rlimit import RlimitLimiter
+from agent.limits.stale import clean_stale
 
 
 @dataclass(frozen=True)

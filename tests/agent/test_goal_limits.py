@@ -40,8 +40,9 @@ from agent import (
     ToolContext,
 )
 from agent.limits import MIB, CommandLimits, Mechanism, limiter
-from agent.limits.cgroup import V2Limiter, clean_stale
+from agent.limits.cgroup import V2Limiter
 from agent.limits.rlimit import RlimitLimiter
+from agent.limits.stale import clean_stale
 
 needs_bwrap = pytest.mark.needs_bwrap
 
