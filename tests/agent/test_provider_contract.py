@@ -70,7 +70,8 @@ from agent import (
 )
 from agent.models.anthropic import AnthropicModel
 from agent.models.health import GuardedModel, ProviderHealth
-from agent.models.openai import TOOL_ERROR_PREFIX, OpenAIModel
+from agent.models.openai import OpenAIModel
+from agent.models.openai_messages import TOOL_ERROR_PREFIX
 
 #: The models under contract (``Model`` itself has no ``aclose``).
 WireModel = OpenAIModel | AnthropicModel
