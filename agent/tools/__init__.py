@@ -2,7 +2,8 @@
 
 from agent.tools.base import FunctionTool, Tool, ToolContext, ToolOutput, ToolRegistry, truncate
 from agent.tools.files import EditFile, ListDir, PathDenied, ReadFile, WriteFile, confine, file_tools
-from agent.tools.mcp import McpServer, McpServers, McpTool, McpUnavailable
+from agent.tools.mcp import McpServer, McpServers, McpUnavailable
+from agent.tools.mcp_tool import McpTool
 from agent.tools.policy import ToolPolicy, split_command
 from agent.tools.shell import Shell, ShellArgs
 

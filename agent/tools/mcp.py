@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -51,19 +50,17 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from loguru import logger
-from pydantic import BaseModel, ConfigDict
 
 from agent.errors import AgentError
 from agent.limits import Group
-from agent.models.base import ToolSpec
 from agent.redact import Redactor
 from agent.sandbox import Sandbox
-from agent.tools.base import Tool, ToolContext, ToolOutput
+from agent.tools.base import ToolOutput
 from agent.tools.mcp_streams import StderrTail, WatchedStream
+from agent.tools.mcp_tool import McpTool, render
 
 if TYPE_CHECKING:
     from mcp import ClientSession
-    from mcp.types import CallToolResult
     from mcp.types import Tool as RemoteTool
 
 #: A function that wraps a server's command line (e.g. in a sandbox): argv in, argv out.
@@ -71,53 +68,10 @@ Wrap = Callable[[list[str]], list[str]]
 
 #: Server names: letters, digits, ``-`` and single ``_`` (a double underscore separates server and tool).
 SERVER_NAME = re.compile(r"^[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*$")
-_MAX_NAME = 64  # the longest tool name OpenAI accepts
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 class McpUnavailable(AgentError, RuntimeError):
     """An MCP server could not be started (or was shut down); the message says why."""
-
-
-def tool_name(server: str, tool: str) -> str:
-    """The name a server's tool goes by: ``{server}__{tool}``, made safe for every provider."""
-    return (server + "__" + _UNSAFE.sub("_", tool))[:_MAX_NAME]
-
-
-class McpArgs(BaseModel):
-    """Any JSON object: the server checks the arguments against the schema it published."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-class McpTool(Tool[McpArgs]):
-    """One tool of an MCP server, offered with the server's own input schema."""
-
-    Args = McpArgs
-
-    def __init__(self, server: McpServer, remote: RemoteTool) -> None:
-        self.server = server
-        #: The tool's name on its server.
-        self.remote_name = remote.name
-        self.name = tool_name(server.name, remote.name)  # type: ignore[misc]
-        self.description = (  # type: ignore[misc]
-            remote.description or remote.title or f"{remote.name} (from MCP server {server.name})"
-        )
-        schema = dict(remote.input_schema)
-        schema.setdefault("type", "object")
-        if schema["type"] == "object":
-            schema.setdefault("properties", {})
-        self.input_schema = schema
-        hints = remote.annotations
-        self.repeat_safe = bool(hints and (hints.read_only_hint or hints.idempotent_hint))
-        self.timeout = server.call_timeout
-
-    def spec(self) -> ToolSpec:
-        """The tool with the schema its server published."""
-        return ToolSpec(name=self.name, description=self.description, input_schema=self.input_schema)
-
-    async def run(self, args: McpArgs, ctx: ToolContext) -> ToolOutput:
-        return await self.server.call(self.remote_name, args.model_dump())
 
 
 @dataclass(eq=False)
@@ -426,26 +380,6 @@ class McpServers:
     async def aclose(self) -> None:
         """Stop every server."""
         await asyncio.gather(*(s.aclose() for s in self.servers))
-
-
-def render(result: CallToolResult) -> ToolOutput:
-    """A tool result as text for the model (binary content is described, not shown)."""
-    from mcp.types import AudioContent, EmbeddedResource, ImageContent, ResourceLink, TextContent
-
-    parts: list[str] = []
-    for block in result.content:
-        if isinstance(block, TextContent):
-            parts.append(block.text)
-        elif isinstance(block, ImageContent | AudioContent):
-            parts.append(f"[{block.type} ({block.mime_type}, {len(block.data) * 3 // 4} bytes) not shown]")
-        elif isinstance(block, ResourceLink):
-            parts.append(f"[resource {block.uri}]")
-        elif isinstance(block, EmbeddedResource):
-            text = getattr(block.resource, "text", None)
-            parts.append(text if isinstance(text, str) else f"[resource {block.resource.uri} (binary) not shown]")
-    if not parts and result.structured_content is not None:
-        parts.append(json.dumps(result.structured_content))
-    return ToolOutput("\n".join(parts) or "(no output)", is_error=result.is_error)
 
 
 def _reason(exc: BaseException) -> str:

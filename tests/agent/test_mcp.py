@@ -17,7 +17,8 @@ from sandboxkit import sandbox_python
 
 from agent import EventType, Reply, ScriptedModel, ToolContext, ToolRegistry
 from agent.sandbox import Sandbox, SandboxUnavailable, detect_bwrap
-from agent.tools.mcp import McpServer, McpServers, McpTool, tool_name
+from agent.tools.mcp import McpServer, McpServers
+from agent.tools.mcp_tool import McpTool, tool_name
 from daemon.client import Connection as Client
 from daemon.mcp_servers import build_mcp_servers
 from daemon.settings import ConfigError, load_settings
