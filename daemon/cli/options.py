@@ -1,9 +1,19 @@
 """The options ``goal add``, ``goal edit``, ``goal resume`` and ``schedule add`` share: a goal's
-budgets, verification, tools and sandbox (:mod:`daemon.cli.parser` builds the commands with them)."""
+budgets, verification, tools and sandbox (:mod:`daemon.cli.parser` builds the commands with them),
+and the help words every command's parser uses."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TypeAlias
+
+JSON_HELP = "print JSON (camelCase keys) instead of text"
+GOAL_HELP = "a goal key, goal id, or unique prefix of an id"
+SCHEDULE_HELP = "a schedule key, schedule id, or unique prefix of an id"
+#: What ``add_subparsers`` returns: each command group adds its parsers to it.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+GOAL_STATUSES = ["active", "waiting", "paused", "completed", "failed", "cancelled", "exhausted"]
 
 
 def add_goal_options(p: argparse.ArgumentParser, *, for_edit: bool = False) -> None:
