@@ -134,6 +134,30 @@ def relay(
     return out
 
 
+def needed(
+    published: dict[str, int],
+    spans: dict[str, tuple[int, int]] | None,
+    interest: Callable[[str], bool] | None = None,
+) -> bool:
+    """Whether reading other nodes' commits (``spans``, or ``None``: the slow poll) can publish
+    anything here: a session this node has a use for whose notified events are above its mark (the
+    poll: any session it has published). A node spends no transaction on the commits of sessions it
+    neither drives, nor has loaded, nor has a subscriber for (issue 30). The marks of sessions it
+    has no use for are forgotten here, as :func:`relay` forgets them."""
+    if interest is not None:
+        for sid in [s for s in published if not interest(s)]:
+            del published[sid]
+    if spans is None:
+        return bool(published)
+    for sid, (first, last) in spans.items():
+        if interest is not None and not interest(sid):
+            continue
+        mark = published.get(sid)
+        if last > (mark if mark is not None else first - 1):
+            return True
+    return False
+
+
 def follow(
     published: dict[str, int], session_id: str, top: Callable[[], int], interest: Callable[[str], bool] | None = None
 ) -> None:
@@ -268,4 +292,4 @@ class Listener:
             spans[sid] = (min(first, have[0]), max(last, have[1])) if have else (first, last)
 
 
-__all__ = ["CHANNEL", "Listener", "catch_up", "fill_gaps", "follow", "payloads", "relay", "stored_top"]
+__all__ = ["CHANNEL", "Listener", "catch_up", "fill_gaps", "follow", "needed", "payloads", "relay", "stored_top"]

@@ -37,7 +37,7 @@ from agent.errors import NotSupported, StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
 from agent.migrate import apply_migrations, backup_into
-from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, follow, payloads, relay, stored_top
+from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, follow, needed, payloads, relay, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
 from agent.tx import SessionState, Tx, load_session_state
@@ -137,6 +137,8 @@ class Store:
             self._backend.submit(partial(self._relay, spans))
 
     def _relay(self, spans: dict[str, tuple[int, int]] | None) -> None:
+        if not needed(self._published, spans, self.interest):
+            return  # nothing of use here: no transaction
         try:
             conn = self._raw()
             conn.execute(self._backend.begin_read)

@@ -221,3 +221,32 @@ async def test_a_session_loaded_before_its_notification_was_lost_is_caught_up(no
     a._relay_soon(None)
     await wait_for(lambda: any(e.session_id == sid and e.seq == top for e in seen_a), "the poll", 3.0)
     assert [e.seq for e in seen_a if e.session_id == sid] == list(range(state.last_seq + 1, top + 1))
+
+
+async def test_other_nodes_commits_cost_no_transaction_without_a_use_here(nodes: list[Store]) -> None:
+    """Issue 30: a node spends no transaction on another node's commits to a session it neither
+    drives, nor has loaded, nor has a subscriber for; one it has a use for is read as before."""
+    a, b, _ = nodes
+    used: set[str] = set()
+    a.interest = used.__contains__
+    other = await b.transact(lambda tx: create_session(tx))
+    mine = await b.transact(lambda tx: create_session(tx))
+    for sid in (other, mine):
+        await b.transact(lambda tx, sid=sid: add(tx, sid, "from b"))
+    statements: list[str] = []
+    await a.trace(statements.append)
+    try:
+        # What a's listener hands to the store thread for each batch of b's notifications, and the
+        # slow poll, run in order on the store thread; the read after them is the flush.
+        a._relay_soon({other: (1, 2)})
+        a._relay_soon(None)
+        await a.read(lambda conn: None)
+        assert sum(s.startswith("BEGIN") for s in statements) == 1, statements  # the flush's only
+        seen = recorder(a)
+        used.add(mine)  # a starts to use it (loads it, or a client subscribes)
+        a._relay_soon({other: (1, 2), mine: (1, 2)})
+        await a.read(lambda conn: None)
+        assert sum(s.startswith("BEGIN") for s in statements) == 3, statements
+        assert {e.session_id for e in seen} == {mine}
+    finally:
+        await a.trace(None)
