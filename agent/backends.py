@@ -45,8 +45,17 @@ class SqliteBackend:
     """aiosqlite's connection thread and its ``sqlite3`` connection."""
 
     kind = "sqlite"
-    begin_write = ("BEGIN IMMEDIATE",)
     begin_read = "BEGIN"
+
+    @staticmethod
+    def begin(conn: Conn) -> None:
+        """Open a write transaction: the file's one writer lock."""
+        conn.execute("BEGIN IMMEDIATE")
+
+    @staticmethod
+    def commit(conn: Conn, notes: list[str]) -> None:
+        """Commit (one process writes a SQLite file: there is nobody to notify)."""
+        conn.execute("COMMIT")
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
@@ -140,8 +149,30 @@ class PgBackend:
     """One psycopg connection on a thread of its own (see the module docstring)."""
 
     kind = "postgresql"
-    begin_write = ("BEGIN", f"SELECT pg_advisory_xact_lock({WRITER_LOCK})")
     begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+    @staticmethod
+    def begin(conn: Conn) -> None:
+        """Open a write transaction and take the writer lock, in one round trip (two statements in
+        one text: PostgreSQL's simple query protocol)."""
+        assert isinstance(conn, PgConn)
+        conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
+
+    @staticmethod
+    def commit(conn: Conn, notes: list[str]) -> None:
+        """Send ``notes`` on :data:`agent.relay.CHANNEL` and commit, in one round trip: the payloads
+        are quoted as literals (goald's own JSON of session ids and numbers), so the statements
+        need no parameters and go as one text."""
+        if not notes:
+            conn.execute("COMMIT")
+            return
+        assert isinstance(conn, PgConn)
+        from psycopg import sql
+
+        from agent.relay import CHANNEL
+
+        statements = [sql.SQL("SELECT pg_notify({}, {})").format(CHANNEL, note) for note in notes]
+        conn.script(sql.SQL("; ").join([*statements, sql.SQL("COMMIT")]).as_string(conn.raw))
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn

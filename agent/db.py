@@ -241,7 +241,10 @@ class PgConn:
         return self.raw.execute(pg_sql(sql), parameters or ())
 
     def script(self, sql: str) -> None:
-        """Run several statements with no parameters (a migration's DDL) as one text."""
+        """Run several statements with no parameters (a migration's DDL, a transaction's opening or
+        its notifications and ``COMMIT``) as one text: one round trip."""
+        if self.trace is not None:
+            self.trace(sql)
         self.raw.execute(sql.encode(), prepare=False)
 
     @property

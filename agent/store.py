@@ -37,7 +37,7 @@ from agent.errors import NotSupported, StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
 from agent.migrate import apply_migrations, backup_into
-from agent.relay import CHANNEL, Listener, catch_up, fill_gaps, follow, needed, payloads, relay, stored_top
+from agent.relay import Listener, catch_up, fill_gaps, follow, needed, payloads, relay, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
 from agent.tx import SessionState, Tx, load_session_state
@@ -186,8 +186,7 @@ class Store:
         """
 
         def run(conn: Conn) -> int:
-            for statement in self._backend.begin_write:
-                conn.execute(statement)
+            self._backend.begin(conn)
             try:
                 version = apply_migrations(conn, package, migrations)
                 conn.execute("COMMIT")
@@ -307,16 +306,15 @@ class Store:
         try:
             conn = self._raw()
             tx = Tx(self, conn)
-            for statement in self._backend.begin_write:
-                conn.execute(statement)
+            self._backend.begin(conn)
             marks: dict[str, int] = {}
             try:
                 result = fn(tx)
+                notes: list[str] = []
                 if tx.events and self.kind == "postgresql":
                     tx.events, marks = fill_gaps(conn, self._published, tx.events)
-                    for payload in payloads(self.node_id, tx.events):
-                        conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, payload))
-                conn.execute("COMMIT")
+                    notes = payloads(self.node_id, tx.events)
+                self._backend.commit(conn, notes)
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")

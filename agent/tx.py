@@ -49,26 +49,31 @@ def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+#: A session's state in one statement (one round trip to PostgreSQL, where it is read in every
+#: transaction): its watermark, its highest stored event, its last status event and its open turn.
+_STATE_SQL = """
+SELECT s.seq_watermark AS watermark,
+  (SELECT COALESCE(MAX(e.seq), 0) FROM events e WHERE e.session_id = s.id) AS top,
+  (SELECT e.seq FROM events e WHERE e.session_id = s.id AND e.type = ? ORDER BY e.seq DESC LIMIT 1) AS status_seq,
+  (SELECT e.data FROM events e WHERE e.session_id = s.id AND e.type = ? ORDER BY e.seq DESC LIMIT 1) AS status_data,
+  (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.end_reason IS NULL LIMIT 1) AS open_turn
+FROM sessions s WHERE s.id = ?
+"""
+
+
 def load_session_state(conn: Conn, session_id: str) -> SessionState:
     """The session's state as stored: its last sequence number, its status and open turn."""
-    row = conn.execute("SELECT seq_watermark FROM sessions WHERE id=?", (session_id,)).fetchone()
+    status_type = EventType.STATUS.value
+    row = conn.execute(_STATE_SQL, (status_type, status_type, session_id)).fetchone()
     if row is None:
         raise NotFound(f"no session {session_id}")
-    last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id=?", (session_id,))
     # Retention may have pruned the newest stored events' predecessors (or, with no status event
     # kept, all of them): the watermark is the highest number ever given, so numbering goes on.
-    last_seq = max(int(last.fetchone()[0]), int(row["seq_watermark"]))
-    status_row = conn.execute(
-        "SELECT seq, data FROM events WHERE session_id=? AND type=? ORDER BY seq DESC LIMIT 1",
-        (session_id, EventType.STATUS.value),
-    ).fetchone()
+    last_seq = max(int(row["top"]), int(row["watermark"]))
     status, status_seq = AgentStatus.IDLE, 0
-    if status_row is not None:
-        status, status_seq = AgentStatus(json.loads(status_row["data"])["status"]), int(status_row["seq"])
-    turn = conn.execute(
-        "SELECT id FROM turns WHERE session_id=? AND end_reason IS NULL LIMIT 1", (session_id,)
-    ).fetchone()
-    return SessionState(last_seq, status, status_seq, turn["id"] if turn else None)
+    if row["status_seq"] is not None:
+        status, status_seq = AgentStatus(json.loads(row["status_data"])["status"]), int(row["status_seq"])
+    return SessionState(last_seq, status, status_seq, row["open_turn"])
 
 
 class Tx:

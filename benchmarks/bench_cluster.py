@@ -142,18 +142,48 @@ def bench_role(dsn: str) -> str:
     return dsn.replace(f"//{_pgkit.USER}@", f"//{BENCH_ROLE}@", 1)
 
 
-def statement_counts(db: Db) -> tuple[int, int] | None:
-    """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements, and
-    the writer lock's ``pg_advisory_xact_lock`` (one per write transaction). None on SQLite."""
+def statement_counts(db: Db) -> tuple[int, int, int] | None:
+    """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements,
+    the writer lock's ``pg_advisory_xact_lock`` (one per write transaction) and the client round
+    trips. A write transaction's ``BEGIN`` and lock go as one text, and so do its ``pg_notify`` and
+    ``COMMIT`` (``agent.backends``): each such pair is one round trip. None on SQLite."""
     if isinstance(db.store, Path):
         return None
     rows = db.q(
-        "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%'), 0)"
+        "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%'), 0),"
+        " COALESCE(SUM(calls) FILTER (WHERE query LIKE 'SELECT pg_notify%%'), 0)"
         " FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
         " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
         _pgkit.USER,
     )
-    return int(rows[0][0]), int(rows[0][1])
+    total, locks, notifies = (int(v) for v in rows[0])
+    return total, locks, total - locks - notifies
+
+
+def statement_table(db: Db) -> dict[str, int]:
+    """``pg_stat_statements``' calls by the daemons' role in this database so far, per statement."""
+    if isinstance(db.store, Path):
+        return {}
+    rows = db.q(
+        "SELECT s.query, SUM(s.calls) FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
+        " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " GROUP BY s.query",
+        _pgkit.USER,
+    )
+    return {str(q): int(c) for q, c in rows}
+
+
+def print_statements(label: str, before: dict[str, int], after: dict[str, int], rounds: int) -> None:
+    """The statements of a run per round, most frequent first (``--statements``)."""
+    per = sorted(((after[q] - before.get(q, 0)) / rounds, q) for q in after)
+    print(f"statements per round, {label}:")
+    for calls, query in reversed(per):
+        if calls >= 0.05:
+            print(f"  {calls:6.2f}  {' '.join(query.split())[:150]}")
+
+
+#: ``--statements``: print each PostgreSQL configuration's statements per round.
+SHOW_STATEMENTS = False
 
 
 @dataclass
@@ -208,7 +238,10 @@ async def all_completed(db: Db, count: int, limit: float, step: float = 0.05) ->
         counts = dict(db.q("SELECT status, COUNT(*) FROM goals GROUP BY status"))
         ended = sum(v for k, v in counts.items() if k != "active")
         if ended == count and counts.get("completed", 0) != count:
-            raise RuntimeError(f"goals ended but not all completed: {counts}")
+            reasons = db.q(
+                "SELECT status, status_reason, COUNT(*) FROM goals WHERE status != 'completed' GROUP BY 1, 2"
+            )
+            raise RuntimeError(f"goals ended but not all completed: {counts}: {reasons}")
         return bool(counts.get("completed", 0) == count)
 
     await until(done, f"{count} goals completed", limit, step)
@@ -263,6 +296,8 @@ class Rounds:
     #: each) and write transactions (each takes the cluster-wide writer lock) over the run.
     statements: int | None = None
     writes: int | None = None
+    #: PostgreSQL only: the daemons' client round trips over the run (see statement_counts).
+    trips: int | None = None
 
 
 async def measure_rounds(label: str, root: Path, store: str | Path, nodes: int, goals: int, rounds: int) -> Rounds:
@@ -273,12 +308,15 @@ async def measure_rounds(label: str, root: Path, store: str | Path, nodes: int, 
         live = cluster.start(nodes)
         db = Db(bench_role(store) if isinstance(store, str) else root / "n0" / "goald.db")
         before = statement_counts(db)
+        table = statement_table(db) if SHOW_STATEMENTS else {}
         t0 = time.perf_counter()
         await create_goals(live, goals, f"rounds={rounds}")
         await all_completed(db, goals, limit=120 + goals * rounds)
         seconds = time.perf_counter() - t0
         after = statement_counts(db)
         done = sum(r[0] for r in db.q("SELECT rounds FROM goals"))
+        if SHOW_STATEMENTS and not isinstance(store, Path):
+            print_statements(label, table, statement_table(db), done)
         # One goal alone afterwards: its latency without 59 other sessions queued on the same writer.
         solo = await rpc(
             live[-1].socket_path,
@@ -297,6 +335,7 @@ async def measure_rounds(label: str, root: Path, store: str | Path, nodes: int, 
         )
         if before is not None and after is not None:
             out.statements, out.writes = after[0] - before[0], after[1] - before[1]
+            out.trips = after[2] - before[2]
         return out
     finally:
         if db is not None:
@@ -407,17 +446,21 @@ def med(values: list[float]) -> float | None:
 def print_rounds(results: list[Rounds], goals: int, rounds: int) -> None:
     print(f"\n{goals} goals x {rounds} rounds, test:worker (instant), created round-robin over the nodes")
     print(f"idle -> continuation in ms: under that load, and of one goal alone afterwards ({SOLO_ROUNDS} rounds)")
-    print("stmts/round, writes/round: the daemons' statements and writer-locked transactions per round (PostgreSQL)")
+    print(
+        "stmts/round, trips/round, writes/round: the daemons' statements, client round trips and"
+        " writer-locked transactions per round (PostgreSQL)"
+    )
     head = f"{'configuration':<20} {'rounds/s':>8} {'wall s':>6} {'p50':>6} {'p90':>6} {'alone p50':>9} {'p90':>6}"
-    print(f"{head} {'stmts/round':>11} {'writes/round':>12} {'dup':>3} {'load':>4}")
+    print(f"{head} {'stmts/round':>11} {'trips/round':>11} {'writes/round':>12} {'dup':>3} {'load':>4}")
     for r in results:
         stmts = "-" if r.statements is None else f"{r.statements / r.rounds:.0f}"
+        trips = "-" if r.trips is None else f"{r.trips / r.rounds:.0f}"
         writes = "-" if r.writes is None else f"{r.writes / r.rounds:.1f}"
         print(
             f"{r.label:<20} {r.rounds / r.seconds:8.1f} {r.seconds:6.1f}"
             f" {statistics.median(r.latencies) * 1000:6.1f} {pct(r.latencies, 0.9) * 1000:6.1f}"
             f" {statistics.median(r.solo) * 1000:9.1f} {pct(r.solo, 0.9) * 1000:6.1f}"
-            f" {stmts:>11} {writes:>12} {r.duplicates:3d} {r.load:4.1f}"
+            f" {stmts:>11} {trips:>11} {writes:>12} {r.duplicates:3d} {r.load:4.1f}"
         )
 
 
@@ -541,6 +584,8 @@ async def run(args: argparse.Namespace) -> None:
     try:
         floors = probe(server.create_database())
         with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+            # As root, commands run as the sandbox user: it must pass through to the work directories.
+            os.chmod(tmp, 0o711)
             results = await all_rounds(server, Path(tmp), args.goals, args.rounds)
             if not args.skip_takeover:
                 takeovers = await all_takeovers(server, Path(tmp), args.ttls, args.runs, args.takeover_goals)
@@ -563,9 +608,14 @@ def main() -> None:
     )
     parser.add_argument("--skip-takeover", action="store_true", help="measure rounds and latency only")
     parser.add_argument(
+        "--statements", action="store_true", help="print each PostgreSQL configuration's statements per round"
+    )
+    parser.add_argument(
         "--full", action="store_true", help="300 goals per configuration; 5 takeover runs per TTL of 30 goals"
     )
     args = parser.parse_args()
+    global SHOW_STATEMENTS
+    SHOW_STATEMENTS = args.statements
     if args.full:
         args.goals, args.runs, args.takeover_goals = (
             max(args.goals, 300),
