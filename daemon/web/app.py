@@ -36,12 +36,13 @@ from daemon.display import status_text
 from daemon.metrics import LoopLag
 from daemon.ports import HostPort
 from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, map_exception
+from daemon.rpc.views import GoalView
 from daemon.web.access import Access, Refused, query_int, see_other, token_of, wants_json
 from daemon.web.answers import AnswerRoutes
 from daemon.web.charts import BurnCache, burn_svg
 from daemon.web.goal_view import goal_page
 from daemon.web.goals_view import attention_order, goal_row, goals_page
-from daemon.web.html import h, layout, now_utc, parse_epoch, used_text
+from daemon.web.html import h, layout, now_utc, used_text
 from daemon.web.links import AnswerLinks
 from daemon.web.listen import describe
 from daemon.web.live import Streams, goal_stream, goals_stream
@@ -203,35 +204,35 @@ class WebService:
     async def goal(self, request: web.Request) -> web.Response:
         """One goal: describe data, actions, chart, the newest bands of its timeline."""
         d = await self.call(request, "goal/describe", {"goalId": request.match_info["ref"], "events": 0})
-        g = d["goal"]
-        tl = await self.call(request, "goal/timeline", {"goalId": g["id"], "limit": BANDS_PER_PAGE})
+        g = GoalView.model_validate(d["goal"])
+        tl = await self.call(request, "goal/timeline", {"goalId": g.id, "limit": BANDS_PER_PAGE})
         flash = request.query.get("done")
         body = goal_page(
             d,
-            timeline_section(g["id"], tl, diffs=bool(g.get("repo"))),
+            timeline_section(g.id, tl, diffs=g.repo is not None),
             csrf=token_of(request).csrf,
             read_only=token_of(request).read_only,
             last_seq=int(tl.get("lastSeq") or 0),
             flash=f"{flash}: done" if flash else None,
         )
-        return self._page(request, str(g.get("title")), body, "goal")
+        return self._page(request, g.title, body, "goal")
 
     async def timeline(self, request: web.Request) -> web.Response:
         """Older bands (a fragment for the page's script, or a page of its own without it)."""
-        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
+        g = await self._goal(request, request.match_info["ref"])
         before = query_int(request.query.get("before"), 2**62, minimum=1)
         count = query_int(request.query.get("limit"), BANDS_PER_PAGE, minimum=1, maximum=100)
-        tl = await self.call(request, "goal/timeline", {"goalId": g["id"], "before": before, "limit": count})
-        html = timeline_html(g["id"], tl, diffs=bool(g.get("repo")))
+        tl = await self.call(request, "goal/timeline", {"goalId": g.id, "before": before, "limit": count})
+        html = timeline_html(g.id, tl, diffs=g.repo is not None)
         if request.headers.get("X-Fragment"):
             return web.Response(text=html, content_type="text/html")
-        body = f'<h1><a href="/goals/{h(g["id"])}">{h(g.get("title"))}</a>: older rounds</h1>{html}'
+        body = f'<h1><a href="/goals/{h(g.id)}">{h(g.title)}</a>: older rounds</h1>{html}'
         return self._page(request, "Timeline", body, "goal")
 
     async def diff(self, request: web.Request) -> web.Response:
         """What a goal on a repository changed: since its start, or in one round (``?round=N``)."""
-        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
-        params: dict[str, Any] = {"goalId": g["id"]}
+        g = await self._goal(request, request.match_info["ref"])
+        params: dict[str, Any] = {"goalId": g.id}
         if "round" in request.query:
             params["round"] = query_int(request.query.get("round"), 1, minimum=1)
         d = await self.call(request, "goal/diff", params)
@@ -243,7 +244,7 @@ class WebService:
             for f in d["files"]
         )
         body = (
-            f'<h1><a href="/goals/{h(g["id"])}">{h(g.get("title"))}</a>: what it changed, {h(what)}</h1>'
+            f'<h1><a href="/goals/{h(g.id)}">{h(g.title)}</a>: what it changed, {h(what)}</h1>'
             f'<p class="note">{h(d["from"])} → {h(d["to"])}</p><table id="diff-files">{stat}</table>'
             f'<pre id="diff-text">{h(d["text"]) or "no change"}</pre>'
         )
@@ -251,31 +252,30 @@ class WebService:
 
     async def conversation(self, request: web.Request) -> web.Response:
         """One band's conversation (at most ``CONVERSATION_LIMIT`` events)."""
-        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
+        g = await self._goal(request, request.match_info["ref"])
         after = query_int(request.query.get("after"), 0, minimum=0)
         upto = query_int(request.query.get("upto"), after + CONVERSATION_LIMIT, minimum=after)
         limit = max(1, min(upto - after, CONVERSATION_LIMIT))
         page = await self.call(
-            request, "session/events", {"sessionId": g["sessionId"], "afterSeq": after, "limit": limit}
+            request, "session/events", {"sessionId": g.session_id, "afterSeq": after, "limit": limit}
         )
         html = conversation_html([e for e in page.get("events") or [] if int(e["seq"]) <= upto])
         if request.headers.get("X-Fragment"):
             return web.Response(text=html, content_type="text/html")
-        return self._page(request, "Conversation", f"<h1>{h(g.get('title'))}: conversation</h1>{html}", "goal")
+        return self._page(request, "Conversation", f"<h1>{h(g.title)}: conversation</h1>{html}", "goal")
 
     async def burn(self, request: web.Request) -> web.Response:
         """The burn-down chart (SVG)."""
-        g = await self.call(request, "goal/get", {"goalId": request.match_info["ref"]})
+        g = await self._goal(request, request.match_info["ref"])
         if self._burn is None:
             self._burn = BurnCache(self._rt().store)
-        series = await self._burn.series(g["id"], g["sessionId"])
-        b = g.get("budgets") or {}
-        start = parse_epoch(g.get("createdAt"))
-        end = parse_epoch(g.get("updatedAt")) if g.get("status") not in ("active", "paused", "waiting") else None
+        series = await self._burn.series(g.id, g.session_id)
+        start = g.created_at.timestamp()
+        end = g.updated_at.timestamp() if not g.status.live else None
         svg = burn_svg(
             series,
-            max_tokens=b.get("maxTokensTotal"),
-            max_cost=b.get("maxCost"),
+            max_tokens=g.budgets.max_tokens_total,
+            max_cost=g.budgets.max_cost,
             start=start,
             now=end or now_utc().timestamp(),
         )
@@ -285,25 +285,29 @@ class WebService:
         """The goal's status and counters as JSON (what a live page refreshes)."""
         return web.json_response(await self._summary(request, request.match_info["ref"]))
 
+    async def _goal(self, request: web.Request, ref: str) -> GoalView:
+        """The goal ``ref`` names (a key, an id or a prefix), typed."""
+        return GoalView.model_validate(await self.call(request, "goal/get", {"goalId": ref}))
+
     async def _summary(self, request: web.Request, ref: str) -> dict[str, Any]:
         d = await self.call(request, "goal/describe", {"goalId": ref, "events": 0})
-        g = d["goal"]
-        b = g.get("budgets") or {}
+        g = GoalView.model_validate(d["goal"])
+        b = g.budgets
         return {
-            "id": g["id"],
-            "status": g.get("status"),
+            "id": g.id,
+            "status": g.status.value,
             "statusText": status_text(g),
             "why": d.get("why") or "-",
             "activity": (d.get("activity") or {}).get("text"),
-            "rounds": used_text(float(g.get("rounds") or 0), b.get("maxRounds"), "{:,.0f}"),
-            "tokens": used_text(float(g.get("tokens") or 0), b.get("maxTokensTotal"), "{:,.0f}"),
-            "cost": used_text(float(g.get("cost") or 0.0), b.get("maxCost"), "{:.4f}"),
+            "rounds": used_text(float(g.rounds), b.max_rounds, "{:,.0f}"),
+            "tokens": used_text(float(g.tokens), b.max_tokens_total, "{:,.0f}"),
+            "cost": used_text(g.cost, b.max_cost, "{:.4f}"),
         }
 
     async def live(self, request: web.Request) -> web.StreamResponse:
         """The goal's live stream (server-sent events), from ``Last-Event-ID`` or ``after``."""
         ref = request.match_info["ref"]
-        g = await self.call(request, "goal/get", {"goalId": ref})
+        g = await self._goal(request, ref)
         if self.streams.full():
             raise Refused(503, "Busy", f"{self.streams.cap} live pages are open already (web.max_live_pages)")
         resume = request.headers.get("Last-Event-ID")
@@ -312,7 +316,7 @@ class WebService:
 
         async def summary() -> dict[str, Any]:
             try:
-                return await self._summary(request, g["id"])
+                return await self._summary(request, g.id)
             except Refused as exc:
                 return {"error": exc.text}
 
@@ -320,12 +324,12 @@ class WebService:
             request,
             store=rt.store,
             hub=rt.store.hub,
-            session_id=g["sessionId"],
+            session_id=g.session_id,
             after=after,
             backlog=self.settings.live_backlog,
             summary=summary,
             streams=self.streams,
-            goal_id=str(g["id"]),
+            goal_id=g.id,
         )
 
     async def act(self, request: web.Request) -> web.StreamResponse:
@@ -337,12 +341,12 @@ class WebService:
             text = form.get("text", "").strip()
             if not text:
                 raise Refused(400, "Bad request", "the message is empty")
-            g = await self.call(request, "goal/get", {"goalId": ref})
-            params: dict[str, Any] = {"sessionId": g["sessionId"], "text": text}
+            g = await self._goal(request, ref)
+            params: dict[str, Any] = {"sessionId": g.session_id, "text": text}
             if form.get("resume"):
                 params["resume"] = True
             result = await self.call(request, "session/prompt", params)
-            goal_id = str(g["id"])
+            goal_id = str(g.id)
         else:
             result = await self.call(request, f"goal/{action}", {"goalId": ref})
             goal_id = str(result.get("id"))
