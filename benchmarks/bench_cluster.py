@@ -34,6 +34,13 @@ What is measured:
    just after it claimed its sessions, so its leases have nearly a whole TTL left: these are
    close to the worst case (TTL + heartbeat); a node that dies at a random moment is replaced
    between TTL − heartbeat and TTL + heartbeat after its death.
+With ``--rtt-ms 2,5`` the PostgreSQL configurations run again with the daemons reaching the
+database through ``benchmarks/delay_relay.py``, a relay that adds that round trip (this kernel has
+no ``netem``; the round trip measured through it is printed), plus a control: three daemons on three
+databases of their own through the same relay, the goals shared out, which shows what the machine
+and the link allow when nothing is shared. ``--model-delay 0.2`` makes each model call take 0.2 s,
+as a real model's would, so that CPU is not what limits the rounds.
+
 4. **This host's floors**, for reading the above and projecting them to separate hosts: a bare
    ``SELECT 1`` round trip, a write transaction shaped like goald's (``BEGIN``, the writer lock,
    an ``INSERT``, ``COMMIT``), and ``pg_notify`` → delivery to a ``LISTEN`` on another connection.
@@ -43,7 +50,8 @@ speed-up: the nodes compete with each other and the database for the same cores.
 configuration prints the 1-minute load average at its start, so a reader can tell a noisy figure.
 
 Run: ``python benchmarks/bench_cluster.py [--goals N] [--rounds R] [--runs K] [--takeover-goals G]
-[--ttls 3,15] [--skip-takeover] [--full]`` (``--full``: 300 goals, 5 takeover runs of 30 goals).
+[--ttls 3,15] [--skip-takeover] [--rtt-ms 0,2,5] [--model-delay S] [--statements] [--full]``
+(``--full``: 300 goals, 5 takeover runs of 30 goals).
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ import os
 import signal
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -284,6 +293,57 @@ def duplicate_continuations(db: Db) -> int:
 
 
 @dataclass
+class Link:
+    """How the daemons reach PostgreSQL: directly (``rtt_ms`` 0), or through a relay that adds a
+    fixed round trip (``benchmarks/delay_relay.py``, started by :meth:`start`); and how long each
+    model call takes (``model_delay`` seconds: a real model's latency, so that CPU is not the limit)."""
+
+    rtt_ms: float = 0.0
+    model_delay: float = 0.0
+    server_port: int = 0
+    port: int = 0
+    proc: subprocess.Popen[str] | None = None
+    #: The round trip measured through the relay (``SELECT 1``, median, ms).
+    measured_ms: float | None = None
+
+    @property
+    def directive(self) -> str:
+        return f" delay={self.model_delay:g}" if self.model_delay else ""
+
+    def dsn(self, dsn: str) -> str:
+        """``dsn`` as the daemons use it: through the relay, if there is one."""
+        if self.proc is None:
+            return dsn
+        return dsn.replace(f":{self.server_port}/", f":{self.port}/", 1)
+
+    def start(self, server_port: int, probe_dsn: str) -> None:
+        self.server_port = server_port
+        if self.rtt_ms <= 0:
+            return
+        relay = Path(__file__).with_name("delay_relay.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(relay), "--to", str(server_port), "--rtt-ms", str(self.rtt_ms)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        times = []
+        with psycopg.connect(self.dsn(probe_dsn), autocommit=True) as conn:
+            for _ in range(50):
+                t0 = time.perf_counter()
+                conn.execute("SELECT 1").fetchall()
+                times.append(time.perf_counter() - t0)
+        self.measured_ms = statistics.median(times) * 1000
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@dataclass
 class Rounds:
     label: str
     seconds: float
@@ -300,9 +360,14 @@ class Rounds:
     trips: int | None = None
 
 
-async def measure_rounds(label: str, root: Path, store: str | Path, nodes: int, goals: int, rounds: int) -> Rounds:
+async def measure_rounds(
+    label: str, root: Path, store: str | Path, nodes: int, goals: int, rounds: int, link: Link | None = None
+) -> Rounds:
+    """``goals`` goals of ``rounds`` rounds on ``nodes`` daemons of one store; with ``link``, the
+    daemons reach PostgreSQL through its delaying relay (the benchmark's own queries do not)."""
     started_load = load()
-    cluster = Cluster(root, store)
+    link = link or Link()
+    cluster = Cluster(root, link.dsn(store) if isinstance(store, str) else store)
     db: Db | None = None
     try:
         live = cluster.start(nodes)
@@ -310,8 +375,8 @@ async def measure_rounds(label: str, root: Path, store: str | Path, nodes: int, 
         before = statement_counts(db)
         table = statement_table(db) if SHOW_STATEMENTS else {}
         t0 = time.perf_counter()
-        await create_goals(live, goals, f"rounds={rounds}")
-        await all_completed(db, goals, limit=120 + goals * rounds)
+        await create_goals(live, goals, f"rounds={rounds}{link.directive}")
+        await all_completed(db, goals, limit=120 + goals * rounds * (1 + 10 * link.model_delay))
         seconds = time.perf_counter() - t0
         after = statement_counts(db)
         done = sum(r[0] for r in db.q("SELECT rounds FROM goals"))
@@ -321,9 +386,13 @@ async def measure_rounds(label: str, root: Path, store: str | Path, nodes: int, 
         solo = await rpc(
             live[-1].socket_path,
             "goal/create",
-            {"objective": f"Alone. [rounds={SOLO_ROUNDS}]", "model": "test:worker", "verify": [{"cmd": "true"}]},
+            {
+                "objective": f"Alone. [rounds={SOLO_ROUNDS}{link.directive}]",
+                "model": "test:worker",
+                "verify": [{"cmd": "true"}],
+            },
         )
-        await all_completed(db, goals + 1, limit=120)
+        await all_completed(db, goals + 1, limit=120 + SOLO_ROUNDS * 10 * link.model_delay)
         out = Rounds(
             label,
             seconds,
@@ -443,8 +512,9 @@ def med(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def print_rounds(results: list[Rounds], goals: int, rounds: int) -> None:
-    print(f"\n{goals} goals x {rounds} rounds, test:worker (instant), created round-robin over the nodes")
+def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: float = 0.0) -> None:
+    model = f"{model_delay:g} s per model call" if model_delay else "instant"
+    print(f"\n{goals} goals x {rounds} rounds, test:worker ({model}), created round-robin over the nodes")
     print(f"idle -> continuation in ms: under that load, and of one goal alone afterwards ({SOLO_ROUNDS} rounds)")
     print(
         "stmts/round, trips/round, writes/round: the daemons' statements, client round trips and"
@@ -483,19 +553,69 @@ def print_takeovers(takeovers: list[Takeover], ttls: list[float]) -> None:
         )
 
 
-async def all_rounds(server: Any, root: Path, goals: int, rounds: int) -> list[Rounds]:
-    configs: list[tuple[str, str | Path, int]] = [("SQLite, 1 daemon", root / "sqlite", 1)]
-    configs += [(f"PostgreSQL, {n} node{'s' * (n > 1)}", "", n) for n in (1, 2, 3)]
+async def all_rounds(
+    server: Any, root: Path, goals: int, rounds: int, rtts: list[float] | None = None, model_delay: float = 0.0
+) -> list[Rounds]:
+    """Every configuration: SQLite and 1, 2, 3 PostgreSQL nodes directly; for each round trip of
+    ``rtts`` above 0, 1, 2 and 3 nodes through the delaying relay and the control (3 daemons on 3
+    databases of their own through the same relay, each with a third of the goals)."""
     results = []
-    for i, (label, store, count) in enumerate(configs):
-        r = await measure_rounds(label, root / f"c{i}", store or server.create_database(), count, goals, rounds)
-        results.append(r)
-        print(
-            f"{label}: {r.rounds} rounds in {r.seconds:.1f} s = {r.rounds / r.seconds:.1f} rounds/s;"
-            f" idle->continuation median {statistics.median(r.latencies) * 1000:.1f} ms (load {r.load:.1f})",
-            flush=True,
-        )
+    for rtt in rtts or [0.0]:
+        link = Link(rtt, model_delay)
+        link.start(server.port, server.create_database())
+        try:
+            at = f", {rtt:g} ms" if rtt else ""
+            configs: list[tuple[str, str | Path, int]] = [] if rtt else [("SQLite, 1 daemon", root / "sqlite", 1)]
+            configs += [(f"PostgreSQL{at}, {n} node{'s' * (n > 1)}", "", n) for n in (1, 2, 3)]
+            for label, store, count in configs:
+                where = root / f"c{len(results)}"
+                r = await measure_rounds(label, where, store or server.create_database(), count, goals, rounds, link)
+                results.append(_said(r, link))
+            if rtt:
+                dbs = [server.create_database() for _ in range(3)]
+                r = await measure_control(f"control{at}, 3 dbs", root / f"c{len(results)}", dbs, goals, rounds, link)
+                results.append(_said(r, link))
+        finally:
+            link.stop()
     return results
+
+
+def _said(r: Rounds, link: Link) -> Rounds:
+    trip = f"; measured round trip {link.measured_ms:.2f} ms" if link.measured_ms is not None else ""
+    print(
+        f"{r.label}: {r.rounds} rounds in {r.seconds:.1f} s = {r.rounds / r.seconds:.1f} rounds/s;"
+        f" idle->continuation median {statistics.median(r.latencies) * 1000:.1f} ms (load {r.load:.1f}){trip}",
+        flush=True,
+    )
+    return r
+
+
+async def measure_control(label: str, root: Path, dbs: list[str], goals: int, rounds: int, link: Link) -> Rounds:
+    """The control: one daemon on each of ``dbs`` (a database of its own, through ``link``), the goals
+    shared out, all at once; what the machine and the link allow when nothing is shared."""
+    started_load = load()
+    clusters = [Cluster(root / f"d{i}", link.dsn(dsn)) for i, dsn in enumerate(dbs)]
+    readers: list[Db] = []
+    try:
+        lives = [c.start(1) for c in clusters]
+        readers = [Db(bench_role(dsn)) for dsn in dbs]
+        shares = [goals // len(dbs) + (1 if i < goals % len(dbs) else 0) for i in range(len(dbs))]
+        t0 = time.perf_counter()
+        for live, share in zip(lives, shares, strict=True):
+            await create_goals(live, share, f"rounds={rounds}{link.directive}")
+        limit = 120 + goals * rounds * (1 + 10 * link.model_delay)
+        for db, share in zip(readers, shares, strict=True):
+            await all_completed(db, share, limit=limit)
+        seconds = time.perf_counter() - t0
+        done = sum(r[0] for db in readers for r in db.q("SELECT rounds FROM goals"))
+        latencies = [x for db in readers for x in idle_to_continuation(db)]
+        duplicates = sum(duplicate_continuations(db) for db in readers)
+        return Rounds(label, seconds, done, latencies, latencies, duplicates, started_load)
+    finally:
+        for db in readers:
+            db.close()
+        for c in clusters:
+            c.close()
 
 
 async def all_takeovers(server: Any, root: Path, ttls: list[float], runs: int, goals: int) -> list[Takeover]:
@@ -586,13 +706,13 @@ async def run(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
             # As root, commands run as the sandbox user: it must pass through to the work directories.
             os.chmod(tmp, 0o711)
-            results = await all_rounds(server, Path(tmp), args.goals, args.rounds)
+            results = await all_rounds(server, Path(tmp), args.goals, args.rounds, args.rtt_ms, args.model_delay)
             if not args.skip_takeover:
                 takeovers = await all_takeovers(server, Path(tmp), args.ttls, args.runs, args.takeover_goals)
     finally:
         server.stop()
     print_probe(floors)
-    print_rounds(results, args.goals, args.rounds)
+    print_rounds(results, args.goals, args.rounds, args.model_delay)
     if takeovers:
         print_takeovers(takeovers, args.ttls)
 
@@ -607,6 +727,15 @@ def main() -> None:
         "--ttls", type=lambda s: [float(x) for x in s.split(",")], default=[3.0, 15.0], help="lease TTLs, e.g. 3,15"
     )
     parser.add_argument("--skip-takeover", action="store_true", help="measure rounds and latency only")
+    parser.add_argument(
+        "--rtt-ms",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[0.0],
+        help="round trips to PostgreSQL to measure, e.g. 0,2,5 (above 0: through benchmarks/delay_relay.py)",
+    )
+    parser.add_argument(
+        "--model-delay", type=float, default=0.0, help="seconds each model call takes (e.g. 0.2: a real model's)"
+    )
     parser.add_argument(
         "--statements", action="store_true", help="print each PostgreSQL configuration's statements per round"
     )
