@@ -19,6 +19,7 @@ from daemon.cli.parser import UsageError, parse_deadline
 from daemon.client import Connection
 from daemon.display import age, status_text, use_utc, when
 from daemon.rpc.protocol import RpcError
+from daemon.schedule.model import CronTrigger, IntervalTrigger, Schedule, ScheduleRun
 
 
 def _trigger(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,28 +51,28 @@ def outcome_text(outcome: str | None, manual: bool = False) -> str:
     return f"{text} (manual)" if manual else text
 
 
-def _line(s: dict[str, Any]) -> str:
-    trig = s["trigger"]
-    tz = _zone(s["timezone"])
-    what = trig.get("expr") or (f"every {trig['seconds']:g}s" if trig["kind"] == "interval" else "once")
-    nxt = s.get("nextFireAt")
+def _line(s: Schedule) -> str:
+    trig = s.trigger
+    tz = _zone(s.timezone)
+    if isinstance(trig, CronTrigger):
+        what = trig.expr
+    else:
+        what = f"every {trig.seconds:g}s" if isinstance(trig, IntervalTrigger) else "once"
+    nxt = s.next_fire_at
     next_text = f"{when(nxt, tz)} ({age(nxt)})" if nxt else "-"
-    if s.get("suspendedAt"):
+    if s.suspended_at:
         next_text = f"(suspended) {next_text}"
-    suspended = f"since {when(s['suspendedAt'], tz)}" if s.get("suspendedAt") else "no"
-    last = f"{outcome_text(s['lastOutcome'])} ({s.get('lastReason')})" if s.get("lastOutcome") else "never fired"
-    return (
-        f"{s['id']}  {s.get('key') or '-'}  {trig['kind']} {what} {s['timezone']}  {suspended}"
-        f"  next {next_text}  last {last}"
-    )
+    suspended = f"since {when(s.suspended_at, tz)}" if s.suspended_at else "no"
+    last = f"{outcome_text(s.last_outcome)} ({s.last_reason})" if s.last_outcome else "never fired"
+    return f"{s.id}  {s.key or '-'}  {trig.kind} {what} {s.timezone}  {suspended}  next {next_text}  last {last}"
 
 
-def _name(s: dict[str, Any]) -> str:
-    return f"{s['id']} ({s['key']})" if s.get("key") else str(s["id"])
+def _name(s: Schedule) -> str:
+    return f"{s.id} ({s.key})" if s.key else str(s.id)
 
 
-def _run_line(r: dict[str, Any]) -> str:
-    return f"{when(r['scheduledFor'])}  {outcome_text(r['outcome'], r.get('manual', False))}  {r['reason']}"
+def _run_line(r: ScheduleRun) -> str:
+    return f"{when(r.scheduled_for)}  {outcome_text(r.outcome, r.manual)}  {r.reason}"
 
 
 async def _ended(client: Connection, goal_id: str) -> str:
@@ -121,7 +122,7 @@ async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
             "startingDeadlineSeconds": args.starting_deadline,
         }
         created = await client.call("schedule/add", params)
-        print(json.dumps(created, indent=2, sort_keys=True) if args.json else _line(created))
+        print(json.dumps(created, indent=2, sort_keys=True) if args.json else _line(Schedule.model_validate(created)))
         for warning in created.get("warnings", []):  # the daemon's: what each fire's goal cannot do
             print(f"warning: {warning}", file=sys.stderr)
         return 0
@@ -134,14 +135,15 @@ async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
         else:
             print(HEADER)
             for s in result["schedules"]:
-                print(_line(s))
+                print(_line(Schedule.model_validate(s)))
         return 0
     if action == "rm":
         removed = await client.call("schedule/remove", {"scheduleId": args.schedule})
         if args.json:
             print(json.dumps(removed, indent=2, sort_keys=True))
         else:  # the answer of an older daemon is {}
-            print(f"removed schedule {_name(removed) if removed else args.schedule}; its runs and goals stay")
+            name = _name(Schedule.model_validate(removed)) if removed else args.schedule
+            print(f"removed schedule {name}; its runs and goals stay")
         return 0
     if action == "runs":
         result = await client.call("schedule/runs", {"scheduleId": args.schedule, "limit": args.limit})
@@ -150,8 +152,9 @@ async def schedule_command(client: Connection, args: argparse.Namespace) -> int:
         elif not result["runs"]:
             print(f"schedule {args.schedule} has no runs yet", file=sys.stderr)
         else:
-            for r in result["runs"]:
-                goal_ref = f" -> {r['goalId']}: {await _ended(client, r['goalId'])}" if r.get("goalId") else ""
+            for raw in result["runs"]:
+                r = ScheduleRun.model_validate(raw)
+                goal_ref = f" -> {r.goal_id}: {await _ended(client, r.goal_id)}" if r.goal_id else ""
                 print(f"{_run_line(r)}{goal_ref}")
         return 0
     if action in ("suspend", "resume", "run"):
@@ -164,20 +167,20 @@ async def _change(client: Connection, args: argparse.Namespace) -> int:
     action = args.schedule_command
     ref = {"scheduleId": args.schedule}
     if action == "suspend":
-        s = out = await client.call("schedule/suspend", ref)
+        out = await client.call("schedule/suspend", ref)
+        s = Schedule.model_validate(out)
         said = f"suspended schedule {_name(s)}: its instants are recorded 'skipped (suspended)' until it is resumed"
     elif action == "resume":
-        answer = await client.call("schedule/resume", ref)
-        s, run = answer["schedule"], answer["run"]
-        out = answer
+        out = await client.call("schedule/resume", ref)
+        s = Schedule.model_validate(out["schedule"])
         said = f"resumed schedule {_name(s)}"
-        if run is not None:
-            said += f"; {_run_line(run)}"
-        elif s.get("misfire") == "skip":
+        if out["run"] is not None:
+            said += f"; {_run_line(ScheduleRun.model_validate(out['run']))}"
+        elif s.misfire == "skip":
             said += "; nothing fired for the instants skipped while suspended (misfire policy skip)"
     else:
-        out = run = await client.call("schedule/run", ref)
-        said = f"schedule {args.schedule}: {_run_line(run)}"
+        out = await client.call("schedule/run", ref)
+        said = f"schedule {args.schedule}: {_run_line(ScheduleRun.model_validate(out))}"
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
