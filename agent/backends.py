@@ -9,9 +9,11 @@ statements that open a transaction:
 - **PostgreSQL**: a write is ``BEGIN`` plus ``pg_advisory_xact_lock`` on one cluster-wide key, so
   write transactions of every node run one at a time exactly as SQLite's do on one file: the
   engine's one-transaction decisions, gap-free sequence numbers and the inbox's checks keep the
-  meaning they have on SQLite without a second concurrency design. (Each is a few small statements
-  held for about a millisecond: the lock costs a round trip, not throughput, at goald's rates.) A
-  read is a ``REPEATABLE READ READ ONLY`` transaction: one snapshot, no lock.
+  meaning they have on SQLite without a second concurrency design. A write whose invariants are one
+  session's own names it (:meth:`agent.store.Store.transact`'s ``session``) and holds that key
+  shared, plus the session's own lock: such writes of different sessions run at once across the
+  cluster (across a network the one lock was the cluster's throughput ceiling). A read is a
+  ``REPEATABLE READ READ ONLY`` transaction: one snapshot, no lock.
 
 A PostgreSQL connection that breaks (the server restarted, the network went away) is dropped and
 made again on the next unit of work; until that succeeds every write fails with
@@ -37,8 +39,11 @@ from agent.db import Conn, PgConn, psycopg_module
 from agent.errors import StorageUnavailable
 from agent.storage import owner_only
 
-#: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII).
+#: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII): exclusive,
+#: or shared by a transaction whose invariants are its sessions' own (:meth:`PgBackend.begin`).
 WRITER_LOCK = 0x676F616C64
+#: The first key of a session's advisory lock (``goal`` in ASCII); the second is the hash of its id.
+SESSION_LOCKS = 0x676F616C
 
 
 class SqliteBackend:
@@ -48,9 +53,13 @@ class SqliteBackend:
     begin_read = "BEGIN"
 
     @staticmethod
-    def begin(conn: Conn) -> None:
-        """Open a write transaction: the file's one writer lock."""
+    def begin(conn: Conn, session: str | None = None) -> None:
+        """Open a write transaction: the file's one writer lock (whatever ``session`` says)."""
         conn.execute("BEGIN IMMEDIATE")
+
+    @staticmethod
+    def lock_session(conn: Conn, session_id: str) -> None:
+        """Nothing: the file's writer lock is held already."""
 
     @staticmethod
     def commit(conn: Conn, notes: list[str]) -> None:
@@ -152,11 +161,29 @@ class PgBackend:
     begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
     @staticmethod
-    def begin(conn: Conn) -> None:
-        """Open a write transaction and take the writer lock, in one round trip (two statements in
-        one text: PostgreSQL's simple query protocol)."""
+    def begin(conn: Conn, session: str | None = None) -> None:
+        """Open a write transaction and take the writer lock, in one round trip (the statements in
+        one text: PostgreSQL's simple query protocol). Exclusive: the transaction runs alone in the
+        cluster. With ``session``, for a transaction whose invariants are that session's own: the
+        writer lock shared and the session's lock (:meth:`lock_session`), so that such
+        transactions of different sessions run at once, on every node, while one that needs the
+        cluster to itself still waits for all of them (and they for it)."""
         assert isinstance(conn, PgConn)
-        conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
+        if session is None:
+            conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
+            return
+        from psycopg import sql
+
+        text = sql.SQL("BEGIN; SELECT pg_advisory_xact_lock_shared({}); SELECT pg_advisory_xact_lock({}, hashtext({}))")
+        conn.script(text.format(WRITER_LOCK, SESSION_LOCKS, session).as_string(conn.raw))
+
+    @staticmethod
+    def lock_session(conn: Conn, session_id: str) -> None:
+        """Take ``session_id``'s lock until the transaction ends (two ids of the same hash share one:
+        they only wait for each other). Taken before the session's state is read: in PostgreSQL's
+        READ COMMITTED each statement sees what was committed before it began, so the read after
+        the lock sees every commit of the previous holder."""
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (SESSION_LOCKS, session_id))
 
     @staticmethod
     def commit(conn: Conn, notes: list[str]) -> None:
@@ -236,4 +263,13 @@ def _where(dsn: str) -> str:
 
 Backend = SqliteBackend | PgBackend
 
-__all__ = ["WRITER_LOCK", "Backend", "PgBackend", "SqliteBackend", "credential_password", "masked", "pg_failure"]
+__all__ = [
+    "SESSION_LOCKS",
+    "WRITER_LOCK",
+    "Backend",
+    "PgBackend",
+    "SqliteBackend",
+    "credential_password",
+    "masked",
+    "pg_failure",
+]

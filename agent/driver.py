@@ -154,7 +154,8 @@ class Agent(MessageIntake):
             return
         if discard_queued:
             await self.store.transact(
-                partial(cancel_all, session_id=self.session_id, reason=CancelReason.DISCARDED, caller=caller)
+                partial(cancel_all, session_id=self.session_id, reason=CancelReason.DISCARDED, caller=caller),
+                session=self.session_id,
             )
             # A turn the driver committed just before that transaction has its task by now.
             task, finished = self._turn_task, self._turn_finished

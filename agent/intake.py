@@ -85,7 +85,8 @@ class MessageIntake:
                 source=source,
                 pending_key=pending_key,
                 yields_to_followup=yields,
-            )
+            ),
+            session=self.session_id,
         )
 
     async def cancel_message(
@@ -98,5 +99,6 @@ class MessageIntake:
         ``InvalidTransition`` if it was already admitted."""
         mid = MessageId.parse(message_id)
         await self.store.transact(
-            partial(cancel, session_id=self.session_id, message_id=mid, reason=reason, caller=caller)
+            partial(cancel, session_id=self.session_id, message_id=mid, reason=reason, caller=caller),
+            session=self.session_id,
         )

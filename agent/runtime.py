@@ -234,7 +234,9 @@ class Runtime:
         how = parse_delivery(delivery)
         mid = MessageId.parse(message_id) if message_id is not None else MessageId.new()
         sid = SessionId.parse(session_id)
-        await self.store.transact(lambda tx: enqueue(tx, sid, blocks, delivery=how, message_id=mid, source=source))
+        await self.store.transact(
+            lambda tx: enqueue(tx, sid, blocks, delivery=how, message_id=mid, source=source), session=sid
+        )
         return mid
 
     async def cancel_message(
@@ -248,7 +250,7 @@ class Runtime:
         ``InvalidTransition`` if it was admitted."""
         mid = MessageId.parse(message_id)
         sid = SessionId.parse(session_id)
-        await self.store.transact(lambda tx: cancel(tx, sid, mid, reason, caller))
+        await self.store.transact(lambda tx: cancel(tx, sid, mid, reason, caller), session=sid)
 
     def _interested(self, session_id: str) -> bool:
         # On the store thread: reads of dicts the loop changes (a stale answer costs one read or one

@@ -267,13 +267,20 @@ class Store:
         else:
             done.set_result(result)
 
-    async def transact(self, fn: Callable[[Tx], T]) -> T:
+    async def transact(self, fn: Callable[[Tx], T], *, session: str | None = None) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` … ``COMMIT`` on the store thread.
 
         If ``fn`` raises, the transaction rolls back, no event is published and the cached
         session state is unchanged. Committed events reach listeners before this returns.
+
+        ``session``: every invariant ``fn`` relies on is that session's own (it writes that session,
+        and otherwise only rows whose invariants a unique index or a conditional update keeps). On
+        PostgreSQL it then holds the writer lock shared and the session's lock, taken with
+        ``BEGIN`` before anything is read, so that such transactions of different sessions run at
+        once across the cluster (``docs/architecture.md``, the writer lock invariant by invariant);
+        another session it touches is locked when first touched. On SQLite it changes nothing.
         """
-        return await self._call(lambda: self._run_tx(fn))
+        return await self._call(lambda: self._run_tx(fn, session))
 
     async def timed_transact(self, fn: Callable[[Tx], T]) -> tuple[T, float]:
         """:meth:`transact`, also returning the seconds the transaction held the writer (from its
@@ -302,11 +309,11 @@ class Store:
             return storage_failure(exc, self.path)
         return pg_failure(exc, self.location)
 
-    def _run_tx(self, fn: Callable[[Tx], T]) -> T:
+    def _run_tx(self, fn: Callable[[Tx], T], session: str | None = None) -> T:
         try:
             conn = self._raw()
-            tx = Tx(self, conn)
-            self._backend.begin(conn)
+            tx = Tx(self, conn, session=session if self.kind == "postgresql" else None)
+            self._backend.begin(conn, session)
             marks: dict[str, int] = {}
             try:
                 result = fn(tx)
@@ -331,7 +338,7 @@ class Store:
                     self.location,
                     self.reserve.path,
                 )
-                return self._run_tx(fn)
+                return self._run_tx(fn, session)
             failure = self._failure_of(exc)
             if failure is None:
                 raise
@@ -346,6 +353,9 @@ class Store:
         if tx.events or tx._after:
             self._delivery = (tx.events, tx._after)  # delivered with the result (see _work)
         return result
+
+    def _lock_session(self, conn: Conn, session_id: str) -> None:
+        self._backend.lock_session(conn, session_id)
 
     # -- storage health (agent.storage.StorageHealth) ---------------------------------------
 

@@ -79,9 +79,13 @@ def load_session_state(conn: Conn, session_id: str) -> SessionState:
 class Tx:
     """One open transaction on the store thread. Only transaction functions receive one."""
 
-    def __init__(self, store: Store, conn: Conn) -> None:
+    def __init__(self, store: Store, conn: Conn, *, session: str | None = None) -> None:
         self.store = store
         self.conn = conn
+        #: The writer lock is held shared, and this session's lock taken with ``BEGIN``; another
+        #: session is locked as it is first touched (:meth:`agent.store.Store.transact`'s ``session``).
+        self.per_session = session is not None
+        self._locked: set[str] = {session} if session is not None else set()
         self.now = utcnow()
         self.events: list[Event] = []
         self._states: dict[str, SessionState] = {}
@@ -99,8 +103,15 @@ class Tx:
         check = self.store.fence
         if check is None or session_id in self._fenced:
             return
+        self._lock(session_id)
         check(self.conn, session_id)
         self._fenced.add(session_id)
+
+    def _lock(self, session_id: str) -> None:
+        """Take ``session_id``'s lock, once per transaction, where the writer lock is held shared."""
+        if self.per_session and session_id not in self._locked:
+            self.store._lock_session(self.conn, session_id)
+            self._locked.add(session_id)
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         """Run one statement (a cursor: ``rowcount``, ``fetchone``, ``fetchall``)."""
@@ -119,6 +130,7 @@ class Tx:
         """The session's cached state as this transaction sees it (changes apply at commit)."""
         st = self._states.get(session_id)
         if st is None:
+            self._lock(session_id)
             base = self.store._states.get(session_id) if self.store._cache_states else None
             if base is None:
                 base = load_session_state(self.conn, session_id)

@@ -85,7 +85,9 @@ class DriverWriter:
         while True:
             deferred = tuple(self._deferred)
             try:
-                result = await self.store.transact(partial(_fenced, self.session_id, deferred, fn))
+                result = await self.store.transact(
+                    partial(_fenced, self.session_id, deferred, fn), session=self.session_id
+                )
                 if deferred:
                     self._deferred = [d for d in self._deferred if not d.committed]
                 return result

@@ -235,7 +235,9 @@ class GoalEngine(GoalRequests, GoalFollowing):
         # The goal, its session's state and the round's events in one hop to the store thread and
         # one snapshot (a transaction that writes nothing: the session's state is read as a
         # transaction sees it); only the events after the last evaluation are read.
-        goal, st, events = await self.store.transact(lambda tx: _round_of(tx, goal_id))
+        goal, st, events = await self.store.transact(
+            lambda tx: _round_of(tx, goal_id), session=self._session_of(goal_id)
+        )
         if not goal.status.live or (self.owns is not None and not self.owns(goal.session_id)):
             self._forget(goal)
             return None
@@ -283,7 +285,9 @@ class GoalEngine(GoalRequests, GoalFollowing):
             return decision
         await self._checkpoint(goal, decision.goal.rounds, final=decision.kind is DecisionKind.COMPLETE)
         try:
-            saved = await self.store.transact(lambda tx: _fenced_commit(tx, goal, st.status_seq, decision, measured))
+            saved = await self.store.transact(
+                lambda tx: _fenced_commit(tx, goal, st.status_seq, decision, measured), session=goal.session_id
+            )
         except StaleDecision:
             return "stale" if (await self.store.session_state(goal.session_id)).status is AgentStatus.IDLE else None
         log_change(goal.status, saved)

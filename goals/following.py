@@ -94,6 +94,10 @@ class GoalFollowing:
             return
         self._timers.set(goal.id, due_of(goal, self.reminders))
 
+    def _session_of(self, goal_id: str) -> str | None:
+        """The session of a goal this engine follows (``None``: not followed)."""
+        return next((sid for sid, gid in self._sessions.items() if gid == goal_id), None)
+
     def _forget(self, goal: Goal) -> None:
         self.held.pop(goal.id, None)
         if self._sessions.get(goal.session_id) == goal.id:

@@ -1,0 +1,132 @@
+"""Writes of different sessions run at once across nodes; writes of one session never do (issue 30).
+
+Two stores on one PostgreSQL database are two nodes. A transaction given its session
+(``Store.transact(..., session=...)``) holds the cluster's writer lock shared and the session's
+lock; one given none holds the writer lock alone. Each test holds node A's transaction open at a
+known point (a ``threading.Event`` on A's store thread) and looks at what node B can do meanwhile:
+
+* another session's write commits while A's is still open (they overlap: before, B waited);
+* a write of A's session waits: PostgreSQL shows it waiting on an advisory lock, and its function
+  starts only after A's has ended;
+* a write that needs the cluster to itself waits the same way.
+
+What B waits on is read from ``pg_locks``, not guessed from a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from agent.ids import MessageId
+from agent.inbox import enqueue
+from agent.messages import parse_content
+from agent.sessions import create_session
+from agent.store import Store
+from agent.tx import Tx
+
+LIMIT = 10.0
+
+
+@pytest.fixture
+async def nodes(pg_dsn: str) -> AsyncIterator[tuple[Store, Store, str]]:
+    a, b = await Store.open(pg_dsn), await Store.open(pg_dsn)
+    try:
+        yield a, b, pg_dsn
+    finally:
+        await a.close()
+        await b.close()
+
+
+def add(tx: Tx, sid: str, text: str) -> None:
+    enqueue(tx, sid, parse_content(text), message_id=MessageId.new())
+
+
+def waiting_on_advisory_locks(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
+async def until_waiting(dsn: str) -> None:
+    end = time.monotonic() + LIMIT
+    while await asyncio.to_thread(waiting_on_advisory_locks, dsn) == 0:
+        assert time.monotonic() < end, "the second write never waited on a lock"
+        await asyncio.sleep(0.01)
+
+
+class Held:
+    """Node A's transaction, held open on its store thread until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.go = threading.Event()
+        self.ended_at = 0.0
+
+    def __call__(self, sid: str) -> object:
+        def run(tx: Tx) -> None:
+            add(tx, sid, "from a")
+            self.inside.set()
+            assert self.go.wait(LIMIT), "node A's transaction was never released"
+            self.ended_at = time.monotonic()
+
+        return run
+
+    async def entered(self) -> None:
+        assert await asyncio.to_thread(self.inside.wait, LIMIT), "node A's transaction never began"
+
+    def release(self) -> None:
+        self.go.set()
+
+
+async def test_writes_of_two_sessions_on_two_nodes_overlap(nodes: tuple[Store, Store, str]) -> None:
+    a, b, _ = nodes
+    s1 = await a.transact(lambda tx: create_session(tx))
+    s2 = await a.transact(lambda tx: create_session(tx))
+    held = Held()
+    task = asyncio.create_task(a.transact(held(s1), session=s1))
+    try:
+        await held.entered()
+        # B's write of another session commits while A's is open: they overlap.
+        await asyncio.wait_for(b.transact(lambda tx: add(tx, s2, "from b"), session=s2), LIMIT)
+        assert not task.done()
+        committed_b = time.monotonic()
+    finally:
+        held.release()
+    await task
+    assert committed_b < held.ended_at
+    assert "message/queued" in [e.type for e in await a.events_after(s2, 0)]
+
+
+@pytest.mark.parametrize("whose", ["the same session", "the whole cluster"])
+async def test_a_write_of_the_same_session_or_of_the_cluster_waits(nodes: tuple[Store, Store, str], whose: str) -> None:
+    a, b, dsn = nodes
+    s1 = await a.transact(lambda tx: create_session(tx))
+    held = Held()
+    task = asyncio.create_task(a.transact(held(s1), session=s1))
+    started_b: list[float] = []
+
+    def write_b(tx: Tx) -> None:
+        started_b.append(time.monotonic())
+        add(tx, s1, "from b")
+
+    try:
+        await held.entered()
+        other = asyncio.create_task(b.transact(write_b, session=s1 if whose == "the same session" else None))
+        await until_waiting(dsn)  # PostgreSQL shows B waiting on a lock, A's transaction still open
+        assert not started_b and not other.done()
+    finally:
+        held.release()
+    await task
+    await asyncio.wait_for(other, LIMIT)
+    assert started_b and started_b[0] > held.ended_at  # B's function began only after A's had ended
+    seqs = [e.seq for e in await a.events_after(s1, 0)]
+    assert seqs == list(range(1, len(seqs) + 1))  # one gap-free sequence, whichever node wrote
