@@ -153,20 +153,23 @@ def bench_role(dsn: str) -> str:
 
 def statement_counts(db: Db) -> tuple[int, int, int] | None:
     """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements,
-    the writer lock's ``pg_advisory_xact_lock`` (one per write transaction) and the client round
-    trips. A write transaction's ``BEGIN`` and lock go as one text, and so do its ``pg_notify`` and
-    ``COMMIT`` (``agent.backends``): each such pair is one round trip. None on SQLite."""
+    the writer lock's ``pg_advisory_xact_lock`` (exclusive or shared: one per write transaction)
+    and the client round trips. A write transaction's ``BEGIN`` and locks go as one text, and so do
+    its ``pg_notify`` and ``COMMIT`` (``agent.backends``): each is one round trip. None on SQLite."""
     if isinstance(db.store, Path):
         return None
     rows = db.q(
         "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%'), 0),"
-        " COALESCE(SUM(calls) FILTER (WHERE query LIKE 'SELECT pg_notify%%'), 0)"
+        " COALESCE(SUM(calls) FILTER (WHERE query LIKE 'SELECT pg_notify%%'), 0),"
+        " COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%hashtext%%'), 0)"
         " FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
         " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
         _pgkit.USER,
     )
-    total, locks, notifies = (int(v) for v in rows[0])
-    return total, locks, total - locks - notifies
+    # A session's lock (``hashtext``) goes with its transaction's BEGIN and writer lock: a write
+    # transaction is its writer lock, exclusive or shared, alone.
+    total, locks, notifies, session_locks = (int(v) for v in rows[0])
+    return total, locks - session_locks, total - locks - notifies
 
 
 def statement_table(db: Db) -> dict[str, int]:
