@@ -18,12 +18,16 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from agent.db import Conn, PgConn, is_postgres
-from agent.errors import SchemaTooNew
+from agent.errors import NotSupported, SchemaTooNew
 from agent.schema import Migration, MigrationFailed
+
+if TYPE_CHECKING:
+    from agent.store import Store
 
 
 def utcnow() -> str:
@@ -115,6 +119,28 @@ def backup_into(conn: sqlite3.Connection, dest: Path) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+async def backup_store(store: Store, dest: str | Path) -> dict[str, Any]:
+    """Write a consistent copy of ``store``'s SQLite database to ``dest`` while it serves
+    (:func:`backup_into`, on the store's thread); returns ``path``, ``bytes`` and ``seconds``.
+
+    Raises:
+        NotSupported: the store is PostgreSQL (its own tools back it up).
+    """
+    if store.kind == "postgresql":
+        raise NotSupported(
+            "a PostgreSQL store is backed up with PostgreSQL's own tools: pg_dump for a copy,"
+            " pg_basebackup and WAL archiving for point-in-time recovery"
+        )
+    target = Path(dest)
+
+    def copy(conn: sqlite3.Connection) -> int:
+        backup_into(conn, target)
+        return target.stat().st_size
+
+    size, seconds = await store.maintain(copy)
+    return {"path": str(target), "bytes": size, "seconds": round(seconds, 3)}
 
 
 @dataclasses.dataclass(frozen=True)

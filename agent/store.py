@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,10 +32,10 @@ from loguru import logger
 
 from agent.backends import Backend, PgBackend, SqliteBackend, masked, pg_failure
 from agent.db import Conn, PgConn, database_errors, is_dsn
-from agent.errors import NotSupported, StorageUnavailable, StoreClosed
+from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
-from agent.migrate import apply_migrations, backup_into
+from agent.migrate import apply_migrations
 from agent.relay import Listener, catch_up, fill_gaps, follow, needed, payloads, relay, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
@@ -197,23 +196,6 @@ class Store:
 
         return await self._call(lambda: run(self._raw()))
 
-    async def backup(self, dest: str | Path) -> dict[str, Any]:
-        """Write a consistent copy of the database to ``dest`` while the store serves
-        (:func:`backup_into`); returns ``path``, ``bytes`` and ``seconds``."""
-        if self.kind == "postgresql":
-            raise NotSupported(
-                "a PostgreSQL store is backed up with PostgreSQL's own tools: pg_dump for a copy,"
-                " pg_basebackup and WAL archiving for point-in-time recovery"
-            )
-        target = Path(dest)
-
-        def copy(conn: sqlite3.Connection) -> int:
-            backup_into(conn, target)
-            return target.stat().st_size
-
-        size, seconds = await self.maintain(copy)
-        return {"path": str(target), "bytes": size, "seconds": round(seconds, 3)}
-
     async def size_bytes(self) -> int:
         """What the database takes: the SQLite file and its WAL, or PostgreSQL's
         ``pg_database_size`` of the database."""
@@ -273,12 +255,9 @@ class Store:
         If ``fn`` raises, the transaction rolls back, no event is published and the cached
         session state is unchanged. Committed events reach listeners before this returns.
 
-        ``session``: every invariant ``fn`` relies on is that session's own (it writes that session,
-        and otherwise only rows whose invariants a unique index or a conditional update keeps). On
-        PostgreSQL it then holds the writer lock shared and the session's lock, taken with
-        ``BEGIN`` before anything is read, so that such transactions of different sessions run at
-        once across the cluster (``docs/architecture.md``, the writer lock invariant by invariant);
-        another session it touches is locked when first touched. On SQLite it changes nothing.
+        ``session``: every invariant ``fn`` relies on is that session's own; on PostgreSQL it holds
+        the writer lock shared and the session's lock (:meth:`PgBackend.begin
+        <agent.backends.PgBackend.begin>`; ``docs/architecture.md``, "The writer lock").
         """
         return await self._call(lambda: self._run_tx(fn, session))
 
@@ -354,7 +333,7 @@ class Store:
             self._delivery = (tx.events, tx._after)  # delivered with the result (see _work)
         return result
 
-    def _lock_session(self, conn: Conn, session_id: str) -> None:
+    def _lock_session(self, conn: Conn, session_id: str) -> None:  # for Tx
         self._backend.lock_session(conn, session_id)
 
     # -- storage health (agent.storage.StorageHealth) ---------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic.alias_generators import to_camel
 
 from agent import retention
+from agent.migrate import backup_store
 from daemon.ports import HostPort
 from daemon.rpc.context import runtime
 from daemon.rpc.params import NoParams, Params
@@ -55,6 +56,6 @@ def register(d: Dispatcher, host: HostPort) -> None:
         if not dest.is_absolute():
             raise InvalidField(f"path must be absolute, got {p.path!r}", field="path")
         try:
-            return await store.backup(dest)
+            return await backup_store(store, dest)
         except OSError as exc:  # exists already, no such directory, not writable
             raise InvalidField(str(exc), field="path") from None
