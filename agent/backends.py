@@ -58,10 +58,6 @@ class SqliteBackend:
         conn.execute("BEGIN IMMEDIATE")
 
     @staticmethod
-    def lock_session(conn: Conn, session_id: str) -> None:
-        """Nothing: the file's writer lock is held already."""
-
-    @staticmethod
     def commit(conn: Conn, notes: list[str]) -> None:
         """Commit (one process writes a SQLite file: there is nobody to notify)."""
         conn.execute("COMMIT")

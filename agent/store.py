@@ -291,7 +291,10 @@ class Store:
     def _run_tx(self, fn: Callable[[Tx], T], session: str | None = None) -> T:
         try:
             conn = self._raw()
-            tx = Tx(self, conn, session=session if self.kind == "postgresql" else None)
+            # PostgreSQL only: a SQLite write holds the file's one lock, every session included.
+            backend = self._backend
+            lock = backend.lock_session if session is not None and isinstance(backend, PgBackend) else None
+            tx = Tx(self, conn, session=session, lock=lock)
             self._backend.begin(conn, session)
             marks: dict[str, int] = {}
             try:
@@ -332,9 +335,6 @@ class Store:
         if tx.events or tx._after:
             self._delivery = (tx.events, tx._after)  # delivered with the result (see _work)
         return result
-
-    def _lock_session(self, conn: Conn, session_id: str) -> None:  # for Tx
-        self._backend.lock_session(conn, session_id)
 
     # -- storage health (agent.storage.StorageHealth) ---------------------------------------
 

@@ -79,12 +79,20 @@ def load_session_state(conn: Conn, session_id: str) -> SessionState:
 class Tx:
     """One open transaction on the store thread. Only transaction functions receive one."""
 
-    def __init__(self, store: Store, conn: Conn, *, session: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        conn: Conn,
+        *,
+        session: str | None = None,
+        lock: Callable[[Conn, str], None] | None = None,
+    ) -> None:
         self.store = store
         self.conn = conn
-        #: The writer lock is held shared, and this session's lock taken with ``BEGIN``; another
-        #: session is locked as it is first touched (:meth:`agent.store.Store.transact`'s ``session``).
-        self.per_session = session is not None
+        #: With ``lock``, the writer lock is held shared and ``session``'s lock was taken with
+        #: ``BEGIN``; another session is locked by it as it is first touched
+        #: (:meth:`agent.store.Store.transact`'s ``session``).
+        self._lock_of = lock
         self._locked: set[str] = {session} if session is not None else set()
         self.now = utcnow()
         self.events: list[Event] = []
@@ -109,8 +117,8 @@ class Tx:
 
     def _lock(self, session_id: str) -> None:
         """Take ``session_id``'s lock, once per transaction, where the writer lock is held shared."""
-        if self.per_session and session_id not in self._locked:
-            self.store._lock_session(self.conn, session_id)
+        if self._lock_of is not None and session_id not in self._locked:
+            self._lock_of(self.conn, session_id)
             self._locked.add(session_id)
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:

@@ -19,6 +19,7 @@ from agent import workdirs
 from agent.sandbox import SandboxUser
 from agent.sandbox.identity import hand_over
 from daemon.rpc.protocol import InvalidField
+from goals.snapshots import MAX_BYTES, MAX_FILES
 
 
 class Workdirs:
@@ -88,7 +89,7 @@ class Workdirs:
         return path
 
 
-def copy_tree(source: Path, target: Path, *, max_files: int = 20_000, max_bytes: int = 256 * 1024 * 1024) -> int:
+def copy_tree(source: Path, target: Path, *, max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) -> int:
     """Copy ``source`` into the empty directory ``target`` as data: directories, regular files with
     their modes, symlinks as symlinks (never followed), nothing else; returns the entries copied.
 
@@ -99,7 +100,7 @@ def copy_tree(source: Path, target: Path, *, max_files: int = 20_000, max_bytes:
     for top, dirs, files in os.walk(source, followlinks=False):
         rel = Path(top).relative_to(source)
         dirs.sort()
-        for name in sorted(dirs) + sorted(files):
+        for name in dirs + sorted(files):
             src, dst = Path(top) / name, target / rel / name
             count += 1
             if count > max_files:

@@ -15,8 +15,11 @@ from pathlib import Path
 
 from loguru import logger
 
-#: A group of ours: a command's (``goald-PID-N``) or a goal's (``goald-PID-N-KEY``).
-_STALE = re.compile(r"^goald-(\d+)-\d+(?:-[A-Za-z0-9_-]*)?$")
+from agent.limits.cgroup import PREFIX
+
+#: A group of ours (:data:`~agent.limits.cgroup.PREFIX`): a command's (``goald-PID-N``) or a goal's
+#: (``goald-PID-N-KEY``).
+_STALE = re.compile(rf"^{re.escape(PREFIX)}(\d+)-\d+(?:-[A-Za-z0-9_-]*)?$")
 
 
 def clean_stale(parent: Path) -> None:

@@ -181,9 +181,7 @@ async def _start(
             os.close(filter_fd)
         if info is not None:
             info.close()
-        if group is not None:
-            await asyncio.shield(group.remove())
-        raise
+        raise  # a group made by _prepare is removed there when it fails
     return proc, group, started
 
 

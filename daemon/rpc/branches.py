@@ -177,11 +177,11 @@ async def _replay_from_copy(
 ) -> dict[str, object]:
     """A replay of a goal not on a repository: a new work directory holding the original's start,
     as goald recorded it when the original was created."""
-    snaps = _snapshots(host)
-    start = snaps.manifest(original.id, "base") if original.workdir is not None else None
     ref = original.key or original.id
     if original.workdir is None:
         raise InvalidField(f"goal {ref} has no work directory: there is no start to replay from", field="goalId")
+    snaps = _snapshots(host)
+    start = snaps.manifest(original.id, "base")
     if start is None:
         raise InvalidField(f"goal {ref}'s start was not recorded (made before goald recorded starts)", field="goalId")
     if start.truncated:
