@@ -28,6 +28,7 @@ import queue
 import sqlite3
 import sys
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,25 @@ class SqliteBackend:
         conn: sqlite3.Connection = self.conn._conn
         return conn
 
-    def submit(self, work: Callable[[], None]) -> None:
+    #: One connection: every unit of work runs on the one thread, in order.
+    lanes = 1
+
+    @staticmethod
+    def lane_of(key: str) -> int:
+        """Every key's work runs on the one thread."""
+        return 0
+
+    @staticmethod
+    def any_lane() -> int:
+        """The one thread."""
+        return 0
+
+    @staticmethod
+    def current_lane() -> int:
+        """The one thread."""
+        return 0
+
+    def submit(self, work: Callable[[], None], lane: int = 0) -> None:
         """Run ``work`` on the store thread, after the work queued before it."""
         if not self.conn._running or self.conn._connection is None:
             raise ValueError("Connection closed")
@@ -197,12 +216,12 @@ class PgBackend:
         statements = [sql.SQL("SELECT pg_notify({}, {})").format(CHANNEL, note) for note in notes]
         conn.script(sql.SQL("; ").join([*statements, sql.SQL("COMMIT")]).as_string(conn.raw))
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, connections: int = 1) -> None:
         self.dsn = dsn
         self.where = _where(dsn)
-        self._conn: PgConn | None = None
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="goald-pg-store", daemon=True)
+        self._lanes = [_Lane(self, i) for i in range(max(1, connections))]
+        self._tls = threading.local()
+        self._next = 0
         self._closed = False
 
     @classmethod
@@ -214,40 +233,77 @@ class PgBackend:
             kw["password"] = password
         return PgConn(psycopg_module().connect(dsn, **kw))
 
+    @property
+    def lanes(self) -> int:
+        """How many connections (each on a thread of its own) the store has."""
+        return len(self._lanes)
+
+    def lane_of(self, key: str) -> int:
+        """The connection whose thread runs ``key``'s work (a session's: always the same one, so a
+        session's transactions run, commit and publish in the order they were submitted)."""
+        return zlib.crc32(key.encode()) % len(self._lanes) if len(self._lanes) > 1 else 0
+
+    def any_lane(self) -> int:
+        """A connection for work bound to no session (a read): each in turn."""
+        self._next = (self._next + 1) % len(self._lanes)
+        return self._next
+
+    def current_lane(self) -> int:
+        """The lane whose thread this is (on a store thread only)."""
+        lane: int = self._tls.lane
+        return lane
+
     def start(self) -> None:
-        """Connect (raising if the database cannot be reached) and start the thread."""
-        self._conn = self.connect(self.dsn)
-        self._thread.start()
+        """Connect every lane (raising if the database cannot be reached) and start their threads."""
+        for lane in self._lanes:
+            lane.conn = self.connect(self.dsn)
+        for lane in self._lanes:
+            lane.thread.start()
 
     def raw(self) -> Conn:
-        """The connection, made again first if it broke (on the store thread only)."""
-        conn = self._conn
+        """This thread's connection, made again first if it broke (on a store thread only)."""
+        lane: _Lane = self._lanes[self._tls.lane]
+        conn: PgConn | None = lane.conn
         if conn is None or conn.raw.closed or conn.raw.broken:
             if conn is not None:
                 conn.close()
-            self._conn = None
-            self._conn = conn = self.connect(self.dsn)
+            lane.conn = None
+            lane.conn = conn = self.connect(self.dsn)
         return conn
 
-    def submit(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on the store thread, after the work queued before it."""
+    def submit(self, work: Callable[[], None], lane: int = 0) -> None:
+        """Run ``work`` on lane ``lane``'s thread, after the work queued there before it."""
         if self._closed:
             raise ValueError("Connection closed")
-        self._queue.put(work)
-
-    def _run(self) -> None:
-        while (work := self._queue.get()) is not None:
-            work()
+        self._lanes[lane].queue.put(work)
 
     async def close(self) -> None:
-        """Finish the queued work, then close the connection."""
+        """Finish the queued work, then close the connections."""
         import asyncio
 
         self._closed = True
-        self._queue.put(None)
-        await asyncio.to_thread(self._thread.join)
-        if self._conn is not None:
-            self._conn.close()
+        for lane in self._lanes:
+            lane.queue.put(None)
+        for lane in self._lanes:
+            await asyncio.to_thread(lane.thread.join)
+            if lane.conn is not None:
+                lane.conn.close()
+
+
+class _Lane:
+    """One connection of a PostgreSQL store and the thread that runs its work, in order."""
+
+    def __init__(self, backend: PgBackend, index: int) -> None:
+        self.index = index
+        self.conn: PgConn | None = None
+        self.queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        name = "goald-pg-store" if index == 0 else f"goald-pg-store-{index}"
+        self.thread = threading.Thread(target=self._run, args=(backend,), name=name, daemon=True)
+
+    def _run(self, backend: PgBackend) -> None:
+        backend._tls.lane = self.index
+        while (work := self.queue.get()) is not None:
+            work()
 
 
 def _where(dsn: str) -> str:

@@ -106,6 +106,41 @@ def fill_gaps(conn: Conn, published: dict[str, int], events: list[Event]) -> tup
     return (missing + events if missing else events), marks
 
 
+class Marks:
+    """Per session, the highest sequence number handed to the hub (``published``), and the lock
+    under which a PostgreSQL store's connections hand events over so that each session's reach the
+    hub in order, once (a store with several connections: :mod:`agent.backends`).
+
+    A session's own transactions run on one connection, so they commit and hand over in order. Events
+    of a session handed over from another connection — a transaction bound to no session or to
+    another one, the relay of other nodes' commits — are handed over with the lock held from before
+    their ``COMMIT`` (:attr:`lock`) until they are queued to the loop, and gaps are filled under the
+    lock: a batch starts at most one past the mark, and what another connection handed over already
+    is left out (:meth:`hand`)."""
+
+    def __init__(self) -> None:
+        self.published: dict[str, int] = {}
+        self.lock = threading.RLock()
+
+    def fill(self, conn: Conn, events: list[Event]) -> list[Event]:
+        """``events`` (a transaction's, about to commit) preceded by what other nodes committed since
+        each of their sessions was last handed over (:func:`fill_gaps`)."""
+        with self.lock:
+            return fill_gaps(conn, self.published, events)[0]
+
+    def hand(self, events: list[Event]) -> list[Event]:
+        """What of ``events`` (committed, in each session's order) is not handed over yet; marks it
+        handed over. The caller holds :attr:`lock` and queues the result to the loop under it."""
+        out: list[Event] = []
+        for event in events:
+            mark = self.published.get(event.session_id)
+            if mark is not None and event.seq <= mark:
+                continue
+            self.published[event.session_id] = event.seq
+            out.append(event)
+        return out
+
+
 def relay(
     conn: Conn,
     published: dict[str, int],
@@ -292,4 +327,15 @@ class Listener:
             spans[sid] = (min(first, have[0]), max(last, have[1])) if have else (first, last)
 
 
-__all__ = ["CHANNEL", "Listener", "catch_up", "fill_gaps", "follow", "needed", "payloads", "relay", "stored_top"]
+__all__ = [
+    "CHANNEL",
+    "Listener",
+    "Marks",
+    "catch_up",
+    "fill_gaps",
+    "follow",
+    "needed",
+    "payloads",
+    "relay",
+    "stored_top",
+]

@@ -82,6 +82,7 @@ class Runtime:
         path: str | Path,
         *,
         durability: Durability = "normal",
+        connections: int = 4,
         resolver: Resolver | None = None,
         models: ModelRegistry | None = None,
         tools: Callable[[SessionRow], ToolRegistry] | None = None,
@@ -100,7 +101,7 @@ class Runtime:
         """
         if resolver is None:
             resolver = default_resolver(models or ModelRegistry(), tools)
-        store = await Store.open(path, durability=durability)
+        store = await Store.open(path, durability=durability, connections=connections)
         try:
             # A child whose delegating call died with the process must not run on its own.
             with_work = await store.transact(lambda tx: settle_orphans(tx, repair(tx))) if repair_all else []

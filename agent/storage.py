@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,14 @@ class StorageHealth:
         self._loop = asyncio.get_running_loop()
         self._writable = asyncio.Event()
         self._writable.set()
+        self._lock = threading.Lock()  # a PostgreSQL store's threads report at once
 
     def failed(self, failure: StorageUnavailable) -> None:
-        """A write (or, on PostgreSQL, a read) met ``failure`` (on the store thread)."""
+        """A write (or, on PostgreSQL, a read) met ``failure`` (on a store thread)."""
+        with self._lock:
+            self._failed(failure)
+
+    def _failed(self, failure: StorageUnavailable) -> None:
         if self.failure is None:
             logger.warning("the store cannot write: {} ({}); {}", failure.message, self.location, failure.hint)
         elif self.failure.message != failure.message:
@@ -149,7 +155,13 @@ class StorageHealth:
         self.failure = failure
 
     def recovered(self) -> None:
-        """A write committed (or the database answered) after a failure (on the store thread)."""
+        """A write committed (or the database answered) after a failure (on a store thread)."""
+        with self._lock:
+            if self.failure is None:
+                return  # another of the store's threads saw it first
+            self._recovered()
+
+    def _recovered(self) -> None:
         logger.info("the store writes again (it could not since {}: {})", self.since, self.failure)
         self.failure, self.since = None, None
         self._loop.call_soon_threadsafe(self._writable.set)

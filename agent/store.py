@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
 from agent.migrate import apply_migrations
-from agent.relay import Listener, catch_up, fill_gaps, follow, needed, payloads, relay, stored_top
+from agent.relay import Listener, Marks, catch_up, follow, needed, payloads, relay, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
 from agent.tx import SessionState, Tx, load_session_state
@@ -63,8 +64,10 @@ class Store:
         self._cache_states = backend.kind == "sqlite"
         #: This process among the nodes on one PostgreSQL database (its notifications carry it).
         self.node_id = uuid.uuid4().hex[:12]
-        #: Per session, the highest sequence number published to the hub (PostgreSQL: agent.relay).
-        self._published: dict[str, int] = {}
+        #: Per session, the highest sequence number published to the hub, and the lock that keeps
+        #: the store's connections publishing in order (PostgreSQL: agent.relay.Marks).
+        self._marks = Marks()
+        self._published = self._marks.published
         self._listener: Listener | None = None
         #: True while the hub is handed events another node committed (listeners may tell them apart).
         self.relaying = False
@@ -78,22 +81,24 @@ class Store:
         self._closed = False
         #: The storage failure that stops writes, if any (logged as it begins and ends).
         self.health = StorageHealth(self.location)
-        #: What the transaction just run on the store thread committed, for the loop (see _work).
-        self._delivery: tuple[list[Event], list[Callable[[], None]]] | None = None
+        #: Per store thread: what the transaction it just ran committed, for the loop (``delivery``,
+        #: see _work), and whether it holds the publishing lock until that is queued (``held``).
+        self._local = threading.local()
         #: Blocks kept beside the SQLite file for a write that meets a full disk (set by the daemon).
         self.reserve: StoreReserve | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: str | Path, *, durability: Durability = "normal") -> Store:
+    async def open(cls, path: str | Path, *, durability: Durability = "normal", connections: int = 4) -> Store:
         """Open (creating if needed) the store at ``path`` and apply the runtime's migrations.
 
         ``path`` is a SQLite file, or a ``postgresql://`` DSN (the database must exist; the
         password comes from ``PGPASSWORD``, ``~/.pgpass`` or a systemd credential, see
-        :func:`agent.backends.credential_password`)."""
+        :func:`agent.backends.credential_password`) used over ``connections`` connections (a
+        session's work always on the same one; SQLite has one writer, so one connection)."""
         if is_dsn(path):
-            return await cls._open_pg(str(path), durability)
+            return await cls._open_pg(str(path), durability, connections)
         path = Path(path)
         backend = await SqliteBackend.connect(path, full=durability == "full")
         try:
@@ -105,8 +110,8 @@ class Store:
         return store
 
     @classmethod
-    async def _open_pg(cls, dsn: str, durability: Durability) -> Store:
-        backend = PgBackend(dsn)
+    async def _open_pg(cls, dsn: str, durability: Durability, connections: int) -> Store:
+        backend = PgBackend(dsn, connections)
         await asyncio.to_thread(backend.start)
         store = cls(Path(), backend, durability, location=masked(dsn))
         try:
@@ -136,23 +141,25 @@ class Store:
             self._backend.submit(partial(self._relay, spans))
 
     def _relay(self, spans: dict[str, tuple[int, int]] | None) -> None:
-        if not needed(self._published, spans, self.interest):
-            return  # nothing of use here: no transaction
-        try:
-            conn = self._raw()
-            conn.execute(self._backend.begin_read)
+        # Under the publishing lock from the marks read to the hand-over (agent.relay.Marks).
+        with self._marks.lock:
+            if not needed(self._published, spans, self.interest):
+                return  # nothing of use here: no transaction
             try:
-                if spans is None:
-                    events = catch_up(conn, self._published, self.interest)
-                else:
-                    events = relay(conn, self._published, spans, self.interest)
-            finally:
-                conn.execute("ROLLBACK")
-        except database_errors() as exc:
-            logger.debug("could not read other nodes' events now (the next notification or poll will): {}", exc)
-            return
-        if events:
-            self._loop.call_soon_threadsafe(self._deliver_relayed, events)
+                conn = self._raw()
+                conn.execute(self._backend.begin_read)
+                try:
+                    if spans is None:
+                        events = catch_up(conn, self._published, self.interest)
+                    else:
+                        events = relay(conn, self._published, spans, self.interest)
+                finally:
+                    conn.execute("ROLLBACK")
+            except database_errors() as exc:
+                logger.debug("could not read other nodes' events now (the next notification or poll will): {}", exc)
+                return
+            if events:
+                self._loop.call_soon_threadsafe(self._deliver_relayed, events)
 
     def _deliver_relayed(self, events: list[Event]) -> None:
         self.relaying = True
@@ -196,6 +203,11 @@ class Store:
 
         return await self._call(lambda: run(self._raw()))
 
+    @property
+    def connections(self) -> int:
+        """How many database connections the store works over."""
+        return self._backend.lanes
+
     async def size_bytes(self) -> int:
         """What the database takes: the SQLite file and its WAL, or PostgreSQL's
         ``pg_database_size`` of the database."""
@@ -213,23 +225,35 @@ class Store:
     def _raw(self) -> Any:
         return self._backend.raw()
 
-    async def _call(self, fn: Callable[[], T]) -> T:
+    async def _call(self, fn: Callable[[], T], lane: int = 0) -> T:
         if self._closed:
             raise StoreClosed("the store is closed")
         # One hop to the connection's thread for the whole unit of work (see the module docstring),
         # and one back: the result and the transaction's events come in one loop callback.
         done: asyncio.Future[T] = self._loop.create_future()
-        self._backend.submit(partial(self._work, fn, done))
+        self._backend.submit(partial(self._work, fn, done), lane)
         return await done
 
     def _work(self, fn: Callable[[], T], done: asyncio.Future[T]) -> None:
-        # On the store thread: run ``fn``, then hand its outcome and what it committed to the loop.
+        # On a store thread: run ``fn``, then hand its outcome and what it committed to the loop.
+        local = self._local
         try:
             result, error = fn(), None
         except BaseException as exc:  # handed to the awaiting caller
             result, error = None, exc
-        delivery, self._delivery = self._delivery, None
-        self._loop.call_soon_threadsafe(self._finish, done, result, error, delivery)
+        delivery, local.delivery = getattr(local, "delivery", None), None
+        if delivery is None or self.kind == "sqlite":
+            self._loop.call_soon_threadsafe(self._finish, done, result, error, delivery)
+            return
+        # PostgreSQL: handed over in each session's order across the connections (agent.relay.Marks).
+        held, local.held = getattr(local, "held", False), False
+        try:
+            with self._marks.lock:
+                delivery = (self._marks.hand(delivery[0]), delivery[1])
+                self._loop.call_soon_threadsafe(self._finish, done, result, error, delivery)
+        finally:
+            if held:
+                self._marks.lock.release()
 
     def _finish(
         self,
@@ -259,7 +283,8 @@ class Store:
         the writer lock shared and the session's lock (:meth:`PgBackend.begin
         <agent.backends.PgBackend.begin>`; ``docs/architecture.md``, "The writer lock").
         """
-        return await self._call(lambda: self._run_tx(fn, session))
+        lane = self._backend.lane_of(session) if session is not None else 0
+        return await self._call(lambda: self._run_tx(fn, session), lane)
 
     async def timed_transact(self, fn: Callable[[Tx], T]) -> tuple[T, float]:
         """:meth:`transact`, also returning the seconds the transaction held the writer (from its
@@ -296,20 +321,23 @@ class Store:
             lock = backend.lock_session if session is not None and isinstance(backend, PgBackend) else None
             tx = Tx(self, conn, session=session, lock=lock)
             self._backend.begin(conn, session)
-            marks: dict[str, int] = {}
             try:
                 result = fn(tx)
                 notes: list[str] = []
                 if tx.events and self.kind == "postgresql":
-                    tx.events, marks = fill_gaps(conn, self._published, tx.events)
                     notes = payloads(self.node_id, tx.events)
+                    tx.events = self._marks.fill(conn, tx.events)
+                    if self._crosses(tx.events):
+                        self._marks.lock.acquire()  # until its events are queued to the loop (_work)
+                        self._local.held = True
                 self._backend.commit(conn, notes)
             except BaseException:
+                if getattr(self._local, "held", False):
+                    self._local.held = False
+                    self._marks.lock.release()
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            for sid, seq in marks.items():
-                self._published[sid] = max(self._published.get(sid, 0), seq)
         except database_errors() as exc:
             if self.reserve is not None and is_disk_full(exc) and self.reserve.release():
                 # Whatever filled the disk, this write (a command's result, the failure itself) is
@@ -333,8 +361,17 @@ class Store:
         for mark in tx._committed:
             mark()
         if tx.events or tx._after:
-            self._delivery = (tx.events, tx._after)  # delivered with the result (see _work)
+            self._local.delivery = (tx.events, tx._after)  # delivered with the result (see _work)
         return result
+
+    def _crosses(self, events: list[Event]) -> bool:
+        """Whether ``events`` include a session whose own work runs on another of the store's
+        connections (which may then publish it too: agent.relay.Marks)."""
+        backend = self._backend
+        if backend.lanes == 1:
+            return False
+        here = backend.current_lane()
+        return any(backend.lane_of(e.session_id) != here for e in events)
 
     # -- storage health (agent.storage.StorageHealth) ---------------------------------------
 
@@ -355,8 +392,9 @@ class Store:
             except Exception:
                 logger.exception("after-commit callback failed")
 
-    async def read(self, fn: Callable[[Any], T]) -> T:
-        """Run a read-only function on the store thread inside one consistent snapshot."""
+    async def read(self, fn: Callable[[Any], T], *, session: str | None = None) -> T:
+        """Run a read-only function on a store thread inside one consistent snapshot (``session``:
+        on the thread of that session's transactions)."""
 
         def run() -> T:
             try:
@@ -378,7 +416,8 @@ class Store:
                 self.health.recovered()  # the database answers again
             return result
 
-        return await self._call(run)
+        lane = self._backend.lane_of(session) if session is not None else self._backend.any_lane()
+        return await self._call(run, lane)
 
     async def trace(self, callback: Callable[[str], None] | None) -> None:
         """Install (or remove) a statement trace callback on the connection (benchmarks)."""
@@ -391,7 +430,8 @@ class Store:
             assert isinstance(raw, PgConn)
             raw.trace = callback
 
-        await self._call(install)
+        for lane in range(self._backend.lanes):
+            await self._call(install, lane)
 
     # -- session state ---------------------------------------------------------------------
 
@@ -406,10 +446,11 @@ class Store:
                     self._states[session_id] = st
             if self.kind == "postgresql":
                 last = st.last_seq
-                follow(self._published, session_id, lambda: last, self.interest)  # a use begins (agent.relay)
+                with self._marks.lock:  # a use begins (agent.relay)
+                    follow(self._published, session_id, lambda: last, self.interest)
             return dataclasses.replace(st)
 
-        return await self._call(run)
+        return await self._call(run, self._backend.lane_of(session_id))
 
     # -- events ----------------------------------------------------------------------------
 
@@ -428,10 +469,11 @@ class Store:
             got = read_events(conn, session_id, after_seq, limit=limit, types=types, upto=upto)
             if self.kind == "postgresql" and types is None and upto is None:
                 # A use may begin (a subscription's backlog): marked at what this snapshot holds (agent.relay).
-                follow(self._published, session_id, lambda: stored_top(conn, session_id), self.interest)
+                with self._marks.lock:
+                    follow(self._published, session_id, lambda: stored_top(conn, session_id), self.interest)
             return got
 
-        return await self.read(run)
+        return await self.read(run, session=session_id)
 
     async def first_kept_seq(self, session_id: str) -> int | None:
         """The lowest sequence number still stored for the session (``None``: it has no events)."""

@@ -196,6 +196,8 @@ def print_statements(label: str, before: dict[str, int], after: dict[str, int], 
 
 #: ``--statements``: print each PostgreSQL configuration's statements per round.
 SHOW_STATEMENTS = False
+#: Each PostgreSQL daemon's store connections (``--connections``).
+CONNECTIONS = 4
 
 
 @dataclass
@@ -220,7 +222,7 @@ class Cluster:
                 cluster: dict[str, Any] = {"node_name": name}
                 if ttl is not None:
                     cluster["lease_ttl_seconds"] = ttl
-                config |= {"store": self.store, "cluster": cluster}
+                config |= {"store": self.store, "cluster": cluster, "store_connections": CONNECTIONS}
             d = Daemon(self.root / name, config=config)
             self.nodes.append(d)
             made.append(d)
@@ -740,14 +742,17 @@ def main() -> None:
         "--model-delay", type=float, default=0.0, help="seconds each model call takes (e.g. 0.2: a real model's)"
     )
     parser.add_argument(
+        "--connections", type=int, default=4, help="store connections of each PostgreSQL daemon (store_connections)"
+    )
+    parser.add_argument(
         "--statements", action="store_true", help="print each PostgreSQL configuration's statements per round"
     )
     parser.add_argument(
         "--full", action="store_true", help="300 goals per configuration; 5 takeover runs per TTL of 30 goals"
     )
     args = parser.parse_args()
-    global SHOW_STATEMENTS
-    SHOW_STATEMENTS = args.statements
+    global SHOW_STATEMENTS, CONNECTIONS
+    SHOW_STATEMENTS, CONNECTIONS = args.statements, args.connections
     if args.full:
         args.goals, args.runs, args.takeover_goals = (
             max(args.goals, 300),

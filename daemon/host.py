@@ -185,6 +185,7 @@ class Host(HostSessions, HostStatus):
             Runtime.open(
                 s.store_location,
                 durability=s.durability,
+                connections=s.store_connections,
                 resolver=self._resolve,
                 grace=s.shutdown_grace_seconds,
                 resume=False,
