@@ -29,12 +29,13 @@ import sqlite3
 import sys
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiosqlite
+from loguru import logger
 
 from agent.db import Conn, PgConn, psycopg_module
 from agent.errors import StorageUnavailable
@@ -110,9 +111,9 @@ class SqliteBackend:
         return 0
 
     @staticmethod
-    def current_lane() -> int:
-        """The one thread."""
-        return 0
+    def crosses(sessions: Iterable[str]) -> bool:
+        """One thread: no session's work is elsewhere."""
+        return False
 
     def submit(self, work: Callable[[], None], lane: int = 0) -> None:
         """Run ``work`` on the store thread, after the work queued before it."""
@@ -248,10 +249,13 @@ class PgBackend:
         self._next = (self._next + 1) % len(self._lanes)
         return self._next
 
-    def current_lane(self) -> int:
-        """The lane whose thread this is (on a store thread only)."""
-        lane: int = self._tls.lane
-        return lane
+    def crosses(self, sessions: Iterable[str]) -> bool:
+        """Whether one of ``sessions`` has its work on another connection than this thread's (which
+        may then publish its events too: :class:`agent.relay.Marks`). On a store thread only."""
+        if len(self._lanes) == 1:
+            return False
+        here: int = self._tls.lane
+        return any(self.lane_of(sid) != here for sid in sessions)
 
     def start(self) -> None:
         """Connect every lane (raising if the database cannot be reached) and start their threads."""
@@ -306,6 +310,18 @@ class _Lane:
             work()
 
 
+def check_collation(location: str, conn: Conn) -> None:
+    """Warn if the database does not sort text as bytes (goald compares ids and times as bytes)."""
+    row = conn.execute("SELECT datcollate FROM pg_database WHERE datname = current_database()").fetchone()
+    if row is not None and str(row[0]) not in ("C", "POSIX", "C.UTF-8", "C.utf8"):
+        logger.warning(
+            "the database {} sorts text by the {} collation; goald compares ids and times as bytes:"
+            " create its database with LC_COLLATE 'C' (CREATE DATABASE ... TEMPLATE template0 LC_COLLATE 'C')",
+            location,
+            row[0],
+        )
+
+
 def _where(dsn: str) -> str:
     parts = urlsplit(dsn)
     host = parts.hostname or os.environ.get("PGHOST") or "localhost"
@@ -321,6 +337,7 @@ __all__ = [
     "Backend",
     "PgBackend",
     "SqliteBackend",
+    "check_collation",
     "credential_password",
     "masked",
     "pg_failure",

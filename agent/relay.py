@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from agent.db import Conn, pg_errors
+from agent.db import Conn, database_errors, pg_errors
 from agent.eventlog import read_events
 from agent.events import Event
 
@@ -127,6 +127,37 @@ class Marks:
         each of their sessions was last handed over (:func:`fill_gaps`)."""
         with self.lock:
             return fill_gaps(conn, self.published, events)[0]
+
+    def relay(
+        self,
+        conn_of: Callable[[], Conn],
+        begin_read: str,
+        spans: dict[str, tuple[int, int]] | None,
+        interest: Callable[[str], bool] | None,
+        deliver: Callable[[list[Event]], None],
+    ) -> None:
+        """On a store thread: read what other nodes committed (``spans``, or ``None``: the slow poll)
+        that this node has a use for and has not published, and hand it to ``deliver`` (which
+        queues it to the loop) — under :attr:`lock` from the marks read to the hand-over."""
+        with self.lock:
+            if not needed(self.published, spans, interest):
+                return  # nothing of use here: no transaction
+            try:
+                conn = conn_of()
+                conn.execute(begin_read)
+                try:
+                    events = (
+                        catch_up(conn, self.published, interest)
+                        if spans is None
+                        else relay(conn, self.published, spans, interest)
+                    )
+                finally:
+                    conn.execute("ROLLBACK")
+            except database_errors() as exc:
+                logger.debug("could not read other nodes' events now (the next notification or poll will): {}", exc)
+                return
+            if events:
+                deliver(events)
 
     def hand(self, events: list[Event]) -> list[Event]:
         """What of ``events`` (committed, in each session's order) is not handed over yet; marks it

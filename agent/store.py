@@ -31,13 +31,13 @@ from typing import Any, Literal, TypeVar
 
 from loguru import logger
 
-from agent.backends import Backend, PgBackend, SqliteBackend, masked, pg_failure
+from agent.backends import Backend, PgBackend, SqliteBackend, check_collation, masked, pg_failure
 from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
 from agent.migrate import apply_migrations
-from agent.relay import Listener, Marks, catch_up, follow, needed, payloads, relay, stored_top
+from agent.relay import Listener, Marks, follow, payloads, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
 from agent.tx import SessionState, Tx, load_session_state
@@ -119,15 +119,7 @@ class Store:
         except BaseException:
             await backend.close()
             raise
-        sql = "SELECT datcollate FROM pg_database WHERE datname = current_database()"
-        collation = await store.read(lambda conn: conn.execute(sql).fetchone())
-        if collation is not None and str(collation[0]) not in ("C", "POSIX", "C.UTF-8", "C.utf8"):
-            logger.warning(
-                "the database {} sorts text by the {} collation; goald compares ids and times as bytes:"
-                " create its database with LC_COLLATE 'C' (CREATE DATABASE ... TEMPLATE template0 LC_COLLATE 'C')",
-                store.location,
-                collation[0],
-            )
+        await store.read(partial(check_collation, store.location))
         store._listener = Listener(lambda: PgBackend.connect(dsn).raw, store.node_id, store._relay_soon)
         # Open only once other nodes' commits are heard here (agent.relay: a commit made before the
         # first LISTEN would be missed for good).
@@ -141,25 +133,10 @@ class Store:
             self._backend.submit(partial(self._relay, spans))
 
     def _relay(self, spans: dict[str, tuple[int, int]] | None) -> None:
-        # Under the publishing lock from the marks read to the hand-over (agent.relay.Marks).
-        with self._marks.lock:
-            if not needed(self._published, spans, self.interest):
-                return  # nothing of use here: no transaction
-            try:
-                conn = self._raw()
-                conn.execute(self._backend.begin_read)
-                try:
-                    if spans is None:
-                        events = catch_up(conn, self._published, self.interest)
-                    else:
-                        events = relay(conn, self._published, spans, self.interest)
-                finally:
-                    conn.execute("ROLLBACK")
-            except database_errors() as exc:
-                logger.debug("could not read other nodes' events now (the next notification or poll will): {}", exc)
-                return
-            if events:
-                self._loop.call_soon_threadsafe(self._deliver_relayed, events)
+        def deliver(events: list[Event]) -> None:
+            self._loop.call_soon_threadsafe(self._deliver_relayed, events)
+
+        self._marks.relay(self._raw, self._backend.begin_read, spans, self.interest, deliver)
 
     def _deliver_relayed(self, events: list[Event]) -> None:
         self.relaying = True
@@ -327,7 +304,7 @@ class Store:
                 if tx.events and self.kind == "postgresql":
                     notes = payloads(self.node_id, tx.events)
                     tx.events = self._marks.fill(conn, tx.events)
-                    if self._crosses(tx.events):
+                    if backend.crosses(e.session_id for e in tx.events):
                         self._marks.lock.acquire()  # until its events are queued to the loop (_work)
                         self._local.held = True
                 self._backend.commit(conn, notes)
@@ -363,15 +340,6 @@ class Store:
         if tx.events or tx._after:
             self._local.delivery = (tx.events, tx._after)  # delivered with the result (see _work)
         return result
-
-    def _crosses(self, events: list[Event]) -> bool:
-        """Whether ``events`` include a session whose own work runs on another of the store's
-        connections (which may then publish it too: agent.relay.Marks)."""
-        backend = self._backend
-        if backend.lanes == 1:
-            return False
-        here = backend.current_lane()
-        return any(backend.lane_of(e.session_id) != here for e in events)
 
     # -- storage health (agent.storage.StorageHealth) ---------------------------------------
 

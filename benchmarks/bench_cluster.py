@@ -198,6 +198,9 @@ def print_statements(label: str, before: dict[str, int], after: dict[str, int], 
 SHOW_STATEMENTS = False
 #: Each PostgreSQL daemon's store connections (``--connections``).
 CONNECTIONS = 4
+#: The node counts measured (``--nodes``), and whether the control runs (``--no-control``).
+NODES = (1, 2, 3)
+CONTROL = True
 
 
 @dataclass
@@ -288,6 +291,25 @@ def idle_to_continuation(db: Db, only: str | None = None, but: str | None = None
     return out
 
 
+def steady(db: Db, but: str | None = None) -> float | None:
+    """Rounds per second while every goal is live: turns ended between the last goal's first turn
+    start and the first goal's last turn end (the run's ramp-up and tail left out)."""
+    rows = [
+        r for r in db.q("SELECT session_id, started_at, ended_at FROM turns WHERE ended_at IS NOT NULL") if r[0] != but
+    ]
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for sid, started, ended in rows:
+        first[sid] = min(first.get(sid, at(started)), at(started))
+        last[sid] = max(last.get(sid, at(ended)), at(ended))
+    if not first:
+        return None
+    lo, hi = max(first.values()), min(last.values())
+    if hi - lo < 1.0:
+        return None
+    return sum(1 for _, _, ended in rows if lo <= at(ended) <= hi) / (hi - lo)
+
+
 def duplicate_continuations(db: Db) -> int:
     return len(
         db.q(
@@ -363,6 +385,8 @@ class Rounds:
     writes: int | None = None
     #: PostgreSQL only: the daemons' client round trips over the run (see statement_counts).
     trips: int | None = None
+    #: Rounds per second while every goal was live (:func:`steady`).
+    steady: float | None = None
 
 
 async def measure_rounds(
@@ -381,6 +405,7 @@ async def measure_rounds(
         table = statement_table(db) if SHOW_STATEMENTS else {}
         t0 = time.perf_counter()
         await create_goals(live, goals, f"rounds={rounds}{link.directive}")
+        print(f"{label}: {goals} goals created in {time.perf_counter() - t0:.1f} s", flush=True)
         await all_completed(db, goals, limit=120 + goals * rounds * (1 + 10 * link.model_delay))
         seconds = time.perf_counter() - t0
         after = statement_counts(db)
@@ -410,6 +435,7 @@ async def measure_rounds(
         if before is not None and after is not None:
             out.statements, out.writes = after[0] - before[0], after[1] - before[1]
             out.trips = after[2] - before[2]
+        out.steady = steady(db, but=solo["sessionId"])
         return out
     finally:
         if db is not None:
@@ -525,14 +551,17 @@ def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: fl
         "stmts/round, trips/round, writes/round: the daemons' statements, client round trips and"
         " writer-locked transactions per round (PostgreSQL)"
     )
-    head = f"{'configuration':<20} {'rounds/s':>8} {'wall s':>6} {'p50':>6} {'p90':>6} {'alone p50':>9} {'p90':>6}"
+    print("steady: rounds/s while every goal was live (ramp-up and tail left out)")
+    head = f"{'configuration':<20} {'rounds/s':>8} {'steady':>6} {'wall s':>6} {'p50':>6} {'p90':>6}"
+    head += f" {'alone p50':>9} {'p90':>6}"
     print(f"{head} {'stmts/round':>11} {'trips/round':>11} {'writes/round':>12} {'dup':>3} {'load':>4}")
     for r in results:
         stmts = "-" if r.statements is None else f"{r.statements / r.rounds:.0f}"
         trips = "-" if r.trips is None else f"{r.trips / r.rounds:.0f}"
         writes = "-" if r.writes is None else f"{r.writes / r.rounds:.1f}"
+        rate = "-" if r.steady is None else f"{r.steady:.1f}"
         print(
-            f"{r.label:<20} {r.rounds / r.seconds:8.1f} {r.seconds:6.1f}"
+            f"{r.label:<20} {r.rounds / r.seconds:8.1f} {rate:>6} {r.seconds:6.1f}"
             f" {statistics.median(r.latencies) * 1000:6.1f} {pct(r.latencies, 0.9) * 1000:6.1f}"
             f" {statistics.median(r.solo) * 1000:9.1f} {pct(r.solo, 0.9) * 1000:6.1f}"
             f" {stmts:>11} {trips:>11} {writes:>12} {r.duplicates:3d} {r.load:4.1f}"
@@ -571,12 +600,12 @@ async def all_rounds(
         try:
             at = f", {rtt:g} ms" if rtt else ""
             configs: list[tuple[str, str | Path, int]] = [] if rtt else [("SQLite, 1 daemon", root / "sqlite", 1)]
-            configs += [(f"PostgreSQL{at}, {n} node{'s' * (n > 1)}", "", n) for n in (1, 2, 3)]
+            configs += [(f"PostgreSQL{at}, {n} node{'s' * (n > 1)}", "", n) for n in NODES]
             for label, store, count in configs:
                 where = root / f"c{len(results)}"
                 r = await measure_rounds(label, where, store or server.create_database(), count, goals, rounds, link)
                 results.append(_said(r, link))
-            if rtt:
+            if rtt and CONTROL:
                 dbs = [server.create_database() for _ in range(3)]
                 r = await measure_control(f"control{at}, 3 dbs", root / f"c{len(results)}", dbs, goals, rounds, link)
                 results.append(_said(r, link))
@@ -615,7 +644,10 @@ async def measure_control(label: str, root: Path, dbs: list[str], goals: int, ro
         done = sum(r[0] for db in readers for r in db.q("SELECT rounds FROM goals"))
         latencies = [x for db in readers for x in idle_to_continuation(db)]
         duplicates = sum(duplicate_continuations(db) for db in readers)
-        return Rounds(label, seconds, done, latencies, latencies, duplicates, started_load)
+        out = Rounds(label, seconds, done, latencies, latencies, duplicates, started_load)
+        rates = [steady(db) for db in readers]
+        out.steady = sum(r for r in rates if r is not None) if all(r is not None for r in rates) else None
+        return out
     finally:
         for db in readers:
             db.close()
@@ -742,6 +774,10 @@ def main() -> None:
         "--model-delay", type=float, default=0.0, help="seconds each model call takes (e.g. 0.2: a real model's)"
     )
     parser.add_argument(
+        "--nodes", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 2, 3), help="node counts, e.g. 1,3"
+    )
+    parser.add_argument("--no-control", action="store_true", help="leave out the control of 3 databases")
+    parser.add_argument(
         "--connections", type=int, default=4, help="store connections of each PostgreSQL daemon (store_connections)"
     )
     parser.add_argument(
@@ -751,8 +787,8 @@ def main() -> None:
         "--full", action="store_true", help="300 goals per configuration; 5 takeover runs per TTL of 30 goals"
     )
     args = parser.parse_args()
-    global SHOW_STATEMENTS, CONNECTIONS
-    SHOW_STATEMENTS, CONNECTIONS = args.statements, args.connections
+    global SHOW_STATEMENTS, CONNECTIONS, NODES, CONTROL
+    SHOW_STATEMENTS, CONNECTIONS, NODES, CONTROL = args.statements, args.connections, args.nodes, not args.no_control
     if args.full:
         args.goals, args.runs, args.takeover_goals = (
             max(args.goals, 300),

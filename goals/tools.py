@@ -90,7 +90,8 @@ class _GoalTool:
 
         if ctx.store is None:
             return None
-        return await ctx.store.transact(run)
+        # The session's goal row and events only: the session's own lock (agent.store.Store.transact).
+        return await ctx.store.transact(run, session=ctx.session_id)
 
 
 class GoalProgress(_GoalTool, Tool[ProgressArgs]):
@@ -185,7 +186,7 @@ class AskOperator(Tool[AskArgs]):
 
         if ctx.store is None:
             return ToolOutput("this session has no active goal", True)
-        refused = await ctx.store.transact(run)
+        refused = await ctx.store.transact(run, session=ctx.session_id)
         if refused is not None:
             return ToolOutput(refused, True)
         return ToolOutput(

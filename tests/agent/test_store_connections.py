@@ -1,0 +1,178 @@
+"""A PostgreSQL store works over several connections, one thread each (issue 30).
+
+A session's transactions always run on the same connection (:meth:`PgBackend.lane_of
+<agent.backends.PgBackend.lane_of>`), so they run and publish in the order they were submitted;
+different sessions' run at once on one node, as they already did across nodes. Pins:
+
+* on one node, another session's write commits while a write is held open on another connection
+  (with one connection it would wait behind it);
+* one session's writes, submitted at once, run in the order they were submitted;
+* every session's events reach the hub of a node in sequence order, once each, with no gap, while
+  its own writes, writes bound to no session that touch several sessions at once (run on the
+  first connection), another node's writes (relayed) and first reads of a session (which mark it)
+  race on all four connections (:class:`agent.relay.Marks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agent.events import Event
+from agent.ids import MessageId
+from agent.inbox import enqueue
+from agent.messages import parse_content
+from agent.sessions import create_session
+from agent.store import Store
+from agent.tx import Tx
+
+LIMIT = 10.0
+CONNECTIONS = 4
+
+
+@pytest.fixture
+async def nodes(pg_dsn: str) -> AsyncIterator[tuple[Store, Store]]:
+    a = await Store.open(pg_dsn, connections=CONNECTIONS)
+    b = await Store.open(pg_dsn, connections=CONNECTIONS)
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+def add(tx: Tx, sid: str, text: str) -> None:
+    enqueue(tx, sid, parse_content(text), message_id=MessageId.new())
+
+
+async def sessions_on_lanes(store: Store, lanes: set[int], per_lane: int = 1) -> list[str]:
+    """New sessions, ``per_lane`` of them on each of ``lanes``."""
+    backend = store._backend
+    want = {lane: per_lane for lane in lanes}
+    out: list[str] = []
+    while any(want.values()):
+        sid = await store.transact(lambda tx: create_session(tx))
+        lane = backend.lane_of(sid)
+        if want.get(lane, 0) > 0:
+            want[lane] -= 1
+            out.append(sid)
+    return out
+
+
+async def test_the_store_has_its_connections(nodes: tuple[Store, Store]) -> None:
+    a, _ = nodes
+    assert a.connections == CONNECTIONS
+    [s1] = await sessions_on_lanes(a, {1})
+    assert a._backend.lane_of(s1) == a._backend.lane_of(s1) == 1  # stable: a session has one
+
+
+async def test_two_sessions_writes_on_one_node_overlap(nodes: tuple[Store, Store]) -> None:
+    a, _ = nodes
+    s1, s2 = await sessions_on_lanes(a, {1, 2})
+    inside, go = threading.Event(), threading.Event()
+
+    def held(tx: Tx) -> None:
+        add(tx, s1, "held open")
+        inside.set()
+        assert go.wait(LIMIT), "the held transaction was never released"
+
+    task = asyncio.create_task(a.transact(held, session=s1))
+    try:
+        assert await asyncio.to_thread(inside.wait, LIMIT), "the held transaction never began"
+        # The same node, another session, another connection: it commits while the first is open.
+        await asyncio.wait_for(a.transact(lambda tx: add(tx, s2, "meanwhile"), session=s2), LIMIT)
+        assert not task.done()
+    finally:
+        go.set()
+    await task
+    assert "message/queued" in [e.type for e in await a.events_after(s2, 0)]
+
+
+async def test_one_sessions_writes_run_in_the_order_submitted(nodes: tuple[Store, Store]) -> None:
+    a, _ = nodes
+    [sid] = await sessions_on_lanes(a, {3})
+    ran: list[int] = []
+
+    def write(i: int) -> object:
+        def run(tx: Tx) -> None:
+            ran.append(i)
+            add(tx, sid, f"message {i}")
+
+        return run
+
+    await asyncio.gather(*(a.transact(write(i), session=sid) for i in range(40)))
+    assert ran == list(range(40))
+    queued = [e for e in await a.events_after(sid, 0) if e.type == "message/queued"]
+    assert len(queued) == 40
+
+
+async def race(a: Store, b: Store, seed: int) -> None:
+    """One race of every way a session's events reach ``a``'s hub; then each session's events there
+    are each once, in order, with no gap."""
+    sids = await sessions_on_lanes(a, set(range(CONNECTIONS)), per_lane=3)
+    got: list[Event] = []
+    stop = a.hub.add_listener(got.append)
+    rng = random.Random(seed)
+
+    async def own(sid: str, n: int) -> None:  # the session's own writes, on its connection
+        for i in range(n):
+            await a.transact(lambda tx, i=i: add(tx, sid, f"own {i}"), session=sid)
+
+    async def across(n: int) -> None:  # bound to no session: the first connection, several sessions
+        for i in range(n):
+            some = rng.sample(sids, 3)
+            await a.transact(lambda tx, some=some, i=i: [add(tx, s, f"across {i}") for s in some])
+
+    async def other_node(sid: str, n: int) -> None:  # relayed to a by its notifications
+        for i in range(n):
+            await b.transact(lambda tx, i=i: add(tx, sid, f"from b {i}"), session=sid)
+
+    async def reads(sid: str, n: int) -> None:  # first uses of a session mark it (agent.relay.follow)
+        for _ in range(n):
+            await a.session_state(sid)
+            await a.events_after(sid, 0)
+
+    try:
+        await asyncio.gather(
+            *(own(s, 8) for s in sids),
+            *(across(10) for _ in range(3)),
+            *(other_node(s, 5) for s in sids[::2]),
+            *(reads(s, 4) for s in sids[1::2]),
+        )
+        tops = {s: (await a.events_after(s, 0))[-1].seq for s in sids}
+
+        def complete() -> bool:
+            seen = dict.fromkeys(sids, 0)
+            for e in got:
+                if e.session_id in seen:
+                    seen[e.session_id] = max(seen[e.session_id], e.seq)
+            return seen == tops
+
+        end = time.monotonic() + LIMIT
+        while not complete():
+            assert time.monotonic() < end, "not every event reached the hub"
+            await asyncio.sleep(0.01)
+        for sid in sids:
+            seqs = [e.seq for e in got if e.session_id == sid]
+            # From the first event published here on: each once, in order, no gap.
+            assert seqs == list(range(seqs[0], tops[sid] + 1)), (seed, sid)
+    finally:
+        stop()
+
+
+async def test_each_sessions_events_reach_the_hub_in_order_once(nodes: tuple[Store, Store]) -> None:
+    a, b = nodes
+    for seed in range(10):
+        await race(a, b, seed)
+
+
+@pytest.mark.soak
+async def test_each_sessions_events_reach_the_hub_in_order_once_soak(nodes: tuple[Store, Store]) -> None:
+    a, b = nodes
+    for seed in range(200):
+        await race(a, b, seed)
