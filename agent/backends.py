@@ -1,5 +1,5 @@
-"""The store's thread and connection, for each database: SQLite's aiosqlite thread, and a
-PostgreSQL connection on a thread of its own.
+"""The store's threads and connections, for each database: SQLite's aiosqlite thread, and
+PostgreSQL connections each on a thread of its own.
 
 :class:`~agent.store.Store` runs every unit of work as one synchronous function on one thread (its
 module says why); a backend is that thread plus the connection the functions receive, and the
@@ -15,6 +15,16 @@ statements that open a transaction:
   cluster (across a network the one lock was the cluster's throughput ceiling). A read is a
   ``REPEATABLE READ READ ONLY`` transaction: one snapshot, no lock.
 
+A PostgreSQL store has several connections (``store_connections``, 4 by default), each a *lane*:
+a thread that runs its queue of work in order. A session's work — its transactions, its state, its
+events read — always goes to the same lane (:meth:`PgBackend.lane_of`, a hash of its id), so it
+runs, commits and reaches the hub in the order it was submitted, as on SQLite's one thread; work
+bound to no session that writes goes to the first lane, reads to each lane in turn. Different
+sessions' writes thus run at once on one node, as they already did across nodes (across a network
+one connection was one node's ceiling: a round trip per statement, one statement at a time). What
+keeps each session's events in order on the hub when two lanes commit them is
+:class:`agent.relay.Marks`.
+
 A PostgreSQL connection that breaks (the server restarted, the network went away) is dropped and
 made again on the next unit of work; until that succeeds every write fails with
 :class:`~agent.errors.StorageUnavailable` (:func:`pg_failure`), which is what stops model calls and
@@ -29,7 +39,7 @@ import sqlite3
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -55,13 +65,15 @@ class SqliteBackend:
     begin_read = "BEGIN"
 
     @staticmethod
-    def begin(conn: Conn, session: str | None = None) -> None:
-        """Open a write transaction: the file's one writer lock (whatever ``session`` says)."""
+    def begin(conn: Conn, session: str | None = None) -> Any:
+        """Open a write transaction: the file's one writer lock (whatever ``session`` says). Returns
+        no state row (a SQLite store caches sessions' states: it is their one writer)."""
         conn.execute("BEGIN IMMEDIATE")
+        return None
 
     @staticmethod
-    def commit(conn: Conn, notes: list[str]) -> None:
-        """Commit (one process writes a SQLite file: there is nobody to notify)."""
+    def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
+        """Commit (one process writes a SQLite file: there is nobody to notify, no lease to fence)."""
         conn.execute("COMMIT")
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
@@ -114,6 +126,10 @@ class SqliteBackend:
     def crosses(sessions: Iterable[str]) -> bool:
         """One thread: no session's work is elsewhere."""
         return False
+
+    @staticmethod
+    def broke() -> None:
+        """A file is not reached over a connection that breaks: nothing to make again."""
 
     def submit(self, work: Callable[[], None], lane: int = 0) -> None:
         """Run ``work`` on the store thread, after the work queued before it."""
@@ -171,27 +187,38 @@ def pg_failure(exc: BaseException, where: str) -> StorageUnavailable | None:
 
 
 class PgBackend:
-    """One psycopg connection on a thread of its own (see the module docstring)."""
+    """psycopg connections, each on a thread of its own (see the module docstring)."""
 
     kind = "postgresql"
     begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
     @staticmethod
-    def begin(conn: Conn, session: str | None = None) -> None:
+    def begin(conn: Conn, session: str | None = None) -> Any:
         """Open a write transaction and take the writer lock, in one round trip (the statements in
         one text: PostgreSQL's simple query protocol). Exclusive: the transaction runs alone in the
         cluster. With ``session``, for a transaction whose invariants are that session's own: the
         writer lock shared and the session's lock (:meth:`lock_session`), so that such
         transactions of different sessions run at once, on every node, while one that needs the
-        cluster to itself still waits for all of them (and they for it)."""
+        cluster to itself still waits for all of them (and they for it); and then, in the same
+        round trip, the session's state (:func:`agent.tx.state_query`), whose row is returned
+        (``None``: no such session) — read after the lock, so it is current."""
         assert isinstance(conn, PgConn)
         if session is None:
             conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
-            return
+            return None
         from psycopg import sql
 
-        text = sql.SQL("BEGIN; SELECT pg_advisory_xact_lock_shared({}); SELECT pg_advisory_xact_lock({}, hashtext({}))")
-        conn.script(text.format(WRITER_LOCK, SESSION_LOCKS, session).as_string(conn.raw))
+        from agent.tx import state_query
+
+        query, params = state_query(session)
+        state = sql.SQL(query.replace("?", "{}")).format(*(sql.Literal(p) for p in params))
+        text = sql.SQL(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared({}); SELECT pg_advisory_xact_lock({}, hashtext({})); {}"
+        )
+        cursor = conn.script(text.format(WRITER_LOCK, SESSION_LOCKS, session, state).as_string(conn.raw))
+        while cursor.nextset():  # to the last statement's result: the state
+            pass
+        return cursor.fetchone()
 
     @staticmethod
     def lock_session(conn: Conn, session_id: str) -> None:
@@ -202,11 +229,13 @@ class PgBackend:
         conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (SESSION_LOCKS, session_id))
 
     @staticmethod
-    def commit(conn: Conn, notes: list[str]) -> None:
-        """Send ``notes`` on :data:`agent.relay.CHANNEL` and commit, in one round trip: the payloads
+    def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
+        """Run ``first`` (statements of no parameters: a lease fence, which fails the transaction),
+        send ``notes`` on :data:`agent.relay.CHANNEL` and commit, in one round trip: the payloads
         are quoted as literals (goald's own JSON of session ids and numbers), so the statements
-        need no parameters and go as one text."""
-        if not notes:
+        need no parameters and go as one text (a statement that fails ends the text there, and the
+        transaction is rolled back)."""
+        if not notes and not first:
             conn.execute("COMMIT")
             return
         assert isinstance(conn, PgConn)
@@ -214,7 +243,8 @@ class PgBackend:
 
         from agent.relay import CHANNEL
 
-        statements = [sql.SQL("SELECT pg_notify({}, {})").format(CHANNEL, note) for note in notes]
+        statements: list[sql.Composable] = [sql.SQL(text) for text in first]
+        statements += [sql.SQL("SELECT pg_notify({}, {})").format(CHANNEL, note) for note in notes]
         conn.script(sql.SQL("; ").join([*statements, sql.SQL("COMMIT")]).as_string(conn.raw))
 
     def __init__(self, dsn: str, connections: int = 1) -> None:
@@ -224,6 +254,10 @@ class PgBackend:
         self._tls = threading.local()
         self._next = 0
         self._closed = False
+        #: Connection failures seen on any lane: a lane whose connection is older than the last one
+        #: makes it again before its next work (:meth:`raw`), so that after a server restart each
+        #: lane does not fail once of its own.
+        self._failures = 0
 
     @classmethod
     def connect(cls, dsn: str) -> PgConn:
@@ -268,12 +302,17 @@ class PgBackend:
         """This thread's connection, made again first if it broke (on a store thread only)."""
         lane: _Lane = self._lanes[self._tls.lane]
         conn: PgConn | None = lane.conn
-        if conn is None or conn.raw.closed or conn.raw.broken:
+        if conn is None or conn.raw.closed or conn.raw.broken or lane.made < self._failures:
             if conn is not None:
                 conn.close()
-            lane.conn = None
+            lane.conn, lane.made = None, self._failures
             lane.conn = conn = self.connect(self.dsn)
         return conn
+
+    def broke(self) -> None:
+        """A unit of work met the database unreachable (on a store thread): every lane's connection
+        made before now is made again before its next use (it most likely broke too)."""
+        self._failures += 1
 
     def submit(self, work: Callable[[], None], lane: int = 0) -> None:
         """Run ``work`` on lane ``lane``'s thread, after the work queued there before it."""
@@ -300,6 +339,8 @@ class _Lane:
     def __init__(self, backend: PgBackend, index: int) -> None:
         self.index = index
         self.conn: PgConn | None = None
+        #: The backend's failure count when the connection was made.
+        self.made = 0
         self.queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         name = "goald-pg-store" if index == 0 else f"goald-pg-store-{index}"
         self.thread = threading.Thread(target=self._run, args=(backend,), name=name, daemon=True)

@@ -32,7 +32,8 @@ coroutine sees a half-made decision). psycopg's synchronous connection runs them
 store thread, as ``sqlite3`` does; asyncpg is asyncio-only, and would turn every statement into an
 ``await`` and every transaction function into a coroutine. psycopg also gives ``LISTEN``/``NOTIFY``
 (:meth:`psycopg.Connection.notifies`) and prepares repeated statements by itself. One connection
-per store thread, like SQLite's one writer, so no pool: a node opens a writer and a listener.
+per store thread: a node opens ``store_connections`` of them (each session's work always on the
+same one, :mod:`agent.backends`) and a listener.
 """
 
 from __future__ import annotations
@@ -240,12 +241,13 @@ class PgConn:
         # Always parameters (maybe none): psycopg then turns the escaped ``%%`` back into ``%``.
         return self.raw.execute(pg_sql(sql), parameters or ())
 
-    def script(self, sql: str) -> None:
+    def script(self, sql: str) -> Any:
         """Run several statements with no parameters (a migration's DDL, a transaction's opening or
-        its notifications and ``COMMIT``) as one text: one round trip."""
+        its notifications and ``COMMIT``) as one text: one round trip. Returns the cursor, on the
+        first statement's result (:meth:`psycopg.Cursor.nextset` goes to the next)."""
         if self.trace is not None:
             self.trace(sql)
-        self.raw.execute(sql.encode(), prepare=False)
+        return self.raw.execute(sql.encode(), prepare=False)
 
     @property
     def in_transaction(self) -> bool:

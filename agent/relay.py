@@ -121,6 +121,33 @@ class Marks:
     def __init__(self) -> None:
         self.published: dict[str, int] = {}
         self.lock = threading.RLock()
+        self._held = threading.local()
+
+    def hold(self) -> None:
+        """Take :attr:`lock` until this thread's next :meth:`hand_over` (or :meth:`drop`): for a
+        transaction whose events another connection may publish too, from before its ``COMMIT``."""
+        self.lock.acquire()
+        self._held.on = True
+
+    def drop(self) -> None:
+        """Let go of this thread's :meth:`hold`, if any (its transaction did not commit)."""
+        if getattr(self._held, "on", False):
+            self._held.on = False
+            self.lock.release()
+
+    def hand_over(self, events: list[Event], send: Callable[[list[Event]], object]) -> None:
+        """Under :attr:`lock`: ``send`` (which queues to the loop) what of ``events`` (committed) is
+        not handed over yet (:meth:`hand`); then let go of this thread's :meth:`hold`."""
+        try:
+            with self.lock:
+                send(self.hand(events))
+        finally:
+            self.drop()
+
+    def follow(self, session_id: str, top: Callable[[], int], interest: Callable[[str], bool] | None) -> None:
+        """:func:`follow` under :attr:`lock`."""
+        with self.lock:
+            follow(self.published, session_id, top, interest)
 
     def fill(self, conn: Conn, events: list[Event]) -> list[Event]:
         """``events`` (a transaction's, about to commit) preceded by what other nodes committed since

@@ -1,5 +1,6 @@
 """The durable store: a SQLite file in WAL mode behind one long-lived aiosqlite connection, or a
-PostgreSQL database (:mod:`agent.backends`), with every unit of work run on the store's one thread.
+PostgreSQL database (:mod:`agent.backends`), with every unit of work run on a store thread: SQLite's
+one, or on PostgreSQL the thread of one of the store's connections (a session's always the same).
 
 Transactions are whole synchronous functions that receive a :class:`~agent.tx.Tx` (:mod:`agent.tx`
 says why). Committed events are handed to the event loop in commit order from the store's thread,
@@ -37,10 +38,10 @@ from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
 from agent.migrate import apply_migrations
-from agent.relay import Listener, Marks, follow, payloads, stored_top
+from agent.relay import Listener, Marks, payloads, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
-from agent.tx import SessionState, Tx, load_session_state
+from agent.tx import SessionState, Tx, load_session_state, state_of_row
 
 T = TypeVar("T")
 Durability = Literal["normal", "full"]
@@ -74,15 +75,16 @@ class Store:
         #: Which sessions' events committed by other nodes this process publishes (``None``: all);
         #: the runtime sets it (agent.relay).
         self.interest: Callable[[str], bool] | None = None
-        #: The lease check of :meth:`Tx.fence` (set by a cluster's lease manager; ``None``: one node).
+        #: The lease check of :meth:`Tx.fence` (set by a cluster's lease manager; ``None``: one node),
+        #: and the statement that checks it with the ``COMMIT`` instead (``None``: checked at once).
         self.fence: Callable[[Conn, str], None] | None = None
+        self.fence_at_commit: Callable[[Conn, str], str] | None = None
         self._loop = asyncio.get_running_loop()
         self._states: dict[str, SessionState] = {}
         self._closed = False
         #: The storage failure that stops writes, if any (logged as it begins and ends).
         self.health = StorageHealth(self.location)
-        #: Per store thread: what the transaction it just ran committed, for the loop (``delivery``,
-        #: see _work), and whether it holds the publishing lock until that is queued (``held``).
+        #: Per store thread: what the transaction it just ran committed, for the loop (see _work).
         self._local = threading.local()
         #: Blocks kept beside the SQLite file for a write that meets a full disk (set by the daemon).
         self.reserve: StoreReserve | None = None
@@ -223,14 +225,11 @@ class Store:
             self._loop.call_soon_threadsafe(self._finish, done, result, error, delivery)
             return
         # PostgreSQL: handed over in each session's order across the connections (agent.relay.Marks).
-        held, local.held = getattr(local, "held", False), False
-        try:
-            with self._marks.lock:
-                delivery = (self._marks.hand(delivery[0]), delivery[1])
-                self._loop.call_soon_threadsafe(self._finish, done, result, error, delivery)
-        finally:
-            if held:
-                self._marks.lock.release()
+        after = delivery[1]
+        self._marks.hand_over(
+            delivery[0],
+            lambda events: self._loop.call_soon_threadsafe(self._finish, done, result, error, (events, after)),
+        )
 
     def _finish(
         self,
@@ -288,7 +287,10 @@ class Store:
     def _failure_of(self, exc: BaseException) -> StorageUnavailable | None:
         if self.kind == "sqlite":
             return storage_failure(exc, self.path)
-        return pg_failure(exc, self.location)
+        failure = pg_failure(exc, self.location)
+        if failure is not None:
+            self._backend.broke()  # the other connections are made again before their next use
+        return failure
 
     def _run_tx(self, fn: Callable[[Tx], T], session: str | None = None) -> T:
         try:
@@ -297,7 +299,9 @@ class Store:
             backend = self._backend
             lock = backend.lock_session if session is not None and isinstance(backend, PgBackend) else None
             tx = Tx(self, conn, session=session, lock=lock)
-            self._backend.begin(conn, session)
+            row = self._backend.begin(conn, session)
+            if row is not None and session is not None:
+                tx.preload(session, state_of_row(row, session))
             try:
                 result = fn(tx)
                 notes: list[str] = []
@@ -305,15 +309,15 @@ class Store:
                     notes = payloads(self.node_id, tx.events)
                     tx.events = self._marks.fill(conn, tx.events)
                     if backend.crosses(e.session_id for e in tx.events):
-                        self._marks.lock.acquire()  # until its events are queued to the loop (_work)
-                        self._local.held = True
-                self._backend.commit(conn, notes)
+                        self._marks.hold()  # until its events are queued to the loop (_work)
+                self._backend.commit(conn, notes, tx.at_commit)
             except BaseException:
-                if getattr(self._local, "held", False):
-                    self._local.held = False
-                    self._marks.lock.release()
+                self._marks.drop()
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if tx.at_commit and self.fence is not None:
+                    for sid in sorted(tx._fenced):  # a lost lease is what the writer must hear of
+                        self.fence(conn, sid)
                 raise
         except database_errors() as exc:
             if self.reserve is not None and is_disk_full(exc) and self.reserve.release():
@@ -414,8 +418,7 @@ class Store:
                     self._states[session_id] = st
             if self.kind == "postgresql":
                 last = st.last_seq
-                with self._marks.lock:  # a use begins (agent.relay)
-                    follow(self._published, session_id, lambda: last, self.interest)
+                self._marks.follow(session_id, lambda: last, self.interest)  # a use begins (agent.relay)
             return dataclasses.replace(st)
 
         return await self._call(run, self._backend.lane_of(session_id))
@@ -437,8 +440,7 @@ class Store:
             got = read_events(conn, session_id, after_seq, limit=limit, types=types, upto=upto)
             if self.kind == "postgresql" and types is None and upto is None:
                 # A use may begin (a subscription's backlog): marked at what this snapshot holds (agent.relay).
-                with self._marks.lock:
-                    follow(self._published, session_id, lambda: stored_top(conn, session_id), self.interest)
+                self._marks.follow(session_id, lambda: stored_top(conn, session_id), self.interest)
             return got
 
         return await self.read(run, session=session_id)

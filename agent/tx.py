@@ -8,9 +8,10 @@ transaction function costs one hop in all and can make decisions from what it re
 package above (the goal engine) can enqueue a message and update its own rows in **one**
 transaction. :class:`agent.store.Store` runs them (:meth:`~agent.store.Store.transact`).
 
-Sequence numbers and each session's status are cached on the connection's thread and only
-changed by transaction functions, which that thread runs one at a time; a transaction's changes
-to the cache are applied only after its ``COMMIT``.
+On SQLite, sequence numbers and each session's status are cached on the connection's thread and
+only changed by transaction functions, which that thread runs one at a time; a transaction's
+changes to the cache are applied only after its ``COMMIT``. On PostgreSQL other connections and
+nodes write too: a session's state is read in each transaction, after its lock.
 """
 
 from __future__ import annotations
@@ -61,10 +62,24 @@ FROM sessions s WHERE s.id = ?
 """
 
 
+def state_query(session_id: str) -> tuple[str, tuple[str, str, str]]:
+    """The statement that reads a session's state, and its parameters (:func:`state_of_row` reads
+    its row; a PostgreSQL write sends it with its ``BEGIN``: :meth:`agent.backends.PgBackend.begin`)."""
+    status_type = EventType.STATUS.value
+    return _STATE_SQL, (status_type, status_type, session_id)
+
+
 def load_session_state(conn: Conn, session_id: str) -> SessionState:
     """The session's state as stored: its last sequence number, its status and open turn."""
-    status_type = EventType.STATUS.value
-    row = conn.execute(_STATE_SQL, (status_type, status_type, session_id)).fetchone()
+    return state_of_row(conn.execute(*state_query(session_id)).fetchone(), session_id)
+
+
+def state_of_row(row: Any, session_id: str) -> SessionState:
+    """A session's state from the row of :func:`state_query` (``None``: there is no such session).
+
+    Raises:
+        NotFound: there is no such session.
+    """
     if row is None:
         raise NotFound(f"no session {session_id}")
     # Retention may have pruned the newest stored events' predecessors (or, with no status event
@@ -100,6 +115,12 @@ class Tx:
         self._after: list[Callable[[], None]] = []
         self._committed: list[Callable[[], None]] = []
         self._fenced: set[str] = set()
+        #: Fence statements sent with the ``COMMIT`` (:meth:`fence`).
+        self.at_commit: list[str] = []
+
+    def preload(self, session_id: str, state: SessionState) -> None:
+        """``session_id``'s state as read right after its lock was taken (with ``BEGIN``)."""
+        self._states[session_id] = state
 
     def fence(self, session_id: str) -> None:
         """Refuse this transaction unless this process may drive ``session_id`` (the store's
@@ -112,7 +133,14 @@ class Tx:
         if check is None or session_id in self._fenced:
             return
         self._lock(session_id)
-        check(self.conn, session_id)
+        at_commit = self.store.fence_at_commit
+        if at_commit is not None:
+            # Checked by a statement sent with the COMMIT, in its round trip; if it fails, or the
+            # transaction fails otherwise, the store checks again after the rollback and raises
+            # LeaseLost if the lease is gone (agent.store.Store._run_tx).
+            self.at_commit.append(at_commit(self.conn, session_id))
+        else:
+            check(self.conn, session_id)
         self._fenced.add(session_id)
 
     def _lock(self, session_id: str) -> None:

@@ -197,7 +197,7 @@ def print_statements(label: str, before: dict[str, int], after: dict[str, int], 
 #: ``--statements``: print each PostgreSQL configuration's statements per round.
 SHOW_STATEMENTS = False
 #: Each PostgreSQL daemon's store connections (``--connections``).
-CONNECTIONS = 4
+CONNECTIONS = 8
 #: The node counts measured (``--nodes``), and whether the control runs (``--no-control``).
 NODES = (1, 2, 3)
 CONTROL = True
@@ -292,22 +292,16 @@ def idle_to_continuation(db: Db, only: str | None = None, but: str | None = None
 
 
 def steady(db: Db, but: str | None = None) -> float | None:
-    """Rounds per second while every goal is live: turns ended between the last goal's first turn
-    start and the first goal's last turn end (the run's ramp-up and tail left out)."""
-    rows = [
-        r for r in db.q("SELECT session_id, started_at, ended_at FROM turns WHERE ended_at IS NOT NULL") if r[0] != but
-    ]
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    for sid, started, ended in rows:
-        first[sid] = min(first.get(sid, at(started)), at(started))
-        last[sid] = max(last.get(sid, at(ended)), at(ended))
-    if not first:
+    """Rounds per second in the middle of the run: from the 10th to the 90th percentile of the
+    rounds' end times (the ramp-up while goals are created and the tail as the last ones finish
+    left out)."""
+    ends = sorted(
+        at(r[1]) for r in db.q("SELECT session_id, ended_at FROM turns WHERE ended_at IS NOT NULL") if r[0] != but
+    )
+    if len(ends) < 20:
         return None
-    lo, hi = max(first.values()), min(last.values())
-    if hi - lo < 1.0:
-        return None
-    return sum(1 for _, _, ended in rows if lo <= at(ended) <= hi) / (hi - lo)
+    lo, hi = len(ends) // 10, len(ends) * 9 // 10
+    return (hi - lo) / (ends[hi] - ends[lo]) if ends[hi] > ends[lo] else None
 
 
 def duplicate_continuations(db: Db) -> int:
@@ -385,7 +379,7 @@ class Rounds:
     writes: int | None = None
     #: PostgreSQL only: the daemons' client round trips over the run (see statement_counts).
     trips: int | None = None
-    #: Rounds per second while every goal was live (:func:`steady`).
+    #: Rounds per second in the middle of the run (:func:`steady`).
     steady: float | None = None
 
 
@@ -551,7 +545,7 @@ def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: fl
         "stmts/round, trips/round, writes/round: the daemons' statements, client round trips and"
         " writer-locked transactions per round (PostgreSQL)"
     )
-    print("steady: rounds/s while every goal was live (ramp-up and tail left out)")
+    print("steady: rounds/s from the 10th to the 90th percentile of the rounds' end times")
     head = f"{'configuration':<20} {'rounds/s':>8} {'steady':>6} {'wall s':>6} {'p50':>6} {'p90':>6}"
     head += f" {'alone p50':>9} {'p90':>6}"
     print(f"{head} {'stmts/round':>11} {'trips/round':>11} {'writes/round':>12} {'dup':>3} {'load':>4}")
@@ -778,7 +772,7 @@ def main() -> None:
     )
     parser.add_argument("--no-control", action="store_true", help="leave out the control of 3 databases")
     parser.add_argument(
-        "--connections", type=int, default=4, help="store connections of each PostgreSQL daemon (store_connections)"
+        "--connections", type=int, default=8, help="store connections of each PostgreSQL daemon (store_connections)"
     )
     parser.add_argument(
         "--statements", action="store_true", help="print each PostgreSQL configuration's statements per round"

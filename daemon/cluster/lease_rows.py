@@ -151,6 +151,20 @@ def hand_back(conn: Conn, session_id: str, node_id: str, epoch: int) -> None:
     conn.execute(f"SELECT pg_notify('{LEASES_CHANNEL}', ?)", (session_id,))
 
 
+def fence_statement(root: str, node_id: str, epoch: int) -> str:
+    """A statement (no parameters: it travels with a transaction's ``COMMIT``, in one text) that
+    fails, aborting the transaction, unless the lease of ``root`` names ``node_id`` at ``epoch``."""
+    from psycopg import sql
+
+    check = sql.SQL("SELECT 1 FROM leases WHERE session_id = {} AND node_id = {} AND epoch = {}").format(
+        sql.Literal(root), sql.Literal(node_id), sql.Literal(epoch)
+    )
+    return (
+        f"DO $fence$BEGIN IF NOT EXISTS ({check.as_string(None)}) THEN"
+        " RAISE EXCEPTION USING ERRCODE = 'GD001', MESSAGE = 'goald: the session''s lease was lost'; END IF; END$fence$"
+    )
+
+
 def lease_of(conn: Conn, session_id: str) -> tuple[str | None, int] | None:
     """The session's lease as stored: its holder (``None``: free) and epoch; ``None``: no lease row."""
     row = conn.execute("SELECT node_id, epoch FROM leases WHERE session_id = ?", (session_id,)).fetchone()

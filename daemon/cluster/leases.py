@@ -142,6 +142,7 @@ class LeaseManager:
         )
         self.last_heartbeat = time.monotonic()
         self.store.fence = self.fence
+        self.store.fence_at_commit = self.fence_at_commit
         logger.info("node {} ({}) joined the cluster; lease TTL {:g}s", self.name, self.node_id, self.ttl)
         self._spawn = spawn
         self._task = spawn(self._heartbeats())
@@ -384,6 +385,20 @@ class LeaseManager:
         raise LeaseLost(
             f"lease lost for session {root}: node {self.name} no longer holds it (now {holder}); nothing was written"
         )
+
+    def fence_at_commit(self, conn: Conn, session_id: str) -> str:
+        """The statement that makes the transaction's ``COMMIT`` fail unless this node still holds
+        the session's lease at the epoch it claimed: sent with the ``COMMIT``, in its round trip
+        (:class:`agent.tx.Tx`'s ``fence``). Under the session's lock, as :meth:`fence` reads the row;
+        if the statement fails the store calls :meth:`fence` after the rollback, which raises
+        :class:`LeaseLost` with the holder it finds. This node holding no lease for it: checked now."""
+        root = self._roots.get(session_id)
+        if root is None:
+            root = self._roots[session_id] = rows.root_of(conn, session_id)
+        epoch = self.held.get(root)
+        if epoch is None:
+            self.fence(conn, session_id)  # raises: nothing to wait for
+        return rows.fence_statement(root, self.node_id, int(epoch or 0))
 
     def _lost_soon(self, session_id: str) -> None:
         if session_id in self.held:

@@ -176,3 +176,34 @@ async def test_each_sessions_events_reach_the_hub_in_order_once_soak(nodes: tupl
     a, b = nodes
     for seed in range(200):
         await race(a, b, seed)
+
+
+async def test_after_a_server_restart_one_unit_of_work_fails_not_one_per_connection() -> None:
+    """Every connection breaks when the server restarts; the first unit of work that meets its
+    broken connection fails (as with one connection), and the others' connections are made again
+    before their next use instead of failing once each."""
+    from pgkit import PgServer
+
+    from agent.errors import StorageUnavailable
+
+    server = PgServer.start()
+    try:
+        store = await Store.open(server.create_database(), connections=CONNECTIONS)
+        try:
+            for _ in range(CONNECTIONS):  # every connection used: each reads once (reads take each in turn)
+                await store.read(lambda conn: conn.execute("SELECT 1").fetchone())
+            server.halt()
+            server.restart()
+            outcomes = []
+            for _ in range(2 * CONNECTIONS):
+                try:
+                    await store.read(lambda conn: conn.execute("SELECT 1").fetchone())
+                    outcomes.append("ok")
+                except StorageUnavailable:
+                    outcomes.append("failed")
+            assert outcomes == ["failed"] + ["ok"] * (2 * CONNECTIONS - 1), outcomes
+            assert store.storage_health() == {"ok": True}
+        finally:
+            await store.close()
+    finally:
+        server.stop()

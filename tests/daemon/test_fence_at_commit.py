@@ -1,0 +1,130 @@
+"""A driving write's lease fence travels with its ``COMMIT`` (issue 30: one round trip fewer per
+driving write) and refuses the write as the old check did — and a lease taken while the write was
+under way, which the old check (made before the write's statements) let through.
+
+A store on a real PostgreSQL database with the cluster's tables is one node; its fence is a
+lease row naming this node at an epoch (what :class:`daemon.cluster.leases.LeaseManager` installs:
+``fence`` reads the row, ``fence_at_commit`` builds the statement). Another connection plays the
+node that takes the lease over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from agent.db import Conn
+from agent.errors import LeaseLost
+from agent.ids import MessageId
+from agent.inbox import enqueue
+from agent.messages import parse_content
+from agent.sessions import create_session
+from agent.store import Store
+from agent.tx import Tx
+from daemon.cluster.lease_rows import MIGRATIONS, fence_statement, lease_of
+
+NODE = "node-a"
+
+
+@pytest.fixture
+async def node(pg_dsn: str) -> AsyncIterator[tuple[Store, str]]:
+    store = await Store.open(pg_dsn)
+    await store.migrate("cluster", MIGRATIONS)
+    held: dict[str, int] = {}
+
+    def fence(conn: Conn, sid: str) -> None:
+        row = lease_of(conn, sid)
+        if row is None or row != (NODE, held.get(sid)):
+            raise LeaseLost(f"lease lost for session {sid}: now {row}; nothing was written")
+
+    def at_commit(conn: Conn, sid: str) -> str:
+        return fence_statement(sid, NODE, held[sid])
+
+    store.fence, store.fence_at_commit = fence, at_commit
+    store.held = held  # type: ignore[attr-defined]
+    try:
+        yield store, pg_dsn
+    finally:
+        await store.close()
+
+
+async def leased(store: Store, dsn: str) -> str:
+    sid = await store.transact(lambda tx: create_session(tx))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO leases(session_id, node_id, epoch) VALUES (%s, %s, 1)", (sid, NODE))
+    store.held[sid] = 1  # type: ignore[attr-defined]
+    return sid
+
+
+def take_over(dsn: str, sid: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE leases SET node_id = 'node-b', epoch = epoch + 1 WHERE session_id = %s", (sid,))
+
+
+def count_queued(dsn: str, sid: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT COUNT(*) FROM inbox WHERE session_id = %s", (sid,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def driving_write(sid: str, during: object = None) -> object:
+    def run(tx: Tx) -> None:
+        tx.fence(sid)
+        if callable(during):
+            during()
+        enqueue(tx, sid, parse_content("a driving write"), message_id=MessageId.new())
+
+    return run
+
+
+async def test_a_held_lease_commits_with_its_fence_in_the_commit(node: tuple[Store, str]) -> None:
+    store, dsn = node
+    sid = await leased(store, dsn)
+    statements: list[str] = []
+    await store.trace(statements.append)
+    try:
+        await store.transact(driving_write(sid), session=sid)
+    finally:
+        await store.trace(None)
+    assert count_queued(dsn, sid) == 1
+    # No statement of its own for the fence: it is in the COMMIT's text.
+    assert not any(s.startswith("SELECT node_id, epoch FROM leases") for s in statements), statements
+    [commit] = [s for s in statements if s.rstrip().endswith("COMMIT")]
+    assert "$fence$" in commit
+
+
+async def test_a_lease_taken_before_the_write_refuses_it(node: tuple[Store, str]) -> None:
+    store, dsn = node
+    sid = await leased(store, dsn)
+    take_over(dsn, sid)
+    with pytest.raises(LeaseLost, match="nothing was written"):
+        await store.transact(driving_write(sid), session=sid)
+    assert count_queued(dsn, sid) == 0
+
+
+async def test_a_lease_taken_while_the_write_runs_refuses_it(node: tuple[Store, str]) -> None:
+    store, dsn = node
+    sid = await leased(store, dsn)
+    with pytest.raises(LeaseLost, match="node-b"):
+        await store.transact(driving_write(sid, during=lambda: take_over(dsn, sid)), session=sid)
+    assert count_queued(dsn, sid) == 0
+    # The store goes on: the next write of another session commits.
+    other = await leased(store, dsn)
+    await store.transact(driving_write(other), session=other)
+    assert count_queued(dsn, other) == 1
+
+
+async def test_a_write_that_fails_otherwise_reports_the_lost_lease(node: tuple[Store, str]) -> None:
+    store, dsn = node
+    sid = await leased(store, dsn)
+
+    def broken() -> None:
+        take_over(dsn, sid)
+        raise RuntimeError("the write's own failure")
+
+    with pytest.raises(LeaseLost) as caught:
+        await store.transact(driving_write(sid, during=broken), session=sid)
+    assert isinstance(caught.value.__context__, RuntimeError)  # what the writer must hear of: the lease
+    assert count_queued(dsn, sid) == 0
