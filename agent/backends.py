@@ -128,6 +128,10 @@ class SqliteBackend:
         return False
 
     @staticmethod
+    def round_trips() -> None:
+        """A file has no round trips to count."""
+
+    @staticmethod
     def broke() -> None:
         """A file is not reached over a connection that breaks: nothing to make again."""
 
@@ -235,15 +239,16 @@ class PgBackend:
         are quoted as literals (goald's own JSON of session ids and numbers), so the statements
         need no parameters and go as one text (a statement that fails ends the text there, and the
         transaction is rolled back)."""
-        if not notes and not first:
+        assert isinstance(conn, PgConn)
+        deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
+        if not notes and not first and not deferred:
             conn.execute("COMMIT")
             return
-        assert isinstance(conn, PgConn)
         from psycopg import sql
 
         from agent.relay import CHANNEL
 
-        statements: list[sql.Composable] = [sql.SQL(text) for text in first]
+        statements: list[sql.Composable] = [sql.SQL(text) for text in [*first, *deferred]]
         statements += [sql.SQL("SELECT pg_notify({}, {})").format(CHANNEL, note) for note in notes]
         conn.script(sql.SQL("; ").join([*statements, sql.SQL("COMMIT")]).as_string(conn.raw))
 
@@ -258,6 +263,7 @@ class PgBackend:
         #: makes it again before its next work (:meth:`raw`), so that after a server restart each
         #: lane does not fail once of its own.
         self._failures = 0
+        self._trips = 0  # of the connections closed
 
     @classmethod
     def connect(cls, dsn: str) -> PgConn:
@@ -304,10 +310,15 @@ class PgBackend:
         conn: PgConn | None = lane.conn
         if conn is None or conn.raw.closed or conn.raw.broken or lane.made < self._failures:
             if conn is not None:
+                self._trips += conn.trips
                 conn.close()
             lane.conn, lane.made = None, self._failures
             lane.conn = conn = self.connect(self.dsn)
         return conn
+
+    def round_trips(self) -> int:
+        """Client round trips to the database since the store opened, over every connection."""
+        return self._trips + sum(lane.conn.trips for lane in self._lanes if lane.conn is not None)
 
     def broke(self) -> None:
         """A unit of work met the database unreachable (on a store thread): every lane's connection

@@ -11,7 +11,10 @@ a :class:`PgConn`, a thin wrapper of a synchronous psycopg 3 connection that
   literal ``%`` into ``%%``, and ``json_extract(col, '$.a.b')`` into ``(col::jsonb #>> '{a,b}')``
   (:func:`pg_sql`, cached per text);
 - loads ``numeric`` (what ``SUM`` of a ``BIGINT`` gives) as ``int`` or ``float`` and sends a Python
-  ``bool`` as ``0``/``1``, since both stores keep flags in integer columns.
+  ``bool`` as ``0``/``1``, since both stores keep flags in integer columns;
+- defers a statement whose result nobody reads (a transaction's event inserts: :meth:`PgConn.defer`)
+  to travel, with its values as literals, in one text with the next statement or the ``COMMIT``:
+  across a network a write costs its round trips.
 
 Everything else is written once, in the SQL both speak (``ON CONFLICT … DO NOTHING/UPDATE``,
 ``RETURNING``, partial indexes, ``COALESCE``); what cannot be (``PRAGMA``, ``VACUUM``, a trigger's
@@ -232,12 +235,44 @@ class PgConn:
         self.raw = raw
         #: Called with each statement's text before it runs (benchmarks count them), or ``None``.
         self.trace: Callable[[str], None] | None = None
+        #: Statements whose results nobody reads (a transaction's event inserts: :meth:`defer`),
+        #: sent with the next statement or the ``COMMIT``, in its round trip.
+        self._deferred: list[str] = []
+        #: Client round trips made (each ``execute`` of the driver: one statement or one text).
+        self.trips = 0
         configure(raw)
 
-    def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> Any:
-        """Run one statement written with SQLite's placeholders."""
+    def _literal(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> str:
+        """``sql`` with its parameters merged in as literals (quoted by psycopg, as the server would
+        read them), so that it can travel in one text with others."""
+        from psycopg import ClientCursor
+
+        return ClientCursor(self.raw).mogrify(pg_sql(sql), parameters or ())
+
+    def defer(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> None:
+        """Run ``sql`` with the next statement (before it) or the ``COMMIT``: for a statement whose
+        result nobody reads; what is deferred is read by every later statement, as if it had run."""
         if self.trace is not None:
             self.trace(sql)
+        self._deferred.append(self._literal(sql, parameters))
+
+    def take_deferred(self) -> list[str]:
+        """The deferred statements, to send now (with the ``COMMIT``); none are left deferred."""
+        out, self._deferred = self._deferred, []
+        return out
+
+    def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> Any:
+        """Run one statement written with SQLite's placeholders (after what was deferred, in one
+        round trip with it)."""
+        if self.trace is not None:
+            self.trace(sql)
+        self.trips += 1
+        if self._deferred:
+            text = "; ".join([*self.take_deferred(), self._literal(sql, parameters)])
+            cursor = self.raw.execute(text.encode(), prepare=False)
+            while cursor.nextset():  # to this statement's result, the last
+                pass
+            return cursor
         # Always parameters (maybe none): psycopg then turns the escaped ``%%`` back into ``%``.
         return self.raw.execute(pg_sql(sql), parameters or ())
 
@@ -247,6 +282,9 @@ class PgConn:
         first statement's result (:meth:`psycopg.Cursor.nextset` goes to the next)."""
         if self.trace is not None:
             self.trace(sql)
+        self.trips += 1
+        if self._deferred:
+            sql = "; ".join([*self.take_deferred(), sql])
         return self.raw.execute(sql.encode(), prepare=False)
 
     @property

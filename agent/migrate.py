@@ -15,7 +15,7 @@ import dataclasses
 import os
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +67,21 @@ def _known(package: str, migrations: Sequence[Migration], current: int) -> int:
     if current > known:
         raise SchemaTooNew(f"the database has {package} schema version {current}; this goald knows up to {known}")
     return known
+
+
+def apply_in_transaction(
+    begin: Callable[[Conn], object], conn: Conn, package: str, migrations: Sequence[Migration]
+) -> int:
+    """:func:`apply_migrations` in one write transaction opened by ``begin`` (one that fails leaves
+    the database as it was); returns the version."""
+    begin(conn)
+    try:
+        version = apply_migrations(conn, package, migrations)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return version
 
 
 def apply_migrations(conn: Conn, package: str, migrations: Sequence[Migration]) -> int:

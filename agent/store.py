@@ -37,7 +37,7 @@ from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
-from agent.migrate import apply_migrations
+from agent.migrate import apply_in_transaction
 from agent.relay import Listener, Marks, payloads, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
@@ -170,22 +170,17 @@ class Store:
             SchemaTooNew: a newer goald wrote the database; nothing was changed.
         """
 
-        def run(conn: Conn) -> int:
-            self._backend.begin(conn)
-            try:
-                version = apply_migrations(conn, package, migrations)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return version
-
-        return await self._call(lambda: run(self._raw()))
+        return await self._call(lambda: apply_in_transaction(self._backend.begin, self._raw(), package, migrations))
 
     @property
     def connections(self) -> int:
         """How many database connections the store works over."""
         return self._backend.lanes
+
+    @property
+    def round_trips(self) -> int | None:
+        """Client round trips to a PostgreSQL database since the store opened (``None``: SQLite)."""
+        return self._backend.round_trips()
 
     async def size_bytes(self) -> int:
         """What the database takes: the SQLite file and its WAL, or PostgreSQL's
@@ -313,6 +308,8 @@ class Store:
                 self._backend.commit(conn, notes, tx.at_commit)
             except BaseException:
                 self._marks.drop()
+                if isinstance(conn, PgConn):
+                    conn.take_deferred()  # never sent: they go with the rollback
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 if tx.at_commit and self.fence is not None:

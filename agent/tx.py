@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from agent.db import Conn
+from agent.db import Conn, PgConn
 from agent.errors import NotFound
 from agent.events import Event, EventType
 from agent.payloads import AgentStatus
@@ -179,7 +179,9 @@ class Tx:
         st = self.state(session_id)
         st.last_seq += 1
         event = Event(session_id=session_id, seq=st.last_seq, type=type, data=data, at=self.now)
-        self.conn.execute(
+        # On PostgreSQL sent with the next statement or the COMMIT (nobody reads an insert's result).
+        run = self.conn.defer if isinstance(self.conn, PgConn) else self.conn.execute
+        run(
             "INSERT INTO events(session_id, seq, type, data, at) VALUES (?,?,?,?,?)",
             (session_id, event.seq, type, _dumps(data), self.now),
         )

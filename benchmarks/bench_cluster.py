@@ -152,10 +152,10 @@ def bench_role(dsn: str) -> str:
 
 
 def statement_counts(db: Db) -> tuple[int, int, int] | None:
-    """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements,
-    the writer lock's ``pg_advisory_xact_lock`` (exclusive or shared: one per write transaction)
-    and the client round trips. A write transaction's ``BEGIN`` and locks go as one text, and so do
-    its ``pg_notify`` and ``COMMIT`` (``agent.backends``): each is one round trip. None on SQLite."""
+    """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements
+    and the writer lock's ``pg_advisory_xact_lock`` (exclusive or shared: one per write
+    transaction); the third figure is unused (round trips are counted by the daemons:
+    :func:`round_trips`). None on SQLite."""
     if isinstance(db.store, Path):
         return None
     rows = db.q(
@@ -170,6 +170,13 @@ def statement_counts(db: Db) -> tuple[int, int, int] | None:
     # transaction is its writer lock, exclusive or shared, alone.
     total, locks, notifies, session_locks = (int(v) for v in rows[0])
     return total, locks - session_locks, total - locks - notifies
+
+
+async def round_trips(nodes: list[Any]) -> int | None:
+    """The daemons' client round trips to PostgreSQL so far, as each counts them (``daemon/health``'s
+    ``storeRoundTrips``: every statement, or text of statements sent together, is one). None on SQLite."""
+    counts = [(await rpc(d.socket_path, "daemon/health")).get("storeRoundTrips") for d in nodes]
+    return None if any(c is None for c in counts) else sum(counts)
 
 
 def statement_table(db: Db) -> dict[str, int]:
@@ -396,6 +403,7 @@ async def measure_rounds(
         live = cluster.start(nodes)
         db = Db(bench_role(store) if isinstance(store, str) else root / "n0" / "goald.db")
         before = statement_counts(db)
+        trips_before = await round_trips(live)
         table = statement_table(db) if SHOW_STATEMENTS else {}
         t0 = time.perf_counter()
         await create_goals(live, goals, f"rounds={rounds}{link.directive}")
@@ -403,6 +411,7 @@ async def measure_rounds(
         await all_completed(db, goals, limit=120 + goals * rounds * (1 + 10 * link.model_delay))
         seconds = time.perf_counter() - t0
         after = statement_counts(db)
+        trips_after = await round_trips(live)
         done = sum(r[0] for r in db.q("SELECT rounds FROM goals"))
         if SHOW_STATEMENTS and not isinstance(store, Path):
             print_statements(label, table, statement_table(db), done)
@@ -428,7 +437,8 @@ async def measure_rounds(
         )
         if before is not None and after is not None:
             out.statements, out.writes = after[0] - before[0], after[1] - before[1]
-            out.trips = after[2] - before[2]
+        if trips_before is not None and trips_after is not None:
+            out.trips = trips_after - trips_before
         out.steady = steady(db, but=solo["sessionId"])
         return out
     finally:

@@ -54,6 +54,8 @@ def register(d: Dispatcher, host: HostPort) -> None:
             # The store as it is open: the SQLite file, or the PostgreSQL URL without a password.
             out["store"] = rt.store.kind
             out["databasePath"] = rt.store.location
+            # How it is reached: its connections, and (PostgreSQL) the round trips made so far.
+            out["storeConnections"], out["storeRoundTrips"] = rt.store.connections, rt.store.round_trips
             try:
                 out["databaseBytes"] = await rt.store.size_bytes()
             except StorageUnavailable:  # the outage is in "storage"; the health still answers

@@ -236,6 +236,7 @@ async def test_status_names_the_process_its_files_goals_providers_and_the_next_f
         assert re.fullmatch(r"hourly at \S+ \S+ \(in (59m|1h|\d+m\d*s?)\)", field(out, "next fire")), out
         health = await d.acli_json("status")
         assert health["pid"] == d.proc.pid and health["databaseBytes"] > 0 and health["nextFire"]["key"] == "hourly"
+        assert health["storeConnections"] == 1 and health["storeRoundTrips"] is None  # a SQLite file
     finally:
         d.close()
 

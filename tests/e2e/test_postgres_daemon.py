@@ -61,6 +61,10 @@ async def test_a_goal_completes_on_postgresql(tmp_path: Path, pg_dsn: str) -> No
 
         status = first.cli_json("status")
         assert status["store"] == "postgresql" and status["databasePath"] == pg_dsn, status
+        # Its connections (store_connections' default) and the round trips they made, counted.
+        assert status["storeConnections"] == 8 and status["storeRoundTrips"] > 0, status
+        later = first.cli_json("status")
+        assert later["storeRoundTrips"] > status["storeRoundTrips"]  # the last status's own read among them
         with pytest.raises(RpcError) as refused:
             await rpc(sock, "store/backup", {"path": str(tmp_path / "copy.db")})
         assert refused.value.code == -32007 and "pg_dump" in refused.value.message
