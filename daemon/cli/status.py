@@ -39,7 +39,10 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     if h.get("databasePath"):
         size = size_text(int(h["databaseBytes"])) if h.get("databaseBytes") is not None else "size unknown"
         if h.get("store") == "postgresql":
-            out.append(f"store:     PostgreSQL {h['databasePath']} ({size})")
+            reach = ""
+            if h.get("storeConnections") is not None:
+                reach = f", {h['storeConnections']} connections, {h.get('storeRoundTrips') or 0:,} round trips"
+            out.append(f"store:     PostgreSQL {h['databasePath']} ({size}{reach})")
         else:
             out.append(f"database:  {h['databasePath']} ({size})")
     if h.get("socketPath"):

@@ -12,6 +12,7 @@ nothing changes, and once the server is back the goal advances by itself and the
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -65,6 +66,8 @@ async def test_a_goal_completes_on_postgresql(tmp_path: Path, pg_dsn: str) -> No
         assert status["storeConnections"] == 8 and status["storeRoundTrips"] > 0, status
         later = first.cli_json("status")
         assert later["storeRoundTrips"] > status["storeRoundTrips"]  # the last status's own read among them
+        shown = first.cli("status").stdout
+        assert re.search(r"store: +PostgreSQL .*\(.*, 8 connections, [\d,]+ round trips\)", shown), shown
         with pytest.raises(RpcError) as refused:
             await rpc(sock, "store/backup", {"path": str(tmp_path / "copy.db")})
         assert refused.value.code == -32007 and "pg_dump" in refused.value.message
