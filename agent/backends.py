@@ -54,6 +54,8 @@ from agent.storage import owner_only
 #: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII): exclusive,
 #: or shared by a transaction whose invariants are its sessions' own (:meth:`PgBackend.begin`).
 WRITER_LOCK = 0x676F616C64
+#: The connections a PostgreSQL store works over unless told otherwise (setting ``store_connections``).
+DEFAULT_CONNECTIONS = 8
 #: The first key of a session's advisory lock (``goal`` in ASCII); the second is the hash of its id.
 SESSION_LOCKS = 0x676F616C
 
@@ -384,6 +386,7 @@ def _where(dsn: str) -> str:
 Backend = SqliteBackend | PgBackend
 
 __all__ = [
+    "DEFAULT_CONNECTIONS",
     "SESSION_LOCKS",
     "WRITER_LOCK",
     "Backend",

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from agent.backends import DEFAULT_CONNECTIONS
 from agent.driver import Agent
 from agent.errors import HeldElsewhere, LeaseLost, NotFound, StorageUnavailable, StoreClosed
 from agent.events import Event, EventType
@@ -82,7 +83,7 @@ class Runtime:
         path: str | Path,
         *,
         durability: Durability = "normal",
-        connections: int = 4,
+        connections: int = DEFAULT_CONNECTIONS,
         resolver: Resolver | None = None,
         models: ModelRegistry | None = None,
         tools: Callable[[SessionRow], ToolRegistry] | None = None,

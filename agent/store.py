@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 
 from loguru import logger
 
-from agent.backends import Backend, PgBackend, SqliteBackend, check_collation, masked, pg_failure
+from agent.backends import DEFAULT_CONNECTIONS, Backend, PgBackend, SqliteBackend, check_collation, masked, pg_failure
 from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
@@ -92,7 +92,9 @@ class Store:
     # -- lifecycle -------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: str | Path, *, durability: Durability = "normal", connections: int = 4) -> Store:
+    async def open(
+        cls, path: str | Path, *, durability: Durability = "normal", connections: int = DEFAULT_CONNECTIONS
+    ) -> Store:
         """Open (creating if needed) the store at ``path`` and apply the runtime's migrations.
 
         ``path`` is a SQLite file, or a ``postgresql://`` DSN (the database must exist; the

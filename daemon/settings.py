@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent import McpServer, ToolPolicy
+from agent.backends import DEFAULT_CONNECTIONS
 from agent.db import is_dsn, psycopg_module
 from agent.errors import NotSupported
 from agent.sandbox.network import NetworkSetting, host_pattern
@@ -137,7 +138,7 @@ class Settings(BaseSettings):
     store: str | None = None
     #: The connections a PostgreSQL store works over (one thread each): a session's transactions
     #: always on the same one, different sessions' at once. A SQLite file has one writer: one.
-    store_connections: int = Field(default=8, ge=1, le=64)
+    store_connections: int = Field(default=DEFAULT_CONNECTIONS, ge=1, le=64)
     socket: Path | None = None
     #: A group (name or gid) that may use the control socket: the socket is then mode 0660 and owned
     #: by that group (unset: 0600, the daemon's user only). Every call that changes state records the
