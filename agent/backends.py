@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import sqlite3
 import sys
 import threading
@@ -212,16 +213,17 @@ class PgBackend:
         if session is None:
             conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
             return None
-        from psycopg import sql
-
         from agent.tx import state_query
 
         query, params = state_query(session)
-        state = sql.SQL(query.replace("?", "{}")).format(*(sql.Literal(p) for p in params))
-        text = sql.SQL(
-            "BEGIN; SELECT pg_advisory_xact_lock_shared({}); SELECT pg_advisory_xact_lock({}, hashtext({})); {}"
+        values = iter(quoted(conn, p) for p in params)
+        state = "".join(part + (next(values) if i < len(params) else "") for i, part in enumerate(query.split("?")))
+        sid = quoted(conn, session)
+        text = (
+            f"BEGIN; SELECT pg_advisory_xact_lock_shared({WRITER_LOCK});"
+            f" SELECT pg_advisory_xact_lock({SESSION_LOCKS}, hashtext({sid})); {state}"
         )
-        cursor = conn.script(text.format(WRITER_LOCK, SESSION_LOCKS, session, state).as_string(conn.raw))
+        cursor = conn.script(text)
         while cursor.nextset():  # to the last statement's result: the state
             pass
         return cursor.fetchone()
@@ -246,13 +248,11 @@ class PgBackend:
         if not notes and not first and not deferred:
             conn.execute("COMMIT")
             return
-        from psycopg import sql
-
         from agent.relay import CHANNEL
 
-        statements: list[sql.Composable] = [sql.SQL(text) for text in [*first, *deferred]]
-        statements += [sql.SQL("SELECT pg_notify({}, {})").format(CHANNEL, note) for note in notes]
-        conn.script(sql.SQL("; ").join([*statements, sql.SQL("COMMIT")]).as_string(conn.raw))
+        channel = quoted(conn, CHANNEL)
+        notifies = [f"SELECT pg_notify({channel}, {quoted(conn, note)})" for note in notes]
+        conn.script("; ".join([*first, *deferred, *notifies, "COMMIT"]))
 
     def __init__(self, dsn: str, connections: int = 1) -> None:
         self.dsn = dsn
@@ -362,6 +362,21 @@ class _Lane:
         backend._tls.lane = self.index
         while (work := self.queue.get()) is not None:
             work()
+
+
+#: Text that cannot leave a quoted SQL literal: no quote, backslash or control character (goald's own
+#: ids, event types, times and notification payloads); :func:`quoted` quotes it by hand, cheaply.
+_PLAIN = re.compile(r'[A-Za-z0-9_.:,+\-\[\]{}"]*')
+
+
+def quoted(conn: PgConn, text: str) -> str:
+    """``text`` as a SQL string literal: by hand when it is :data:`_PLAIN` (the ids and payloads a
+    write's ``BEGIN`` and ``COMMIT`` carry, thousands a second), else by psycopg."""
+    if _PLAIN.fullmatch(text):
+        return "'" + text + "'"
+    from psycopg import sql
+
+    return sql.Literal(text).as_string(conn.raw)
 
 
 def check_collation(location: str, conn: Conn) -> None:

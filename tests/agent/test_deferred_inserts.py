@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent.db import savepoint
+from agent.db import PgConn, savepoint
 from agent.ids import MessageId
 from agent.inbox import enqueue
 from agent.messages import parse_content
@@ -92,3 +92,17 @@ async def test_a_rolled_back_transaction_leaves_nothing_for_the_next(store: Stor
     assert "test/rolled-back" not in types and types[-1] == "test/next"
     seqs = [e.seq for e in await store.events_after(sid, 0)]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_a_write_s_own_literals_are_quoted_as_the_server_reads_them(store: Store) -> None:
+    """``BEGIN`` and ``COMMIT`` texts quote their ids and payloads by hand when they are plain, and
+    by psycopg otherwise: either way the server reads back exactly the text."""
+    from agent.backends import quoted
+
+    texts = ['{"n":"abc","s":{"ses_1":[1,2]}}', "goald_events", "it's", "back\\slash", "line\nbreak", "100%"]
+
+    def run(conn: object) -> list[str]:
+        assert isinstance(conn, PgConn)
+        return [conn.execute(f"SELECT {quoted(conn, t)}::text").fetchone()[0] for t in texts]
+
+    assert await store.read(run) == texts
