@@ -15,7 +15,7 @@ statements that open a transaction:
   cluster (across a network the one lock was the cluster's throughput ceiling). A read is a
   ``REPEATABLE READ READ ONLY`` transaction: one snapshot, no lock.
 
-A PostgreSQL store has several connections (``store_connections``, 4 by default), each a *lane*:
+A PostgreSQL store has several connections (``store_connections``, :data:`DEFAULT_CONNECTIONS`), each a *lane*:
 a thread that runs its queue of work in order. A session's work — its transactions, its state, its
 events read — always goes to the same lane (:meth:`PgBackend.lane_of`, a hash of its id), so it
 runs, commits and reaches the hub in the order it was submitted, as on SQLite's one thread; work
@@ -216,8 +216,8 @@ class PgBackend:
         from agent.tx import state_query
 
         query, params = state_query(session)
-        values = iter(quoted(conn, p) for p in params)
-        state = "".join(part + (next(values) if i < len(params) else "") for i, part in enumerate(query.split("?")))
+        first, *rest = query.split("?")
+        state = first + "".join(quoted(conn, p) + part for p, part in zip(params, rest, strict=True))
         sid = quoted(conn, session)
         text = (
             f"BEGIN; SELECT pg_advisory_xact_lock_shared({WRITER_LOCK});"
@@ -254,7 +254,7 @@ class PgBackend:
         notifies = [f"SELECT pg_notify({channel}, {quoted(conn, note)})" for note in notes]
         conn.script("; ".join([*first, *deferred, *notifies, "COMMIT"]))
 
-    def __init__(self, dsn: str, connections: int = 1) -> None:
+    def __init__(self, dsn: str, connections: int = DEFAULT_CONNECTIONS) -> None:
         self.dsn = dsn
         self.where = _where(dsn)
         self._lanes = [_Lane(self, i) for i in range(max(1, connections))]

@@ -240,14 +240,18 @@ class PgConn:
         self._deferred: list[str] = []
         #: Client round trips made (each ``execute`` of the driver: one statement or one text).
         self.trips = 0
+        self._client: Any = None  # a ClientCursor, made on the first deferred statement (_literal)
         configure(raw)
 
     def _literal(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> str:
         """``sql`` with its parameters merged in as literals (quoted by psycopg, as the server would
         read them), so that it can travel in one text with others."""
-        from psycopg import ClientCursor
+        if self._client is None:
+            from psycopg import ClientCursor
 
-        return ClientCursor(self.raw).mogrify(pg_sql(sql), parameters or ())
+            self._client = ClientCursor(self.raw)  # only renders (mogrify): one serves every statement
+        text: str = self._client.mogrify(pg_sql(sql), parameters or ())
+        return text
 
     def defer(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> None:
         """Run ``sql`` with the next statement (before it) or the ``COMMIT``: for a statement whose

@@ -68,7 +68,6 @@ class Store:
         #: Per session, the highest sequence number published to the hub, and the lock that keeps
         #: the store's connections publishing in order (PostgreSQL: agent.relay.Marks).
         self._marks = Marks()
-        self._published = self._marks.published
         self._listener: Listener | None = None
         #: True while the hub is handed events another node committed (listeners may tell them apart).
         self.relaying = False
@@ -296,7 +295,7 @@ class Store:
             backend = self._backend
             lock = backend.lock_session if session is not None and isinstance(backend, PgBackend) else None
             tx = Tx(self, conn, session=session, lock=lock)
-            row = self._backend.begin(conn, session)
+            row = backend.begin(conn, session)
             if row is not None and session is not None:
                 tx.preload(session, state_of_row(row, session))
             try:
@@ -307,7 +306,7 @@ class Store:
                     tx.events = self._marks.fill(conn, tx.events)
                     if backend.crosses(e.session_id for e in tx.events):
                         self._marks.hold()  # until its events are queued to the loop (_work)
-                self._backend.commit(conn, notes, tx.at_commit)
+                backend.commit(conn, notes, tx.at_commit)
             except BaseException:
                 self._marks.drop()
                 if isinstance(conn, PgConn):

@@ -151,16 +151,14 @@ def bench_role(dsn: str) -> str:
     return dsn.replace(f"//{_pgkit.USER}@", f"//{BENCH_ROLE}@", 1)
 
 
-def statement_counts(db: Db) -> tuple[int, int, int] | None:
+def statement_counts(db: Db) -> tuple[int, int] | None:
     """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements
     and the writer lock's ``pg_advisory_xact_lock`` (exclusive or shared: one per write
-    transaction); the third figure is unused (round trips are counted by the daemons:
-    :func:`round_trips`). None on SQLite."""
+    transaction); round trips are counted by the daemons (:func:`round_trips`). None on SQLite."""
     if isinstance(db.store, Path):
         return None
     rows = db.q(
         "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%'), 0),"
-        " COALESCE(SUM(calls) FILTER (WHERE query LIKE 'SELECT pg_notify%%'), 0),"
         " COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%hashtext%%'), 0)"
         " FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
         " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
@@ -168,8 +166,8 @@ def statement_counts(db: Db) -> tuple[int, int, int] | None:
     )
     # A session's lock (``hashtext``) goes with its transaction's BEGIN and writer lock: a write
     # transaction is its writer lock, exclusive or shared, alone.
-    total, locks, notifies, session_locks = (int(v) for v in rows[0])
-    return total, locks - session_locks, total - locks - notifies
+    total, locks, session_locks = (int(v) for v in rows[0])
+    return total, locks - session_locks
 
 
 async def round_trips(nodes: list[Any]) -> int | None:
@@ -384,7 +382,7 @@ class Rounds:
     #: each) and write transactions (each takes the cluster-wide writer lock) over the run.
     statements: int | None = None
     writes: int | None = None
-    #: PostgreSQL only: the daemons' client round trips over the run (see statement_counts).
+    #: PostgreSQL only: the daemons' client round trips over the run (see round_trips).
     trips: int | None = None
     #: Rounds per second in the middle of the run (:func:`steady`).
     steady: float | None = None
