@@ -287,21 +287,21 @@ def activity_cell(act: dict[str, Any] | None) -> str:
     return f"{words} until {until.astimezone(UTC if _UTC[0] else None).strftime('%H:%M')}"
 
 
-def goal_table(goals: list[dict[str, Any]]) -> list[str]:
+def goal_table(goals: list[GoalView]) -> list[str]:
     """Goals as a table with a header line (columns as wide as their widest cell)."""
     rows = [TABLE_HEADER] + [
         (
-            str(g["id"]),
-            str(g.get("key") or "-"),
-            str(g["status"]),
-            reason_text(g.get("statusReason")) or "-",
-            activity_cell(g.get("activity")),
-            age(g.get("createdAt")),
-            str(g["rounds"]) + (f"/{g['budgets']['maxRounds']}" if g.get("budgets", {}).get("maxRounds") else ""),
-            f"{g['tokens']:,}",
-            f"{g['cost']:.4f}",
-            str(g.get("model") or "-"),
-            _cell(g.get("statusError"), ERROR_CELL),
+            g.id,
+            g.key or "-",
+            g.status.value,
+            reason_text(g.status_reason) or "-",
+            activity_cell(g.activity),
+            age(g.created_at),
+            str(g.rounds) + (f"/{g.budgets.max_rounds}" if g.budgets.max_rounds else ""),
+            f"{g.tokens:,}",
+            f"{g.cost:.4f}",
+            g.model or "-",
+            _cell(g.status_error, ERROR_CELL),
         )
         for g in goals
     ]
@@ -396,12 +396,13 @@ class GoalDisplay:
             self._last = line
 
 
-async def watch_goal(client: Client, g: dict[str, Any], *, as_json: bool = False) -> int:
+async def watch_goal(client: Client, ref: str, *, as_json: bool = False) -> int:
     """Follow a goal until it stops being active: a live panel on a terminal, else a line per change."""
-    await client.call("session/subscribe", {"sessionId": g["sessionId"]})
-    # Read again once subscribed: a change between the caller's read and the subscription would
+    first = GoalView.model_validate(await client.call("goal/get", {"goalId": ref}))
+    await client.call("session/subscribe", {"sessionId": first.session_id})
+    # Read again once subscribed: a change between the first read and the subscription would
     # otherwise go unseen (and a goal that ended in between would be watched forever).
-    g = await client.call("goal/get", {"goalId": g["id"]})
+    g = await client.call("goal/get", {"goalId": first.id})
     with GoalDisplay(live=sys.stdout.isatty() and not as_json, as_json=as_json) as view:
         while True:
             view.goal(g)
@@ -409,4 +410,4 @@ async def watch_goal(client: Client, g: dict[str, Any], *, as_json: bool = False
                 return 0
             note = await client.next_notification()
             if note.get("method") == "session.event":
-                g = await client.call("goal/get", {"goalId": g["id"]})
+                g = await client.call("goal/get", {"goalId": first.id})

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from daemon.cli.parser import EXIT_OK, UsageError
 from daemon.client import Connection
 from daemon.rpc.protocol import ErrorCode, RpcError
+from daemon.rpc.views import GoalView
 
 #: How often ``eval run`` looks at its unfinished runs, in seconds.
 POLL_SECONDS = 0.5
@@ -113,10 +114,9 @@ def _runs(suite: Suite) -> list[tuple[EvalTask, str, int]]:
     return [(t, m, n) for n in range(1, suite.runs + 1) for t in suite.tasks for m in suite.models]
 
 
-async def _get(client: Connection, key: str) -> dict[str, Any] | None:
+async def _get(client: Connection, key: str) -> GoalView | None:
     try:
-        got: dict[str, Any] = await client.call("goal/get", {"goalId": key})
-        return got
+        return GoalView.model_validate(await client.call("goal/get", {"goalId": key}))
     except RpcError as exc:
         if exc.code == ErrorCode.NOT_FOUND:
             return None
@@ -152,7 +152,7 @@ async def eval_run(client: Connection, args: argparse.Namespace) -> int:
     while todo or live:
         for key in list(live):
             goal = await _get(client, key)
-            if goal is None or goal["status"] in FINISHED:
+            if goal is None or goal.status.value in FINISHED:
                 live.discard(key)
         while todo and len(live) < suite.concurrency:
             task, model, n = todo.pop(0)
@@ -164,7 +164,7 @@ async def eval_run(client: Connection, args: argparse.Namespace) -> int:
                 live.add(key)
             else:
                 reused += 1
-                if goal["status"] not in FINISHED:
+                if goal.status.value not in FINISHED:
                     live.add(key)
         if live:
             await asyncio.sleep(POLL_SECONDS)  # the CLI looks again; the daemon runs the goals
@@ -179,27 +179,27 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{fmt.format(med)} ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
 
-def summarize(suite: Suite, goals: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def summarize(suite: Suite, goals: dict[str, GoalView | None]) -> dict[str, Any]:
     """The report's figures, from the runs' goals (by key; ``None``: no goal yet)."""
     rows = []
     for model in suite.models:
         runs = [(t, n, goals.get(run_key(suite, t, model, n))) for n in range(1, suite.runs + 1) for t in suite.tasks]
         done = [g for _, _, g in runs if g is not None]
-        verified = [g for g in done if g["status"] == "completed" and g.get("statusReason") == "verified"]
+        verified = [g for g in done if g.status.value == "completed" and g.status_reason == "verified"]
         rows.append(
             {
                 "model": model,
                 "runs": len(runs),
                 "started": len(done),
                 "verified": len(verified),
-                "stalled": sum(1 for g in done if g["status"] == "paused" and g.get("statusReason") == "stalled"),
-                "exhausted": sum(1 for g in done if g["status"] == "exhausted"),
-                "rounds": [g["rounds"] for g in verified],
-                "tokens": [g["tokens"] for g in verified],
-                "cost": [g["cost"] for g in verified],
-                "wallSeconds": [round(float(g["wallUsed"]), 3) for g in verified],
+                "stalled": sum(1 for g in done if g.status.value == "paused" and g.status_reason == "stalled"),
+                "exhausted": sum(1 for g in done if g.status.value == "exhausted"),
+                "rounds": [g.rounds for g in verified],
+                "tokens": [g.tokens for g in verified],
+                "cost": [g.cost for g in verified],
+                "wallSeconds": [round(g.wall_used, 3) for g in verified],
                 "goals": [
-                    {"task": t.name, "run": n, "goalId": g["id"] if g else None, "status": g["status"] if g else None}
+                    {"task": t.name, "run": n, "goalId": g.id if g else None, "status": g.status.value if g else None}
                     for t, n, g in runs
                 ],
             }

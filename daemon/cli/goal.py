@@ -24,6 +24,7 @@ from daemon.cli.transfer import goal_export, goal_import
 from daemon.client import Connection
 from daemon.display import goal_line, status_text, use_utc, when
 from daemon.rpc.protocol import ErrorCode, RpcError
+from daemon.rpc.views import GoalView
 
 #: Length of a whole session id (``ses_`` and 26 characters); anything shorter is a prefix.
 _SESSION_ID_LEN = 30
@@ -102,8 +103,8 @@ def progress_params(args: argparse.Namespace) -> dict[str, Any] | None:
 async def goal_session(client: Connection, target: str) -> str:
     """The session a ``goal_…`` id, a session id prefix or a whole session id names."""
     if not target.startswith("ses_"):
-        goal = await client.call("goal/get", {"goalId": target})  # a goal id, id prefix or key
-        return str(goal["sessionId"])
+        goal = GoalView.model_validate(await client.call("goal/get", {"goalId": target}))  # an id, prefix or key
+        return goal.session_id
     if target.startswith("ses_") and len(target) < _SESSION_ID_LEN:
         found = (await client.call("session/list", {"prefix": target, "limit": 2}))["sessions"]
         if not found:
@@ -222,9 +223,10 @@ async def goal_edit(client: Connection, args: argparse.Namespace) -> int:
         print_json(g)
     else:
         print(goal_line(g))
-    if g.get("status") == "exhausted" and _budgets(args) is not None:
+    edited = GoalView.model_validate(g)
+    if edited.status.value == "exhausted" and _budgets(args) is not None:
         # As systemctl after an edit of a unit: the change is saved, the next command is named.
-        ref = g.get("key") or g["id"]
+        ref = edited.key or edited.id
         print(
             f"note: goal {ref} is still exhausted: an edit changes its budgets only;"
             f" `goald goal resume {ref}` resumes it with them",
@@ -255,14 +257,14 @@ async def goal_resume_all(client: Connection, args: argparse.Namespace) -> int:
 
 async def goal_delete(client: Connection, args: argparse.Namespace) -> int:
     """``goal delete``: an ended goal, with its session and events once confirmed (``--yes``)."""
-    g = await client.call("goal/get", {"goalId": args.goal})
-    if g["status"] in ("active", "paused", "waiting"):
-        print(f"goald: goal {g['id']} is {status_text(g)}: cancel it before deleting it", file=sys.stderr)
+    g = GoalView.model_validate(await client.call("goal/get", {"goalId": args.goal}))
+    if g.status.value in ("active", "paused", "waiting"):
+        print(f"goald: goal {g.id} is {status_text(g)}: cancel it before deleting it", file=sys.stderr)
         return EXIT_CONFLICT
     if not args.yes:
         prompt = (
-            f"delete goal {g['id']} ({status_text(g)}, created {when(g['createdAt'])}: {g['title'][:60]})"
-            f" with its session {g['sessionId']} and that session's events? The work directory stays. [y/N] "
+            f"delete goal {g.id} ({status_text(g)}, created {when(g.created_at)}: {g.title[:60]})"
+            f" with its session {g.session_id} and that session's events? The work directory stays. [y/N] "
         )
         print(prompt, end="", file=sys.stderr, flush=True)
         answer = sys.stdin.readline()
@@ -270,7 +272,7 @@ async def goal_delete(client: Connection, args: argparse.Namespace) -> int:
             hint = "" if answer else " (no answer on stdin: give --yes to delete without asking)"
             print(f"\nnot deleted{hint}", file=sys.stderr)
             return EXIT_FAILURE
-    done = await client.call("goal/delete", {"goalId": g["id"]})
+    done = await client.call("goal/delete", {"goalId": g.id})
     if args.json:
         print_json(done)
     else:

@@ -21,6 +21,7 @@ from daemon.cli.parser import EXIT_OK, UsageError, parse_instant, print_json
 from daemon.cli.questions import approval_lines, open_question_lines
 from daemon.client import Connection
 from daemon.display import TERMINAL, GoalDisplay, describe_event, goal_table, watch_goal, when
+from daemon.rpc.views import GoalView
 from goals import GOAL_CHANGED, GoalChanged
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -90,7 +91,7 @@ def _draw(goals: list[dict[str, Any]], total: int, args: argparse.Namespace, tty
     if args.json:
         print(json.dumps(goals, sort_keys=True, default=str), flush=True)
         return
-    lines = goal_table(goals) if goals else ["no goals"]
+    lines = goal_table([GoalView.model_validate(g) for g in goals]) if goals else ["no goals"]
     if len(goals) < total:
         lines.append(f"({len(goals)} of {total} goals shown: --limit {args.limit})")
     if tty:  # in place, under a heading as watch(1) gives one
@@ -111,7 +112,7 @@ async def goal_list(client: Connection, args: argparse.Namespace) -> int:
     if not goals:
         print("no goals", file=sys.stderr)
         return EXIT_OK
-    for line in goal_table(goals):
+    for line in goal_table([GoalView.model_validate(g) for g in goals]):
         print(line)
     if len(goals) < total:
         print(f"({len(goals)} of {total} goals shown: --limit {args.limit})", file=sys.stderr)
@@ -120,7 +121,7 @@ async def goal_list(client: Connection, args: argparse.Namespace) -> int:
 
 async def goal_show(client: Connection, args: argparse.Namespace) -> int:
     if args.watch:
-        return await watch_goal(client, await client.call("goal/get", {"goalId": args.goal}), as_json=args.json)
+        return await watch_goal(client, args.goal, as_json=args.json)
     if args.json:
         print_json(await client.call("goal/get", {"goalId": args.goal}))
     else:
@@ -145,12 +146,12 @@ async def goal_logs(client: Connection, args: argparse.Namespace) -> int:
     if args.tail is not None and args.tail < 0:
         raise UsageError("--tail must be 0 or more (the number of latest events to print)")
     since = parse_time(parse_since(args.since))
-    g = await client.call("goal/get", {"goalId": args.goal})
-    gid, sid = g["id"], g["sessionId"]
+    g = GoalView.model_validate(await client.call("goal/get", {"goalId": args.goal}))
+    gid, sid = g.id, g.session_id
     live = args.follow and not args.json and sys.stdout.isatty()
     with GoalDisplay(live=live) as view:
         after = await _tail_start(client, sid, args.tail) if since is None else 0
-        ended = g["status"] in TERMINAL  # its ending event may be before the tail
+        ended = g.status.value in TERMINAL  # its ending event may be before the tail
         shown: deque[dict[str, Any]] = deque(maxlen=args.tail)  # all of them without --tail
         while True:
             page = await client.call("session/events", {"sessionId": sid, "afterSeq": after, "limit": 1000})

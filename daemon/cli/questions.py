@@ -17,6 +17,7 @@ from typing import Any
 from daemon.cli.parser import EXIT_OK, UsageError, print_json
 from daemon.client import Connection
 from daemon.display import when
+from daemon.rpc.views import GoalView
 
 #: A question's id, as :class:`goals.questions.QuestionId` makes them.
 _QUESTION_ID = re.compile(r"^q_[0-9A-HJKMNP-TV-Z]{26}$")
@@ -96,18 +97,18 @@ async def goal_revoke(client: Connection, args: argparse.Namespace) -> int:
     if args.json:
         print_json(g)
     else:
-        left = g.get("approvals") or []
-        print(f"goal {g.get('key') or g['id']}: {len(left)} approval(s) left")
+        view = GoalView.model_validate(g)
+        print(f"goal {view.key or view.id}: {len(view.approvals)} approval(s) left")
     return EXIT_OK
 
 
 def approval_lines(described: dict[str, Any]) -> list[str]:
     """``goal show``'s standing approvals (calls that run without asking), with how to revoke one."""
-    g = described["goal"]
-    found = g.get("approvals") or []
+    g = GoalView.model_validate(described["goal"])
+    found = g.approvals
     if not found:
         return []
-    ref = g.get("key") or g["id"]
+    ref = g.key or g.id
     lines = ["approved:   calls that run without asking (goald goal revoke " + ref + " 'APPROVAL' or --all):"]
     lines.extend(f"  {a}" for a in found)
     return lines
@@ -118,8 +119,8 @@ def open_question_lines(described: dict[str, Any]) -> list[str]:
     q = described.get("question")
     if not q:
         return []
-    g = described["goal"]
-    ref = g.get("key") or g["id"]
+    g = GoalView.model_validate(described["goal"])
+    ref = g.key or g.id
     lines = [f"question:   {q['id']}, asked {when(q['askedAt'])}, open until {when(q['deadline'])}"]
     lines.extend(f"  {line}" for line in str(q["text"]).splitlines())
     if q.get("options"):

@@ -61,6 +61,16 @@ class GoalView(Goal):
     why: str | None = None
     #: What it is doing now (``goal/list``'s goals carry it; :mod:`daemon.rpc.activity`).
     activity: JsonObject | None = None
+    #: In a cluster (``goal/list``, ``goal/describe``): the node that drives the goal's session,
+    #: ``None`` when none holds it now. Outside a cluster the answer has no such key.
+    node: str | None = None
+    #: ``goal list``'s LAST ERROR: why an ended or paused goal failed, in a line (:func:`goals.why.status_error`).
+    status_error: str | None = None
+
+    @property
+    def in_cluster(self) -> bool:
+        """Whether the answer came from a cluster's node (it named the goal's ``node``, maybe none)."""
+        return "node" in self.model_fields_set
 
 
 def _camel(data: dict[str, object]) -> JsonObject:

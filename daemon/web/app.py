@@ -178,7 +178,7 @@ class WebService:
         page = query_int(request.query.get("page"), 1, minimum=1)
         params = {k: v for k, v in (("status", status), ("schedule", schedule)) if v}
         listing = await self.call(request, "goal/list", params)
-        ordered = attention_order(list(listing.get("goals") or []))
+        ordered = attention_order([GoalView.model_validate(g) for g in listing.get("goals") or []])
         shown = ordered[(page - 1) * PER_PAGE : page * PER_PAGE]  # in a cluster each has its node
         body = goals_page(shown, status=status, schedule=schedule, page=page, per_page=PER_PAGE, total=len(ordered))
         return self._page(request, "Goals", body, "goals")
@@ -188,15 +188,16 @@ class WebService:
         if self.streams.full():
             raise Refused(503, "Busy", f"{self.streams.cap} live pages are open already (web.max_live_pages)")
         listing = await self.call(request, "goal/list", {})
-        sessions = {str(g["sessionId"]): str(g["id"]) for g in listing.get("goals") or [] if g.get("sessionId")}
+        listed = [GoalView.model_validate(g) for g in listing.get("goals") or []]
+        sessions: dict[str, str] = {g.session_id: g.id for g in listed}
 
         async def row(goal_id: str) -> str | None:
             try:
                 d = await self.call(request, "goal/describe", {"goalId": goal_id, "events": 0})
             except Refused:
                 return None  # deleted since
-            g = {**d["goal"], **({"node": d["node"]} if "node" in d else {})}  # in a cluster, its node
-            sessions.setdefault(str(g.get("sessionId")), goal_id)
+            g = GoalView.model_validate({**d["goal"], **({"node": d["node"]} if "node" in d else {})})
+            sessions.setdefault(g.session_id, goal_id)
             return goal_row(g)
 
         return await goals_stream(request, hub=self._rt().store.hub, sessions=sessions, row=row, streams=self.streams)

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlencode
 
+from daemon.rpc.views import GoalView
 from daemon.web.html import TOKENS, bar, h, rel, status_cell
 
 #: The order a goals table is sorted in: what needs a person first.
@@ -14,14 +13,14 @@ ATTENTION = {"waiting": 0, "failed": 1, "paused": 2, "exhausted": 3, "active": 4
 STATUSES = ("active", "waiting", "paused", "completed", "failed", "cancelled", "exhausted")
 
 
-def attention_order(goals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def attention_order(goals: list[GoalView]) -> list[GoalView]:
     """Paused, failed and exhausted goals first, then the active ones; most recently moved first within each."""
-    by_time = sorted(goals, key=lambda g: str(g.get("lastActivity") or g.get("updatedAt") or ""), reverse=True)
-    return sorted(by_time, key=lambda g: ATTENTION.get(str(g.get("status")), 9))
+    by_time = sorted(goals, key=lambda g: g.updated_at, reverse=True)
+    return sorted(by_time, key=lambda g: ATTENTION.get(g.status.value, 9))
 
 
 def goals_page(
-    goals: list[dict[str, Any]], *, status: str | None, schedule: str | None, page: int, per_page: int, total: int
+    goals: list[GoalView], *, status: str | None, schedule: str | None, page: int, per_page: int, total: int
 ) -> str:
     """The goals table (one page of it) with its filters."""
     options = "".join(
@@ -35,7 +34,7 @@ def goals_page(
     )
     rows = "".join(goal_row(g) for g in goals)
     # In a cluster each goal carries its ``node`` (who drives it): one more column.
-    nodes = ("node",) if any("node" in g for g in goals) else ()
+    nodes = ("node",) if any(g.in_cluster for g in goals) else ()
     head = "".join(
         f"<th>{c}</th>"
         for c in ("status", "key", "title", "model", *nodes, "round", "age", "last activity", "tokens", "cost")
@@ -58,24 +57,22 @@ def goals_page(
     )
 
 
-def goal_row(g: Mapping[str, Any]) -> str:
+def goal_row(g: GoalView) -> str:
     """One row of the goals table."""
-    b = g.get("budgets") or {}
-    gid = str(g.get("id"))
-    rounds = f"{g.get('rounds', 0)}" + (f" / {b['maxRounds']}" if b.get("maxRounds") else "")
-    last = g.get("lastActivity") or g.get("updatedAt")
+    b = g.budgets
+    rounds = f"{g.rounds}" + (f" / {b.max_rounds}" if b.max_rounds else "")
     return (
-        f'<tr data-goal="{h(gid)}" data-status="{h(g.get("status"))}">'
-        f"<td>{status_cell(g)}</td><td>{h(g.get('key'))}</td>"
-        f'<td><a href="/goals/{h(gid)}">{h(g.get("title"))}</a></td><td>{h(g.get("model"))}</td>'
-        f"{_node_cell(g)}<td>{h(rounds)}</td><td>{rel(g.get('createdAt'))}</td><td>{rel(last)}</td>"
-        f"<td>{bar(float(g.get('tokens') or 0), b.get('maxTokensTotal'), TOKENS)}</td>"
-        f"<td>{bar(float(g.get('cost') or 0.0), b.get('maxCost'), '{:.4f}')}</td></tr>"
+        f'<tr data-goal="{h(g.id)}" data-status="{h(g.status.value)}">'
+        f"<td>{status_cell(g)}</td><td>{h(g.key)}</td>"
+        f'<td><a href="/goals/{h(g.id)}">{h(g.title)}</a></td><td>{h(g.model)}</td>'
+        f"{_node_cell(g)}<td>{h(rounds)}</td><td>{rel(g.created_at)}</td><td>{rel(g.updated_at)}</td>"
+        f"<td>{bar(float(g.tokens), b.max_tokens_total, TOKENS)}</td>"
+        f"<td>{bar(g.cost, b.max_cost, '{:.4f}')}</td></tr>"
     )
 
 
-def _node_cell(g: Mapping[str, Any]) -> str:
+def _node_cell(g: GoalView) -> str:
     """The node that drives the goal's session, in a cluster (no cell otherwise); "-" when none holds it now."""
-    if "node" not in g:
+    if not g.in_cluster:
         return ""
-    return f'<td class="node">{h(g["node"] or "-")}</td>'
+    return f'<td class="node">{h(g.node or "-")}</td>'

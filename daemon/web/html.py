@@ -5,8 +5,9 @@ adds the live updates, the in-place paging and the actions without a reload. Eve
 escaped here (:func:`h`), whatever the model or a person wrote.
 
 The data arrives in the protocol's shapes (camelCase ``goal/list``, ``goal/describe``,
-``schedule/list``, ``daemon/health``) and is read with ``.get``: a field the daemon adds later
-shows up where it is generic (the daemon page lists every health field) and is ignored elsewhere.
+``schedule/list``, ``daemon/health``). Goals are read back into a typed
+:class:`~daemon.rpc.views.GoalView` (a field the daemon adds later is ignored); the daemon page
+lists every health field, so one the daemon adds later shows up there.
 The pages themselves: :mod:`~daemon.web.goals_view` (the goals table), :mod:`~daemon.web.goal_view`
 (one goal), :mod:`~daemon.web.timeline_view` (its bands and conversations),
 :mod:`~daemon.web.system_view` (schedules and the daemon).
@@ -14,13 +15,14 @@ The pages themselves: :mod:`~daemon.web.goals_view` (the goals table), :mod:`~da
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
 from daemon import __version__
 from daemon.display import age, parse_time, status_text
+from goals import Goal
 
 #: How token counts and costs are written.
 TOKENS, COST = "{:,.0f}", "{:.4f}"
@@ -76,9 +78,9 @@ def rel(value: Any) -> str:
     return f'<time class="rel" datetime="{h(dt.isoformat(timespec="milliseconds"))}">{h(age(dt))}</time>'
 
 
-def status_cell(g: Mapping[str, Any]) -> str:
+def status_cell(g: Goal) -> str:
     """The status with its reason, as everywhere else (``paused (by request)``)."""
-    return f'<span class="status st-{h(g.get("status"))}">{h(status_text(dict(g)))}</span>'
+    return f'<span class="status st-{h(g.status.value)}">{h(status_text(g))}</span>'
 
 
 def kv(rows: Iterable[tuple[str, str]]) -> str:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from daemon.display import age, exit_text, goal_table, reason_text, use_utc, when
+from daemon.rpc.views import GoalView
 from goals.why import span
 
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -60,9 +61,20 @@ def test_exits_in_words() -> None:
     assert exit_text({"exitCode": None, "timedOut": True}) == "timed out"
 
 
+#: A well-formed goal id.
+GID = "goal_" + "0" * 25 + "1"
+
+
+def _view(fields: dict[str, object]) -> GoalView:
+    """A goal view as ``goal/list`` sends one, with ``fields`` (the fields a goal must have besides)."""
+    now = datetime.now(UTC).isoformat()
+    required = {"objective": "o", "title": "t", "sessionId": "ses_1", "guardId": "guard_1", "updatedAt": now}
+    return GoalView.model_validate({**required, **fields})
+
+
 def test_goal_table_has_a_header_and_aligned_columns() -> None:
     g = {
-        "id": "goal_01",
+        "id": GID,
         "key": None,
         "status": "paused",
         "statusReason": "by_request",
@@ -73,17 +85,17 @@ def test_goal_table_has_a_header_and_aligned_columns() -> None:
         "cost": 0.5,
         "model": "test:worker",
     }
-    header, row = goal_table([g])
+    header, row = goal_table([_view(g)])
     columns = ["ID", "KEY", "STATUS", "REASON", "ACTIVITY", "AGE", "ROUNDS", "TOKENS", "COST", "MODEL", "LAST", "ERROR"]
     assert header.split() == columns
-    assert row.split("  ")[0] == "goal_01" and "by request" in row and "5m ago" in row
+    assert row.split("  ")[0] == GID and "by request" in row and "5m ago" in row
     assert row[header.index("LAST ERROR") :] == "-"  # a pause by request has no error behind it
     assert row.index("test:worker") == header.index("MODEL")
     assert row.index("12,345") + len("12,345") == header.index("TOKENS") + len("TOKENS")
 
 
 def test_goal_list_shows_what_an_active_goal_is_doing() -> None:
-    base = {"id": "goal_01", "status": "active", "createdAt": datetime.now(UTC).isoformat(), "rounds": 1,
+    base = {"id": GID, "status": "active", "createdAt": datetime.now(UTC).isoformat(), "rounds": 1,
             "budgets": {}, "tokens": 0, "cost": 0.0}  # fmt: skip
     until = datetime(2026, 5, 1, 12, 3, tzinfo=UTC)
     use_utc(True)
@@ -97,7 +109,7 @@ def test_goal_list_shows_what_an_active_goal_is_doing() -> None:
             ({"state": "paused"}, "-"),
             (None, "-"),
         ]:
-            header, row = goal_table([{**base, "activity": activity}])
+            header, row = goal_table([_view({**base, "activity": activity})])
             start = header.index("ACTIVITY")
             assert row[start:].startswith(shown + "  "), (activity, row)
     finally:

@@ -35,7 +35,7 @@ from agent.tx import SessionState
 from daemon.cli.goal_show import describe_lines
 from daemon.display import goal_table, reason_text
 from daemon.rpc.activity import activity_of, describe_answer
-from daemon.rpc.views import goal_view
+from daemon.rpc.views import GoalView, goal_view
 from daemon.web.goal_view import describe_rows
 from goals import (
     Budgets,
@@ -266,7 +266,7 @@ def views(goal: Goal, now: datetime) -> dict[str, str]:
     lines = describe_lines(d)
     shown = {
         "goal show": "\n".join(x for x in lines if x.startswith(("status:", "why:", "activity:"))),
-        "goal list": goal_table([{**goal_view(goal, now), "activity": activity}])[1],
+        "goal list": goal_table([GoalView.model_validate({**goal_view(goal, now), "activity": activity})])[1],
         "goal/describe": json.dumps(
             [d["why"], d["goal"]["why"], d["goal"]["statusReason"], d["activity"]["text"]]  # type: ignore[index]
         ),
