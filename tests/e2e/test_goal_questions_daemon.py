@@ -123,7 +123,8 @@ async def test_kill_9_right_after_the_answer_commits_resumes_once(kills: int, da
         done = await wait_goal(d.socket_path, goal["id"], {"completed"})
         want = ["sqlite", "postgres"][i % 2]
         assert (Path(str(done["workdir"])) / "heard.txt").read_text() == want
-        assert done["rounds"] == 2
+        counted = {k: done[k] for k in ("rounds", "infraRounds", "interruptedTokens", "statusReason")}
+        assert done["rounds"] == 2, (i, counted, answered["messageId"])
         [q] = (await rpc(d.socket_path, "goal/questions", {"goalId": f"cut{i}"}))["questions"]
         assert (q["answer"], q["messageId"]) == (want, answered["messageId"])
 
