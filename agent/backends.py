@@ -207,22 +207,18 @@ class PgBackend:
         writer lock shared and the session's lock (:meth:`lock_session`), so that such
         transactions of different sessions run at once, on every node, while one that needs the
         cluster to itself still waits for all of them (and they for it); and then, in the same
-        round trip, the session's state (:func:`agent.tx.state_query`), whose row is returned
-        (``None``: no such session) — read after the lock, so it is current."""
+        statement (the ``goald_begin`` function, :mod:`agent.schema`'s version 6), the session's
+        state (the columns of :func:`agent.tx.state_query`), whose row is returned (``None``: no
+        such session) — read after the locks, so it is current."""
         assert isinstance(conn, PgConn)
         if session is None:
             conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
             return None
-        from agent.tx import state_query
+        from agent.events import EventType
 
-        query, params = state_query(session)
-        first, *rest = query.split("?")
-        state = first + "".join(quoted(conn, p) + part for p, part in zip(params, rest, strict=True))
-        sid = quoted(conn, session)
-        text = (
-            f"BEGIN; SELECT pg_advisory_xact_lock_shared({WRITER_LOCK});"
-            f" SELECT pg_advisory_xact_lock({SESSION_LOCKS}, hashtext({sid})); {state}"
-        )
+        # Both locks, then the state read after them, in one statement (agent.schema's version 6).
+        status = quoted(conn, EventType.STATUS.value)
+        text = f"BEGIN; SELECT * FROM goald_begin({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status})"
         cursor = conn.script(text)
         while cursor.nextset():  # to the last statement's result: the state
             pass
@@ -238,11 +234,12 @@ class PgBackend:
 
     @staticmethod
     def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
-        """Run ``first`` (statements of no parameters: a lease fence, which fails the transaction),
-        send ``notes`` on :data:`agent.relay.CHANNEL` and commit, in one round trip: the payloads
+        """Check ``first`` (expressions of no parameters: a lease fence, which fails the transaction),
+        send ``notes`` on :data:`agent.relay.CHANNEL`, send the transaction's deferred inserts and
+        commit, in one round trip: the fences and the notices are one ``SELECT``, and the payloads
         are quoted as literals (goald's own JSON of session ids and numbers), so the statements
         need no parameters and go as one text (a statement that fails ends the text there, and the
-        transaction is rolled back)."""
+        transaction is rolled back; a notice is only delivered by the ``COMMIT``)."""
         assert isinstance(conn, PgConn)
         deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
         if not notes and not first and not deferred:
@@ -251,8 +248,9 @@ class PgBackend:
         from agent.relay import CHANNEL
 
         channel = quoted(conn, CHANNEL)
-        notifies = [f"SELECT pg_notify({channel}, {quoted(conn, note)})" for note in notes]
-        conn.script("; ".join([*first, *deferred, *notifies, "COMMIT"]))
+        checks = [*first, *(f"pg_notify({channel}, {quoted(conn, note)})" for note in notes)]
+        select = ["SELECT " + ", ".join(checks)] if checks else []
+        conn.script("; ".join([*select, *deferred, "COMMIT"]))
 
     def __init__(self, dsn: str, connections: int = DEFAULT_CONNECTIONS) -> None:
         self.dsn = dsn

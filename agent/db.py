@@ -228,6 +228,11 @@ def configure(raw: psycopg.Connection[Any]) -> None:
     raw.adapters.register_dumper(bool, boolean)
 
 
+#: A deferred ``INSERT`` of one row (its head, its row of parameters), which rows of the same head
+#: join (:meth:`PgConn.take_deferred`).
+_INSERT_ROW = re.compile(r"(INSERT INTO \w+\([\w, ]+\)) VALUES (\([?, ]+\))")
+
+
 class PgConn:
     """A psycopg 3 connection (autocommit; goald sends its own ``BEGIN``/``COMMIT``) behind :class:`Conn`."""
 
@@ -236,8 +241,9 @@ class PgConn:
         #: Called with each statement's text before it runs (benchmarks count them), or ``None``.
         self.trace: Callable[[str], None] | None = None
         #: Statements whose results nobody reads (a transaction's event inserts: :meth:`defer`),
-        #: sent with the next statement or the ``COMMIT``, in its round trip.
-        self._deferred: list[str] = []
+        #: sent with the next statement or the ``COMMIT``, in its round trip: each an ``INSERT``'s
+        #: head and its row (rows of one head in a row go as one statement), or ``None`` and the text.
+        self._deferred: list[tuple[str | None, str]] = []
         #: Client round trips made (each ``execute`` of the driver: one statement or one text).
         self.trips = 0
         self._client: Any = None  # a ClientCursor, made on the first deferred statement (_literal)
@@ -258,11 +264,24 @@ class PgConn:
         result nobody reads; what is deferred is read by every later statement, as if it had run."""
         if self.trace is not None:
             self.trace(sql)
-        self._deferred.append(self._literal(sql, parameters))
+        insert = _INSERT_ROW.fullmatch(sql)
+        if insert is not None:
+            self._deferred.append((insert[1], self._literal(insert[2], parameters)))
+        else:
+            self._deferred.append((None, self._literal(sql, parameters)))
 
     def take_deferred(self) -> list[str]:
-        """The deferred statements, to send now (with the ``COMMIT``); none are left deferred."""
-        out, self._deferred = self._deferred, []
+        """The deferred statements, to send now (with the ``COMMIT``); none are left deferred. Rows
+        inserted one after another into the same columns go as one ``INSERT`` of several rows."""
+        out: list[str] = []
+        last: str | None = None
+        for head, text in self._deferred:
+            if head is not None and head == last:
+                out[-1] += ", " + text
+            else:
+                out.append(text if head is None else f"{head} VALUES {text}")
+            last = head
+        self._deferred = []
         return out
 
     def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> Any:

@@ -229,4 +229,33 @@ SELECT provider, model, COALESCE(error_class, ''), COUNT(*), SUM(input_tokens), 
 FROM model_calls WHERE state != 'reserved' GROUP BY provider, model, COALESCE(error_class, '');
 """,
     ),
+    Migration(
+        version=6,
+        # PostgreSQL only (SQLite's one writer needs neither lock): a write bound to a session takes
+        # the writer lock shared and the session's lock, then reads the session's state, in one
+        # statement planned once per connection; the state is read after the locks are held, under
+        # a snapshot of its own (a VOLATILE function's statements each take one), so it is current.
+        # The state's columns are agent.tx.state_query's; tests/agent/test_store_connections.py
+        # compares the two.
+        summary="a session's write opened by one function: its locks, then its state",
+        sql="",
+        postgres="""
+CREATE OR REPLACE FUNCTION goald_begin(writer_lock BIGINT, session_locks INTEGER, sid TEXT, status_type TEXT)
+RETURNS TABLE (watermark BIGINT, top BIGINT, status_seq BIGINT, status_data TEXT, open_turn TEXT)
+LANGUAGE plpgsql VOLATILE AS $begin$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(writer_lock), pg_advisory_xact_lock(session_locks, hashtext(sid));
+    RETURN QUERY SELECT s.seq_watermark::BIGINT,
+        (SELECT COALESCE(MAX(e.seq), 0) FROM events e WHERE e.session_id = s.id)::BIGINT,
+        (SELECT e.seq FROM events e WHERE e.session_id = s.id AND e.type = status_type
+            ORDER BY e.seq DESC LIMIT 1)::BIGINT,
+        (SELECT e.data FROM events e WHERE e.session_id = s.id AND e.type = status_type
+            ORDER BY e.seq DESC LIMIT 1)::TEXT,
+        (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.end_reason IS NULL LIMIT 1)::TEXT
+    FROM sessions s WHERE s.id = sid;
+END
+$begin$;
+""",
+    ),
 ]

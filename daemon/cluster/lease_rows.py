@@ -55,8 +55,23 @@ CREATE TABLE leases (
 CREATE INDEX leases_node ON leases(node_id) WHERE node_id IS NOT NULL;
 """
 
+#: The lease fence a driving write's ``COMMIT`` carries (:func:`fence_statement`): a function made
+#: once, so that the check is planned once per connection rather than compiled with each write (as a
+#: ``DO`` block is), and is one expression of the ``SELECT`` that also sends the write's notices.
+_FENCE = """
+CREATE OR REPLACE FUNCTION goald_fence(sid TEXT, node TEXT, held_epoch BIGINT) RETURNS VOID
+LANGUAGE plpgsql AS $fence$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM leases WHERE session_id = sid AND node_id = node AND epoch = held_epoch) THEN
+        RAISE EXCEPTION USING ERRCODE = 'GD001', MESSAGE = 'goald: the session''s lease was lost';
+    END IF;
+END
+$fence$;
+"""
+
 MIGRATIONS: list[Migration] = [
     Migration(version=1, summary="cluster nodes and session leases", sql=_NODES_AND_LEASES, postgres=_NODES_AND_LEASES),
+    Migration(version=2, summary="the lease fence as a function", sql=_FENCE, postgres=_FENCE),
 ]
 
 #: A lease no live node holds (the same test the claim uses).
@@ -152,17 +167,13 @@ def hand_back(conn: Conn, session_id: str, node_id: str, epoch: int) -> None:
 
 
 def fence_statement(root: str, node_id: str, epoch: int) -> str:
-    """A statement (no parameters: it travels with a transaction's ``COMMIT``, in one text) that
-    fails, aborting the transaction, unless the lease of ``root`` names ``node_id`` at ``epoch``."""
+    """An expression (no parameters: it travels with a transaction's ``COMMIT``, in one text, in the
+    ``SELECT`` that sends its notices) that fails, aborting the transaction, unless the lease of
+    ``root`` names ``node_id`` at ``epoch`` (the ``goald_fence`` function, :data:`MIGRATIONS`)."""
     from psycopg import sql
 
-    check = sql.SQL("SELECT 1 FROM leases WHERE session_id = {} AND node_id = {} AND epoch = {}").format(
-        sql.Literal(root), sql.Literal(node_id), sql.Literal(epoch)
-    )
-    return (
-        f"DO $fence$BEGIN IF NOT EXISTS ({check.as_string(None)}) THEN"
-        " RAISE EXCEPTION USING ERRCODE = 'GD001', MESSAGE = 'goald: the session''s lease was lost'; END IF; END$fence$"
-    )
+    call = sql.SQL("goald_fence({}, {}, {})").format(sql.Literal(root), sql.Literal(node_id), sql.Literal(epoch))
+    return call.as_string(None)
 
 
 def lease_of(conn: Conn, session_id: str) -> tuple[str | None, int] | None:

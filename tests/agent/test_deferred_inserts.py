@@ -106,3 +106,26 @@ async def test_a_write_s_own_literals_are_quoted_as_the_server_reads_them(store:
         return [conn.execute(f"SELECT {quoted(conn, t)}::text").fetchone()[0] for t in texts]
 
     assert await store.read(run) == texts
+
+
+async def test_rows_inserted_one_after_another_go_as_one_statement(store: Store) -> None:
+    """Three events of one transaction: one ``INSERT`` of three rows, read back as three events."""
+    sid = await store.transact(lambda tx: create_session(tx))
+    sent: list[str] = []
+
+    def run(tx: Tx) -> list[str]:
+        conn = tx.conn
+        assert isinstance(conn, PgConn)
+        assert conn.take_deferred() == []  # the transaction's opening sent all before it
+        for n in range(3):
+            tx.emit(sid, "test/row", {"n": n, "text": "a, b), (c"})
+        sent.extend(conn.take_deferred())
+        for text in sent:
+            conn.script(text)
+        return stored(tx, sid)
+
+    seen = await store.transact(run, session=sid)
+    assert len(sent) == 1 and sent[0].startswith("INSERT INTO events(") and sent[0].count("'test/row'") == 3
+    assert seen[-3:] == ["test/row"] * 3
+    events = await store.events_after(sid, 0)
+    assert [e.data for e in events[-3:]] == [{"n": n, "text": "a, b), (c"} for n in range(3)]

@@ -23,13 +23,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent.events import Event
+from agent.backends import SESSION_LOCKS, WRITER_LOCK
+from agent.db import Conn
+from agent.events import Event, EventType
 from agent.ids import MessageId
 from agent.inbox import enqueue
 from agent.messages import parse_content
+from agent.payloads import AgentStatus
 from agent.sessions import create_session
 from agent.store import Store
-from agent.tx import Tx
+from agent.tx import Tx, state_of_row, state_query
 
 LIMIT = 10.0
 CONNECTIONS = 4
@@ -207,3 +210,45 @@ async def test_after_a_server_restart_one_unit_of_work_fails_not_one_per_connect
             await store.close()
     finally:
         server.stop()
+
+
+async def test_a_session_writes_opening_function_reads_its_state_as_state_query_does(pg_dsn: str) -> None:
+    """``goald_begin`` (agent.schema's version 6: a PostgreSQL write's locks and state in one
+    statement) answers what :func:`agent.tx.state_query` does, in every state a session has."""
+    store = await Store.open(pg_dsn)
+    try:
+        sid = await store.transact(lambda tx: create_session(tx))
+
+        def both(conn: Conn) -> tuple[object, object]:
+            by_query = conn.execute(*state_query(sid)).fetchone()
+            by_function = conn.execute(
+                "SELECT * FROM goald_begin(?, ?, ?, ?)", (WRITER_LOCK, SESSION_LOCKS, sid, EventType.STATUS.value)
+            ).fetchone()
+            return state_of_row(by_query, sid), state_of_row(by_function, sid)
+
+        a, b = await store.read(both)
+        assert a == b and a.open_turn is None
+        await store.transact(lambda tx: add(tx, sid, "first"), session=sid)
+        await store.transact(lambda tx: tx.set_status(sid, AgentStatus.RUNNING), session=sid)
+        a, b = await store.read(both)
+        assert a == b and a.status is AgentStatus.RUNNING and a.status_seq > 0
+        await store.transact(
+            lambda tx: tx.conn.execute(
+                "INSERT INTO turns(id, session_id, start_seq, started_at) VALUES ('turn_x', ?, 1, 'now')", (sid,)
+            ),
+            session=sid,
+        )
+        await store.transact(
+            lambda tx: tx.conn.execute("UPDATE sessions SET seq_watermark = 500 WHERE id = ?", (sid,)), session=sid
+        )
+        a, b = await store.read(both)
+        assert a == b and a.open_turn == "turn_x" and a.last_seq == 500
+
+        def missing(conn: Conn) -> object:
+            return conn.execute(
+                "SELECT * FROM goald_begin(?, ?, ?, ?)", (WRITER_LOCK, SESSION_LOCKS, "ses_none", "status")
+            ).fetchone()
+
+        assert await store.read(missing) is None
+    finally:
+        await store.close()

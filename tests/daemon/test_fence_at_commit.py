@@ -92,7 +92,8 @@ async def test_a_held_lease_commits_with_its_fence_in_the_commit(node: tuple[Sto
     # No statement of its own for the fence: it is in the COMMIT's text.
     assert not any(s.startswith("SELECT node_id, epoch FROM leases") for s in statements), statements
     [commit] = [s for s in statements if s.rstrip().endswith("COMMIT")]
-    assert "$fence$" in commit
+    # One SELECT checks the fence and sends the write's notice; then the deferred inserts, the COMMIT.
+    assert commit.startswith(f"SELECT goald_fence('{sid}', '{NODE}', 1), pg_notify("), commit
 
 
 async def test_a_lease_taken_before_the_write_refuses_it(node: tuple[Store, str]) -> None:
