@@ -49,7 +49,7 @@ def reserve_call(
     cost: float,
 ) -> None:
     """Make a reservation durable before the model is called."""
-    tx.execute(
+    tx.write(
         "INSERT INTO model_calls(id, session_id, turn_id, guard_id, provider, model, attempt, state,"
         " reserved_tokens, reserved_cost, started_at) VALUES (?,?,?,?,?,?,?,'reserved',?,?,?)",
         (call_id, session_id, turn_id, guard_id, provider, model, attempt, tokens, cost, tx.now),

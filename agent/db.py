@@ -130,17 +130,16 @@ def savepoint(conn: Conn, name: str = "goald_sp") -> Iterator[None]:
     """Run the block so that a statement failing in it leaves the transaction usable (PostgreSQL
     aborts the whole transaction otherwise); the error still propagates. A no-op on SQLite, where a
     failed statement undoes only itself."""
-    if not is_postgres(conn):
+    if not isinstance(conn, PgConn):
         yield
         return
-    conn.execute(f"SAVEPOINT {name}")
+    conn.defer(f"SAVEPOINT {name}")  # made with the block's first statement, in its round trip
     try:
         yield
     except BaseException:
-        conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
-        conn.execute(f"RELEASE SAVEPOINT {name}")
+        conn.script(f"ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}")
         raise
-    conn.execute(f"RELEASE SAVEPOINT {name}")
+    conn.defer(f"RELEASE SAVEPOINT {name}")
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------------

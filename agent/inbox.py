@@ -341,7 +341,7 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool) -> list[Admitt
             )
         )
     if admitted:
-        tx.execute(
+        tx.write(
             "UPDATE inbox SET fate='admitted', turn_id=?, ended_at=? WHERE id IN ("
             + ",".join("?" * len(admitted))
             + ")",

@@ -66,7 +66,7 @@ def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
     if tx.store.kind == "postgresql":
         data["node"] = tx.store.node_id  # which node ran it (one node at a time: daemon.cluster)
     start = tx.emit(session_id, EventType.TURN_START, data)
-    tx.execute(
+    tx.write(
         "INSERT INTO turns(id, session_id, start_seq, started_at) VALUES (?,?,?,?)",
         (turn_id, session_id, start.seq, tx.now),
     )
@@ -90,7 +90,7 @@ def end_turn(tx: Tx, session_id: str, turn_id: str, end: TurnEnd) -> bool:
     if end.caller:
         data.update({k: v for k, v in end.caller.items() if k not in data})
     event = tx.emit(session_id, EventType.TURN_END, data)
-    tx.execute(
+    tx.write(
         "UPDATE turns SET end_seq=?, end_reason=?, error=?, steps=?, ended_at=? WHERE id=?",
         (event.seq, end.reason.value, end.error, end.steps, tx.now, turn_id),
     )

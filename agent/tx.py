@@ -153,6 +153,16 @@ class Tx:
         """Run one statement (a cursor: ``rowcount``, ``fetchone``, ``fetchall``)."""
         return self.conn.execute(sql, params)
 
+    def write(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> None:
+        """Run a statement whose result nobody reads (an insert, an update of known rows): on
+        PostgreSQL sent with the next statement or the ``COMMIT``, in its round trip
+        (:meth:`agent.db.PgConn.defer`); every later statement reads what it did. A failure of it
+        fails the transaction there."""
+        if isinstance(self.conn, PgConn):
+            self.conn.defer(sql, params)
+        else:
+            self.conn.execute(sql, params)
+
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         """Run a query and return its first row (``None``: no row)."""
         return self.conn.execute(sql, params).fetchone()
@@ -179,9 +189,7 @@ class Tx:
         st = self.state(session_id)
         st.last_seq += 1
         event = Event(session_id=session_id, seq=st.last_seq, type=type, data=data, at=self.now)
-        # On PostgreSQL sent with the next statement or the COMMIT (nobody reads an insert's result).
-        run = self.conn.defer if isinstance(self.conn, PgConn) else self.conn.execute
-        run(
+        self.write(  # nobody reads an insert's result
             "INSERT INTO events(session_id, seq, type, data, at) VALUES (?,?,?,?,?)",
             (session_id, event.seq, type, _dumps(data), self.now),
         )

@@ -80,7 +80,7 @@ _ADD = (
 def add_ended_call(tx: Any, row: Mapping[str, Any]) -> None:
     """Count one call that just ended (settled or charged in full) into the totals, in the
     transaction that ended it. ``row`` is the call's row as that write returned it."""
-    tx.execute(
+    tx.write(
         _ADD,
         (
             row["provider"],
