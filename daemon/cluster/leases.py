@@ -1,29 +1,18 @@
 """Leases: every live session is driven by one node at a time, and never orphaned when one dies.
 
 A node holds a session by its lease row (``node_id``, ``epoch``, ``expires_at``). The lease manager
-runs on a connection of its own (not the store's: a renewal must not wait behind the store's
-writes) and, every heartbeat (a third of the TTL):
+runs on a connection of its own (a renewal must not wait behind the store's writes) and, every
+heartbeat (a third of the TTL), renews what it holds (a session not renewed was taken over: it is
+*lost*, its agent unloaded), releases what it should let go of (draining, or idle sessions with no
+live goal near its lease limit), and claims free work up to its limit (``FOR UPDATE SKIP LOCKED``;
+a taken-over session is repaired for it and its subagents only: ``on_claimed``). A session is also
+claimed at once when work reaches it on a node with room (``acquire``). The steps, in order:
+``docs/architecture.md``, "Leases on PostgreSQL".
 
-1. renews every lease this node holds (``UPDATE … WHERE node_id = me RETURNING``); a session not
-   returned was taken over by another node while this one could not renew — it is *lost*: its
-   agent is unloaded and its goal no longer followed here;
-2. releases, when draining, each held session at its next idle; and, near its lease limit, the
-   held sessions that are idle with no live goal (so chat sessions do not hold places for ever);
-3. claims free work up to its lease limit: top-level sessions with a waking message queued, an open
-   turn, or a live goal, whose lease is free or expired — ``FOR UPDATE SKIP LOCKED``, so nodes
-   claiming at once take different sessions. Before the node drives a session it takes over it runs
-   crash repair **for that session and its subagents only** (the open turn ends "interrupted", open
-   tool calls get "outcome unknown", reservations are charged): ``on_claimed``.
-
-A session is also claimed at once when work reaches it on a node with room (``acquire``: the
-runtime asks before it loads an agent; the commit that queued the message wakes every node).
-
-**Fencing**: every write that drives a session (the driver's, a goal's decision) calls
-:meth:`LeaseManager.fence` inside its transaction, under the store's writer lock: the lease row must
-still name this node with the epoch it claimed. A node that was stopped (``SIGSTOP``) or cut off
-past its TTL and taken over finds a higher epoch there, and its late write is refused
-(:class:`~agent.errors.LeaseLost`) — no second continuation, no duplicate turn. A lease that expired
-but was not taken is renewed, and its holder goes on.
+**Fencing**: a write that drives a session (the driver's, a goal's decision) carries with its
+``COMMIT`` a check that the lease row still names this node at its epoch (:meth:`fence_at_commit`):
+a node stopped or cut off past its TTL and taken over finds a higher epoch there, and its late
+write is refused (:class:`~agent.errors.LeaseLost`): no second continuation, no duplicate turn.
 """
 
 from __future__ import annotations
