@@ -19,7 +19,8 @@ even when a person's follow-up superseded the continuation in the same interval.
    Its own continuation still queued cannot happen at a real idle (a queued waking message keeps
    the session running): nothing is decided, and the interval is read again, whole, at the next.
 2. A completion claim whose verification passed (or that has no verification commands):
-   completed. It beats every other fact: the objective is met. The reason is ``verified`` only when
+   completed. It beats every other fact: the objective is met. A round the infrastructure cut
+   after its claim (rule 8) is then not run again and counts as the round it was. The reason is ``verified`` only when
    verification commands ran and passed; a goal without any completes ``no_verification`` (shown
    as ``completed (unverified: no verification)``): the model's word alone is never "verified".
 3. An unrecoverable fault (the goal's model is no longer known, the work directory vanished): failed.
@@ -137,6 +138,12 @@ def _completed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
     """Rule 2: a verified claim completes the goal."""
     if not facts.verified:
         return None
+    if facts.infra and inp.interval.continuation_fate is ContinuationFate.ADMITTED:
+        # The round was cut by the infrastructure after its claim: it is not run again, since its
+        # claim completes the goal; it did the model's work, so it counts (rule 8 undone for it).
+        g = g.model_copy(
+            update={"rounds": g.rounds + 1, "infra_rounds": g.infra_rounds - 1, "infra_streak": g.infra_streak - 1}
+        )
     # Truthful labels: ``verified`` only when verification commands ran and passed.
     reason = StopReason.VERIFIED if g.memory.verify_results else StopReason.NO_VERIFICATION
     return Decision(DecisionKind.COMPLETE, with_status(g, GoalStatus.COMPLETED, reason, inp.now))

@@ -13,7 +13,8 @@ the test checks
 
 The documented exceptions: a round that ended on a model error is judged by the error rule, so it
 leaves the stall streak alone; an interval that ended on the infrastructure's trouble (``infra``: an
-interrupted turn) is not a round at all, so it counts no round and no stall, only its infra streak.
+interrupted turn) is not a round at all, so it counts no round and no stall, only its infra streak
+-- unless its claim completes the goal: the round is not run again, and counts as the round it was.
 """
 
 from __future__ import annotations
@@ -160,11 +161,16 @@ def check_marks(names: set[str], inp: PolicyInput, decision: Decision) -> None:
     if "stall" in names and not names & {"model_error", "auth_error", "infra"}:
         assert after.stall_streak == before.stall_streak + 1
     if "infra" in names:
-        assert after.rounds == before.rounds and after.stall_streak == before.stall_streak
-        assert after.infra_streak == before.infra_streak + 1
         admitted = not names & {"superseded", "cancelled"}
-        assert after.infra_rounds == before.infra_rounds + (1 if admitted else 0)
+        assert after.stall_streak == before.stall_streak
         assert after.interrupted_tokens == before.interrupted_tokens + 50
+        if admitted and decision.kind is K.COMPLETE:  # cut after its claim: not run again, a round
+            assert after.rounds == before.rounds + 1 and after.infra_streak == before.infra_streak
+            assert after.infra_rounds == before.infra_rounds
+        else:
+            assert after.rounds == before.rounds
+            assert after.infra_streak == before.infra_streak + 1
+            assert after.infra_rounds == before.infra_rounds + (1 if admitted else 0)
     if "superseded" in names:
         assert after.rounds == before.rounds  # not a round
         if decision.kind is K.REISSUE:
