@@ -17,7 +17,9 @@ What is measured:
    that wall time. On PostgreSQL, the daemons' statements per round (every statement, ``BEGIN``
    and ``COMMIT`` included, is one client round trip) and write transactions per round (each takes
    the cluster-wide writer lock, ``pg_advisory_xact_lock``) come from ``pg_stat_statements``. A
-   check over the inbox counts continuations admitted twice (must be 0).
+   check over the inbox counts continuations admitted twice (must be 0). How busy the locks are:
+   ``pg_locks`` sampled every 5 ms (:class:`LockSampler`): the share of samples in which the writer
+   lock was held alone, held at all, and in which the busiest session's lock was held.
 2. **Idle → next continuation**: for every round but a goal's last, from the session's committed
    ``status: idle`` event to the next ``message/queued`` whose source kind is ``goal`` (the goal
    engine's decision), from the events' stored ``at`` timestamps (the writer's clock, microseconds);
@@ -67,7 +69,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,6 +80,8 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
+
+from agent.backends import SESSION_LOCKS, WRITER_LOCK
 
 
 def _load(name: str) -> ModuleType:
@@ -371,6 +377,47 @@ class Link:
             self.proc = None
 
 
+class LockSampler:
+    """How busy the locks are while a run goes: ``pg_locks`` read every few milliseconds (as the
+    benchmark's role, so it counts for none of the daemons' figures). ``exclusive``: the share of
+    samples in which the cluster-wide writer lock was held alone (a write that needs the cluster);
+    ``shared``: held by any write at all; ``session``: the share in which the busiest session lock was
+    held. An advisory lock shows as (``classid``, ``objid``): a bigint key's high and low 32 bits
+    (``objsubid`` 1), or its two int4 keys (``objsubid`` 2)."""
+
+    WRITER = (WRITER_LOCK >> 32, WRITER_LOCK & 0xFFFFFFFF)
+    SQL = (
+        "SELECT classid::bigint, objid::bigint, objsubid, mode FROM pg_locks WHERE locktype = 'advisory'"
+        " AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+
+    def __init__(self, dsn: str, every: float = 0.005) -> None:
+        self.dsn, self.every = dsn, every
+        self.samples = self.exclusive = self.shared = 0
+        self.sessions: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lock-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(self.every):
+                rows = conn.execute(self.SQL).fetchall()
+                self.samples += 1
+                writer = [mode for cls, obj, sub, mode in rows if sub == 1 and (cls, obj) == self.WRITER]
+                self.exclusive += "ExclusiveLock" in writer
+                self.shared += bool(writer)
+                self.sessions.update({obj for cls, obj, sub, _ in rows if sub == 2 and cls == SESSION_LOCKS})
+
+    def stop(self) -> tuple[float, float, float]:
+        """``(exclusive, shared, busiest session)`` as shares of the samples."""
+        self._stop.set()
+        self._thread.join()
+        n = max(self.samples, 1)
+        busiest = max(self.sessions.values(), default=0)
+        return self.exclusive / n, self.shared / n, busiest / n
+
+
 @dataclass
 class Rounds:
     label: str
@@ -388,6 +435,8 @@ class Rounds:
     trips: int | None = None
     #: Rounds per second in the middle of the run (:func:`steady`).
     steady: float | None = None
+    #: PostgreSQL only: the locks' busy shares (:class:`LockSampler`): exclusive, shared, busiest session.
+    locks: tuple[float, float, float] | None = None
 
 
 async def measure_rounds(
@@ -408,7 +457,11 @@ async def measure_rounds(
         t0 = time.perf_counter()
         await create_goals(live, goals, f"rounds={rounds}{link.directive}")
         print(f"{label}: {goals} goals created in {time.perf_counter() - t0:.1f} s", flush=True)
-        await all_completed(db, goals, limit=120 + goals * rounds * (1 + 10 * link.model_delay))
+        sampler = LockSampler(bench_role(store)) if isinstance(store, str) else None
+        try:
+            await all_completed(db, goals, limit=120 + goals * rounds * (1 + 10 * link.model_delay))
+        finally:
+            locks = sampler.stop() if sampler is not None else None
         seconds = time.perf_counter() - t0
         after = statement_counts(db)
         trips_after = await round_trips(live)
@@ -440,6 +493,7 @@ async def measure_rounds(
         if trips_before is not None and trips_after is not None:
             out.trips = trips_after - trips_before
         out.steady = steady(db, but=solo["sessionId"])
+        out.locks = locks
         return out
     finally:
         if db is not None:
@@ -556,19 +610,25 @@ def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: fl
         " writer-locked transactions per round (PostgreSQL)"
     )
     print("steady: rounds/s from the 10th to the 90th percentile of the rounds' end times")
+    print(
+        "locks: % of samples (every 5 ms, after the goals' creation) in which the writer lock was held"
+        " alone / held at all / the busiest session's lock was held (PostgreSQL)"
+    )
     head = f"{'configuration':<20} {'rounds/s':>8} {'steady':>6} {'wall s':>6} {'p50':>6} {'p90':>6}"
     head += f" {'alone p50':>9} {'p90':>6}"
-    print(f"{head} {'stmts/round':>11} {'trips/round':>11} {'writes/round':>12} {'dup':>3} {'load':>4}")
+    head += f" {'stmts/round':>11} {'trips/round':>11} {'writes/round':>12}"
+    print(f"{head} {'locks %':>13} {'dup':>3} {'load':>4}")
     for r in results:
         stmts = "-" if r.statements is None else f"{r.statements / r.rounds:.0f}"
         trips = "-" if r.trips is None else f"{r.trips / r.rounds:.0f}"
         writes = "-" if r.writes is None else f"{r.writes / r.rounds:.1f}"
         rate = "-" if r.steady is None else f"{r.steady:.1f}"
+        locks = "-" if r.locks is None else "/".join(f"{share * 100:.0f}" for share in r.locks)
         print(
             f"{r.label:<20} {r.rounds / r.seconds:8.1f} {rate:>6} {r.seconds:6.1f}"
             f" {statistics.median(r.latencies) * 1000:6.1f} {pct(r.latencies, 0.9) * 1000:6.1f}"
             f" {statistics.median(r.solo) * 1000:9.1f} {pct(r.solo, 0.9) * 1000:6.1f}"
-            f" {stmts:>11} {trips:>11} {writes:>12} {r.duplicates:3d} {r.load:4.1f}"
+            f" {stmts:>11} {trips:>11} {writes:>12} {locks:>13} {r.duplicates:3d} {r.load:4.1f}"
         )
 
 

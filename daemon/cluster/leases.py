@@ -41,7 +41,7 @@ T = TypeVar("T")
 #: its own on the manager's connection (``pg_try_advisory_lock(JOB_CLASS, key)``): a node that dies
 #: or loses its connection frees it at once, and another node's next heartbeat takes it.
 JOBS = {"notifications": 1, "retention": 2}
-JOB_CLASS = 0x676F616C
+JOB_CLASS = 0x676F616A  # not SESSION_LOCKS's: a session whose id hashes to 1 or 2 would wait on a job
 
 
 def expected_failure(exc: BaseException) -> str | None:

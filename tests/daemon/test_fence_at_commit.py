@@ -129,3 +129,16 @@ async def test_a_write_that_fails_otherwise_reports_the_lost_lease(node: tuple[S
         await store.transact(driving_write(sid, during=broken), session=sid)
     assert isinstance(caught.value.__context__, RuntimeError)  # what the writer must hear of: the lease
     assert count_queued(dsn, sid) == 0
+
+
+def test_the_cluster_jobs_locks_are_apart_from_every_write_lock() -> None:
+    """A job's session-level lock (``pg_try_advisory_lock(JOB_CLASS, key)``, held for as long as a
+    node runs the job) shares no key with a session's write lock (``SESSION_LOCKS``, the hash of its
+    id): with one class, a session whose id hashed to a job's key would wait on the job."""
+    from agent.backends import SESSION_LOCKS, WRITER_LOCK
+    from daemon.cluster.leases import JOB_CLASS, JOBS
+
+    assert JOB_CLASS != SESSION_LOCKS
+    # A bigint key shows in pg_locks with objsubid 1, a pair of int4 keys with objsubid 2: the
+    # writer lock cannot meet a job's, whatever its value; the job keys are few and fixed.
+    assert WRITER_LOCK > 2**32 and sorted(JOBS.values()) == [1, 2]
