@@ -296,10 +296,11 @@ def _most_queued_at_once(events: list[dict[str, Any]]) -> int:
 
 
 def _spent(events: list[dict[str, Any]]) -> int:
-    """Tokens a session's events account for: usage of answers and failed attempts, and full charges."""
+    """Tokens a session's events account for: usage of answers, failed attempts and summary calls
+    (a compaction's, on ``context/compacted``: a long goal reaches its window), and full charges."""
     total = 0
     for e in events:
-        if e["type"] in (EventType.ASSISTANT_MESSAGE, EventType.MODEL_ERROR):
+        if e["type"] in (EventType.ASSISTANT_MESSAGE, EventType.MODEL_ERROR, EventType.CONTEXT_COMPACTED):
             total += sum(int(v) for v in (e["data"].get("usage") or {}).values())
         elif e["type"] == EventType.MODEL_CHARGED:
             total += int(e["data"]["tokens"])
