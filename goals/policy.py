@@ -20,9 +20,10 @@ even when a person's follow-up superseded the continuation in the same interval.
    the session running): nothing is decided, and the interval is read again, whole, at the next.
 2. A completion claim whose verification passed (or that has no verification commands):
    completed. It beats every other fact: the objective is met. A round the infrastructure cut
-   after its claim (rule 8) is then not run again and counts as the round it was. The reason is ``verified`` only when
-   verification commands ran and passed; a goal without any completes ``no_verification`` (shown
-   as ``completed (unverified: no verification)``): the model's word alone is never "verified".
+   after its claim (rule 8) is then not run again and counts as the round it was. The reason is
+   ``verified`` only when verification commands ran and passed; a goal without any completes
+   ``no_verification`` (shown as ``completed (unverified: no verification)``): the model's word
+   alone is never "verified".
 3. An unrecoverable fault (the goal's model is no longer known, the work directory vanished): failed.
    A claim in the same interval is counted as refused (it could not be verified). Then a work
    directory that holds more on disk than the goal's disk limit (as its walk measured it): paused
