@@ -16,14 +16,16 @@ statements that open a transaction:
   ``REPEATABLE READ READ ONLY`` transaction: one snapshot, no lock.
 
 A PostgreSQL store has several connections (``store_connections``, :data:`DEFAULT_CONNECTIONS`), each a *lane*:
-a thread that runs its queue of work in order. A session's work — its transactions, its state, its
-events read — always goes to the same lane (:meth:`PgBackend.lane_of`, a hash of its id), so it
-runs, commits and reaches the hub in the order it was submitted, as on SQLite's one thread; work
-bound to no session that writes goes to the first lane, reads to each lane in turn. Different
-sessions' writes thus run at once on one node, as they already did across nodes (across a network
-one connection was one node's ceiling: a round trip per statement, one statement at a time). What
-keeps each session's events in order on the hub when two lanes commit them is
-:class:`agent.relay.Marks`.
+a thread with a connection of its own. Work has a key (:meth:`PgBackend.submit`): a session's id
+for its transactions, its state and its events read; :data:`NO_SESSION` for writes bound to no
+session (and the relay). Lanes take work from one queue, the next unit whose key has no unit running:
+so a session's work runs, commits and reaches the hub in the order it was submitted, one unit at a
+time, as on SQLite's one thread, and a slow transaction holds up its own session only, never the
+sessions that would have shared its connection (with lanes fixed by a hash of the id, they waited
+behind it). Reads bound to nothing take the next free lane. Different sessions' writes thus run at
+once on one node, as they already did across nodes (across a network one connection was one node's
+ceiling: a round trip per statement, one statement at a time). What keeps each session's events in
+order on the hub when two lanes commit them is :class:`agent.relay.Marks`.
 
 A PostgreSQL connection that breaks (the server restarted, the network went away) is dropped and
 made again on the next unit of work; until that succeeds every write fails with
@@ -33,13 +35,12 @@ shows in ``daemon/health`` — and clears, by itself, at the first write that co
 
 from __future__ import annotations
 
+import collections
 import os
-import queue
 import re
 import sqlite3
 import sys
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ from agent.storage import owner_only
 WRITER_LOCK = 0x676F616C64
 #: The connections a PostgreSQL store works over unless told otherwise (setting ``store_connections``).
 DEFAULT_CONNECTIONS = 8
+#: The key of the work bound to no session that writes (:meth:`PgBackend.submit`): one unit at a time.
+NO_SESSION = ""
 #: The first key of a session's advisory lock (``goal`` in ASCII); the second is the hash of its id.
 SESSION_LOCKS = 0x676F616C
 
@@ -116,16 +119,6 @@ class SqliteBackend:
     lanes = 1
 
     @staticmethod
-    def lane_of(key: str) -> int:
-        """Every key's work runs on the one thread."""
-        return 0
-
-    @staticmethod
-    def any_lane() -> int:
-        """The one thread."""
-        return 0
-
-    @staticmethod
     def crosses(sessions: Iterable[str]) -> bool:
         """One thread: no session's work is elsewhere."""
         return False
@@ -138,8 +131,8 @@ class SqliteBackend:
     def broke() -> None:
         """A file is not reached over a connection that breaks: nothing to make again."""
 
-    def submit(self, work: Callable[[], None], lane: int = 0) -> None:
-        """Run ``work`` on the store thread, after the work queued before it."""
+    def submit(self, work: Callable[[], None], key: str | None = NO_SESSION) -> None:
+        """Run ``work`` on the store thread, after the work queued before it (whatever its key)."""
         if not self.conn._running or self.conn._connection is None:
             raise ValueError("Connection closed")
         # A function queued without a future runs as is (no second wake-up of the loop per unit).
@@ -257,7 +250,13 @@ class PgBackend:
         self.where = _where(dsn)
         self._lanes = [_Lane(self, i) for i in range(max(1, connections))]
         self._tls = threading.local()
-        self._next = 0
+        #: Units of work ready to run (their key has none running), and per key with a unit ready or
+        #: running, its units submitted after it (:meth:`submit`). Changed under ``_ready_cv``.
+        self._ready: collections.deque[tuple[Callable[[], None], str | None]] = collections.deque()
+        self._waiting: dict[str, collections.deque[Callable[[], None]]] = {}
+        self._ready_cv = threading.Condition(threading.Lock())
+        #: The statement trace of every connection (:meth:`agent.store.Store.trace`; benchmarks, tests).
+        self.trace: Callable[[str], None] | None = None
         self._closed = False
         #: Connection failures seen on any lane: a lane whose connection is older than the last one
         #: makes it again before its next work (:meth:`raw`), so that after a server restart each
@@ -279,23 +278,14 @@ class PgBackend:
         """How many connections (each on a thread of its own) the store has."""
         return len(self._lanes)
 
-    def lane_of(self, key: str) -> int:
-        """The connection whose thread runs ``key``'s work (a session's: always the same one, so a
-        session's transactions run, commit and publish in the order they were submitted)."""
-        return zlib.crc32(key.encode()) % len(self._lanes) if len(self._lanes) > 1 else 0
-
-    def any_lane(self) -> int:
-        """A connection for work bound to no session (a read): each in turn."""
-        self._next = (self._next + 1) % len(self._lanes)
-        return self._next
-
     def crosses(self, sessions: Iterable[str]) -> bool:
-        """Whether one of ``sessions`` has its work on another connection than this thread's (which
-        may then publish its events too: :class:`agent.relay.Marks`). On a store thread only."""
+        """Whether one of ``sessions`` is not the key of this thread's work: its own work may run on
+        another connection meanwhile (and publish its events too: :class:`agent.relay.Marks`). On a
+        store thread only."""
         if len(self._lanes) == 1:
             return False
-        here: int = self._tls.lane
-        return any(self.lane_of(sid) != here for sid in sessions)
+        here: str | None = self._tls.key
+        return any(sid != here for sid in sessions)
 
     def start(self) -> None:
         """Connect every lane (raising if the database cannot be reached) and start their threads."""
@@ -314,6 +304,7 @@ class PgBackend:
                 conn.close()
             lane.conn, lane.made = None, self._failures
             lane.conn = conn = self.connect(self.dsn)
+        conn.trace = self.trace
         return conn
 
     def round_trips(self) -> int:
@@ -325,19 +316,50 @@ class PgBackend:
         made before now is made again before its next use (it most likely broke too)."""
         self._failures += 1
 
-    def submit(self, work: Callable[[], None], lane: int = 0) -> None:
-        """Run ``work`` on lane ``lane``'s thread, after the work queued there before it."""
-        if self._closed:
-            raise ValueError("Connection closed")
-        self._lanes[lane].queue.put(work)
+    def submit(self, work: Callable[[], None], key: str | None = NO_SESSION) -> None:
+        """Run ``work`` on the next free connection's thread. Work of one ``key`` (a session's id, or
+        :data:`NO_SESSION`) runs one unit at a time, in the order submitted; ``None``: no order (a
+        read bound to nothing)."""
+        with self._ready_cv:
+            if self._closed:
+                raise ValueError("Connection closed")
+            if key is not None and key in self._waiting:
+                self._waiting[key].append(work)  # after the key's unit queued or running
+                return
+            if key is not None:
+                self._waiting[key] = collections.deque()
+            self._ready.append((work, key))
+            self._ready_cv.notify()
+
+    def _next_unit(self) -> tuple[Callable[[], None], str | None] | None:
+        # On a lane's thread: the next unit of work whose key has none running (``None``: closed, done).
+        with self._ready_cv:
+            while not self._ready:
+                if self._closed and not self._waiting:
+                    return None
+                self._ready_cv.wait()
+            return self._ready.popleft()
+
+    def _done(self, key: str | None) -> None:
+        # On a lane's thread, after a unit of ``key``'s work: the key's next unit, if any, is ready.
+        with self._ready_cv:
+            if key is not None:
+                waiting = self._waiting[key]
+                if waiting:
+                    self._ready.append((waiting.popleft(), key))
+                    self._ready_cv.notify()
+                else:
+                    del self._waiting[key]
+            if self._closed and not self._waiting:
+                self._ready_cv.notify_all()  # the lanes may end
 
     async def close(self) -> None:
         """Finish the queued work, then close the connections."""
         import asyncio
 
-        self._closed = True
-        for lane in self._lanes:
-            lane.queue.put(None)
+        with self._ready_cv:
+            self._closed = True
+            self._ready_cv.notify_all()
         for lane in self._lanes:
             await asyncio.to_thread(lane.thread.join)
             if lane.conn is not None:
@@ -345,21 +367,25 @@ class PgBackend:
 
 
 class _Lane:
-    """One connection of a PostgreSQL store and the thread that runs its work, in order."""
+    """One connection of a PostgreSQL store and the thread that runs work on it (see the module
+    docstring: the lanes take their work from one queue)."""
 
     def __init__(self, backend: PgBackend, index: int) -> None:
         self.index = index
         self.conn: PgConn | None = None
         #: The backend's failure count when the connection was made.
         self.made = 0
-        self.queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         name = "goald-pg-store" if index == 0 else f"goald-pg-store-{index}"
         self.thread = threading.Thread(target=self._run, args=(backend,), name=name, daemon=True)
 
     def _run(self, backend: PgBackend) -> None:
         backend._tls.lane = self.index
-        while (work := self.queue.get()) is not None:
-            work()
+        while (unit := backend._next_unit()) is not None:
+            work, backend._tls.key = unit
+            try:
+                work()
+            finally:
+                backend._done(unit[1])
 
 
 #: Text that cannot leave a quoted SQL literal: no quote, backslash or control character (goald's own
@@ -400,6 +426,7 @@ Backend = SqliteBackend | PgBackend
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
+    "NO_SESSION",
     "SESSION_LOCKS",
     "WRITER_LOCK",
     "Backend",

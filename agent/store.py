@@ -1,6 +1,6 @@
 """The durable store: a SQLite file in WAL mode behind one long-lived aiosqlite connection, or a
 PostgreSQL database (:mod:`agent.backends`), with every unit of work run on a store thread: SQLite's
-one, or on PostgreSQL the thread of one of the store's connections (a session's always the same).
+one, or on PostgreSQL the thread of one of the store's connections (a session's one unit at a time).
 
 Transactions are whole synchronous functions that receive a :class:`~agent.tx.Tx` (:mod:`agent.tx`
 says why). Committed events are handed to the event loop in commit order from the store's thread,
@@ -32,7 +32,16 @@ from typing import Any, Literal, TypeVar
 
 from loguru import logger
 
-from agent.backends import DEFAULT_CONNECTIONS, Backend, PgBackend, SqliteBackend, check_collation, masked, pg_failure
+from agent.backends import (
+    DEFAULT_CONNECTIONS,
+    NO_SESSION,
+    Backend,
+    PgBackend,
+    SqliteBackend,
+    check_collation,
+    masked,
+    pg_failure,
+)
 from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
@@ -59,14 +68,11 @@ class Store:
         self.durability = durability
         self.hub = EventHub()
         self._backend = backend
-        # Each session's state is cached between transactions only where this process is the one
-        # writer of the database (SQLite): on PostgreSQL other nodes write too, so it is read in
-        # every transaction (under the writer lock, so it is current).
+        # Cached between transactions only where this process is the one writer (SQLite; agent.tx).
         self._cache_states = backend.kind == "sqlite"
         #: This process among the nodes on one PostgreSQL database (its notifications carry it).
         self.node_id = uuid.uuid4().hex[:12]
-        #: Per session, the highest sequence number published to the hub, and the lock that keeps
-        #: the store's connections publishing in order (PostgreSQL: agent.relay.Marks).
+        #: Per session, the highest seq published and the lock of publishing in order (agent.relay).
         self._marks = Marks()
         self._listener: Listener | None = None
         #: True while the hub is handed events another node committed (listeners may tell them apart).
@@ -98,8 +104,8 @@ class Store:
 
         ``path`` is a SQLite file, or a ``postgresql://`` DSN (the database must exist; the
         password comes from ``PGPASSWORD``, ``~/.pgpass`` or a systemd credential, see
-        :func:`agent.backends.credential_password`) used over ``connections`` connections (a
-        session's work always on the same one; SQLite has one writer, so one connection)."""
+        :func:`agent.backends.credential_password`) used over ``connections`` connections (SQLite
+        has one writer, so one connection)."""
         if is_dsn(path):
             return await cls._open_pg(str(path), durability, connections)
         path = Path(path)
@@ -170,7 +176,6 @@ class Store:
         Raises:
             SchemaTooNew: a newer goald wrote the database; nothing was changed.
         """
-
         return await self._call(lambda: apply_in_transaction(self._backend.begin, self._raw(), package, migrations))
 
     @property
@@ -184,8 +189,7 @@ class Store:
         return self._backend.round_trips()
 
     async def size_bytes(self) -> int:
-        """What the database takes: the SQLite file and its WAL, or PostgreSQL's
-        ``pg_database_size`` of the database."""
+        """What the database takes: the SQLite file and its WAL, or PostgreSQL's database size."""
         if self.kind == "postgresql":
             sql = "SELECT pg_database_size(current_database())"
             return int(await self.read(lambda conn: conn.execute(sql).fetchone()[0]))
@@ -200,13 +204,13 @@ class Store:
     def _raw(self) -> Any:
         return self._backend.raw()
 
-    async def _call(self, fn: Callable[[], T], lane: int = 0) -> T:
+    async def _call(self, fn: Callable[[], T], key: str | None = NO_SESSION) -> T:
         if self._closed:
             raise StoreClosed("the store is closed")
         # One hop to the connection's thread for the whole unit of work (see the module docstring),
         # and one back: the result and the transaction's events come in one loop callback.
         done: asyncio.Future[T] = self._loop.create_future()
-        self._backend.submit(partial(self._work, fn, done), lane)
+        self._backend.submit(partial(self._work, fn, done), key)
         return await done
 
     def _work(self, fn: Callable[[], T], done: asyncio.Future[T]) -> None:
@@ -255,8 +259,7 @@ class Store:
         the writer lock shared and the session's lock (:meth:`PgBackend.begin
         <agent.backends.PgBackend.begin>`; ``docs/architecture.md``, "The writer lock").
         """
-        lane = self._backend.lane_of(session) if session is not None else 0
-        return await self._call(lambda: self._run_tx(fn, session), lane)
+        return await self._call(lambda: self._run_tx(fn, session), NO_SESSION if session is None else session)
 
     async def timed_transact(self, fn: Callable[[Tx], T]) -> tuple[T, float]:
         """:meth:`transact`, also returning the seconds the transaction held the writer (from its
@@ -386,22 +389,14 @@ class Store:
                 self.health.recovered()  # the database answers again
             return result
 
-        lane = self._backend.lane_of(session) if session is not None else self._backend.any_lane()
-        return await self._call(run, lane)
+        return await self._call(run, session)
 
     async def trace(self, callback: Callable[[str], None] | None) -> None:
         """Install (or remove) a statement trace callback on the connection (benchmarks)."""
         if isinstance(self._backend, SqliteBackend):
             await self._backend.conn.set_trace_callback(callback)  # type: ignore[arg-type]
             return
-
-        def install() -> None:
-            raw = self._backend.raw()
-            assert isinstance(raw, PgConn)
-            raw.trace = callback
-
-        for lane in range(self._backend.lanes):
-            await self._call(install, lane)
+        self._backend.trace = callback  # each connection takes it up at its next unit of work
 
     # -- session state ---------------------------------------------------------------------
 
@@ -419,7 +414,7 @@ class Store:
                 self._marks.follow(session_id, lambda: last, self.interest)  # a use begins (agent.relay)
             return dataclasses.replace(st)
 
-        return await self._call(run, self._backend.lane_of(session_id))
+        return await self._call(run, session_id)
 
     # -- events ----------------------------------------------------------------------------
 

@@ -1,16 +1,21 @@
 """A PostgreSQL store works over several connections, one thread each (issue 30).
 
-A session's transactions always run on the same connection (:meth:`PgBackend.lane_of
-<agent.backends.PgBackend.lane_of>`), so they run and publish in the order they were submitted;
-different sessions' run at once on one node, as they already did across nodes. Pins:
+A session's work runs one unit at a time, in the order submitted: on the connection that has that
+session's work queued or running, else on the least busy one (:meth:`PgBackend.submit
+<agent.backends.PgBackend.submit>`); different sessions' run at once on one node, as they already
+did across nodes. Pins:
 
 * on one node, another session's write commits while a write is held open on another connection
   (with one connection it would wait behind it);
-* one session's writes, submitted at once, run in the order they were submitted;
+* a transaction held open holds up its own session's next write only: every other session's writes
+  commit meanwhile, however many (with a connection fixed by a hash of the id, the sessions hashed
+  to the held one's connection waited behind it);
+* one session's writes, submitted at once and in bursts between which it moves to another
+  connection, run in the order they were submitted;
 * every session's events reach the hub of a node in sequence order, once each, with no gap, while
-  its own writes, writes bound to no session that touch several sessions at once (run on the
-  first connection), another node's writes (relayed) and first reads of a session (which mark it)
-  race on all four connections (:class:`agent.relay.Marks`).
+  its own writes, writes bound to no session that touch several sessions at once, another node's
+  writes (relayed) and first reads of a session (which mark it) race on all four connections
+  (:class:`agent.relay.Marks`).
 """
 
 from __future__ import annotations
@@ -53,30 +58,33 @@ def add(tx: Tx, sid: str, text: str) -> None:
     enqueue(tx, sid, parse_content(text), message_id=MessageId.new())
 
 
-async def sessions_on_lanes(store: Store, lanes: set[int], per_lane: int = 1) -> list[str]:
-    """New sessions, ``per_lane`` of them on each of ``lanes``."""
-    backend = store._backend
-    want = {lane: per_lane for lane in lanes}
-    out: list[str] = []
-    while any(want.values()):
-        sid = await store.transact(lambda tx: create_session(tx))
-        lane = backend.lane_of(sid)
-        if want.get(lane, 0) > 0:
-            want[lane] -= 1
-            out.append(sid)
-    return out
+async def new_sessions(store: Store, count: int) -> list[str]:
+    return [await store.transact(lambda tx: create_session(tx)) for _ in range(count)]
+
+
+def lane_now(store: Store) -> int:
+    """The connection this store thread works on (inside a unit of work)."""
+    lane: int = store._backend._tls.lane  # type: ignore[union-attr]
+    return lane
 
 
 async def test_the_store_has_its_connections(nodes: tuple[Store, Store]) -> None:
     a, _ = nodes
     assert a.connections == CONNECTIONS
-    [s1] = await sessions_on_lanes(a, {1})
-    assert a._backend.lane_of(s1) == a._backend.lane_of(s1) == 1  # stable: a session has one
+    # As many reads as connections, each waiting for all the others to begin: they run at once.
+    barrier = threading.Barrier(CONNECTIONS, timeout=LIMIT)
+
+    def meet(conn: Conn) -> int:
+        barrier.wait()
+        return lane_now(a)
+
+    lanes = await asyncio.gather(*(a.read(meet) for _ in range(CONNECTIONS)))
+    assert sorted(lanes) == list(range(CONNECTIONS))
 
 
 async def test_two_sessions_writes_on_one_node_overlap(nodes: tuple[Store, Store]) -> None:
     a, _ = nodes
-    s1, s2 = await sessions_on_lanes(a, {1, 2})
+    s1, s2 = await new_sessions(a, 2)
     inside, go = threading.Event(), threading.Event()
 
     def held(tx: Tx) -> None:
@@ -96,37 +104,75 @@ async def test_two_sessions_writes_on_one_node_overlap(nodes: tuple[Store, Store
     assert "message/queued" in [e.type for e in await a.events_after(s2, 0)]
 
 
+async def test_a_held_transaction_holds_up_its_own_session_only(nodes: tuple[Store, Store]) -> None:
+    a, _ = nodes
+    held_sid, *others = await new_sessions(a, 1 + 4 * CONNECTIONS)
+    inside, go = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def held(tx: Tx) -> None:
+        add(tx, held_sid, "held open")
+        inside.set()
+        assert go.wait(LIMIT), "the held transaction was never released"
+        order.append("held")
+
+    def after(tx: Tx) -> None:
+        add(tx, held_sid, "after")
+        order.append("after")
+
+    task = asyncio.create_task(a.transact(held, session=held_sid))
+    try:
+        assert await asyncio.to_thread(inside.wait, LIMIT), "the held transaction never began"
+        second = asyncio.create_task(a.transact(after, session=held_sid))
+        # Four writes of each of 16 other sessions, all submitted at once: every one commits while
+        # the held transaction is open, whichever connection it runs on.
+        writes = [a.transact(lambda tx, s=s, i=i: add(tx, s, f"w{i}"), session=s) for s in others for i in range(4)]
+        await asyncio.wait_for(asyncio.gather(*writes), LIMIT)
+        assert not task.done() and not second.done() and order == []
+    finally:
+        go.set()
+    await asyncio.wait_for(asyncio.gather(task, second), LIMIT)
+    assert order == ["held", "after"]  # the session's own next write waited for it
+
+
 async def test_one_sessions_writes_run_in_the_order_submitted(nodes: tuple[Store, Store]) -> None:
     a, _ = nodes
-    [sid] = await sessions_on_lanes(a, {3})
+    sid, *others = await new_sessions(a, 1 + CONNECTIONS)
     ran: list[int] = []
+    lanes: set[int] = set()
 
     def write(i: int) -> object:
         def run(tx: Tx) -> None:
             ran.append(i)
+            lanes.add(lane_now(a))
             add(tx, sid, f"message {i}")
 
         return run
 
-    await asyncio.gather(*(a.transact(write(i), session=sid) for i in range(40)))
-    assert ran == list(range(40))
+    for burst in range(8):
+        # Other sessions' writes in flight, so the session's next burst may go to another connection.
+        busy = [a.transact(lambda tx, s=s: add(tx, s, "busy"), session=s) for s in others[: burst % CONNECTIONS]]
+        mine = [a.transact(write(burst * 10 + i), session=sid) for i in range(10)]
+        await asyncio.gather(*busy, *mine)
+    assert ran == [b * 10 + i for b in range(8) for i in range(10)]
+    assert len(lanes) > 1, "the session never moved to another connection: the order was not at stake"
     queued = [e for e in await a.events_after(sid, 0) if e.type == "message/queued"]
-    assert len(queued) == 40
+    assert len(queued) == 80
 
 
 async def race(a: Store, b: Store, seed: int) -> None:
     """One race of every way a session's events reach ``a``'s hub; then each session's events there
     are each once, in order, with no gap."""
-    sids = await sessions_on_lanes(a, set(range(CONNECTIONS)), per_lane=3)
+    sids = await new_sessions(a, 3 * CONNECTIONS)
     got: list[Event] = []
     stop = a.hub.add_listener(got.append)
     rng = random.Random(seed)
 
-    async def own(sid: str, n: int) -> None:  # the session's own writes, on its connection
+    async def own(sid: str, n: int) -> None:  # the session's own writes, one at a time
         for i in range(n):
             await a.transact(lambda tx, i=i: add(tx, sid, f"own {i}"), session=sid)
 
-    async def across(n: int) -> None:  # bound to no session: the first connection, several sessions
+    async def across(n: int) -> None:  # bound to no session, several sessions
         for i in range(n):
             some = rng.sample(sids, 3)
             await a.transact(lambda tx, some=some, i=i: [add(tx, s, f"across {i}") for s in some])
@@ -193,8 +239,7 @@ async def test_after_a_server_restart_one_unit_of_work_fails_not_one_per_connect
     try:
         store = await Store.open(server.create_database(), connections=CONNECTIONS)
         try:
-            for _ in range(CONNECTIONS):  # every connection used: each reads once (reads take each in turn)
-                await store.read(lambda conn: conn.execute("SELECT 1").fetchone())
+            await store.read(lambda conn: conn.execute("SELECT 1").fetchone())
             server.halt()
             server.restart()
             outcomes = []
