@@ -1,8 +1,10 @@
 """Folding an interval's facts into the goal, before :func:`goals.policy.decide` picks an outcome.
 
-What holds whatever is decided (:func:`bookkeep`: spend, the cursor, wall time, rounds, notes),
-then every fact of an active goal's interval (:func:`fold_interval`: the completion claim, verified
-or refused; the blocked, error and stall streaks), returned as :class:`Facts` for the outcome rules.
+An active goal's completion claim, verified or refused (:func:`fold_claim`: first, since a claim that
+completes the goal makes its interval a round whatever cut it); what holds whatever is decided
+(:func:`bookkeep`: spend, the cursor, wall time, rounds, notes); then every other fact of an active
+goal's interval (:func:`fold_interval`: the blocked, error and stall streaks), returned as
+:class:`Facts` for the outcome rules.
 Pure, like the policy: every input is an argument. Why the facts are folded before the precedence
 is read is the policy's docstring.
 """
@@ -35,7 +37,7 @@ def _verify_text(results: list[VerifyResult]) -> str:
     return text[-MAX_VERIFY_OUTPUT:]
 
 
-def _claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
+def fold_claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
     """Fold the interval's completion claim (if any) into the goal: ``(goal, verified)``."""
     iv = inp.interval
     pending = g.memory.pending_claim
@@ -84,10 +86,14 @@ def _claim(g: Goal, inp: PolicyInput) -> tuple[Goal, bool]:
     return refused, False
 
 
-def infrastructure(iv: Interval) -> bool:
+def infrastructure(iv: Interval, completes: bool = False) -> bool:
     """Whether the interval ended on the infrastructure's trouble, not the model's (rule 8): its last
     turn was interrupted, or failed before any model answer with an error the provider's breaker
-    counts (or while it was open). An authentication error or a window too small is never one."""
+    counts (or while it was open). An authentication error or a window too small is never one, nor
+    an interval whose claim ``completes`` the goal (rule 2): cut after its claim, it is not run
+    again, so it is what it was (a round, if it was one)."""
+    if completes:
+        return False
     if iv.last_end_reason == "interrupted":
         return True
     if iv.last_end_reason != "error" or iv.answers:
@@ -106,12 +112,13 @@ def _retryable(kind: str | None) -> bool:
         return False
 
 
-def bookkeep(g: Goal, inp: PolicyInput) -> tuple[Goal, list[str]]:
+def bookkeep(g: Goal, inp: PolicyInput, completes: bool = False) -> tuple[Goal, list[str]]:
     """What holds whatever is decided: spend, the cursor, wall time, rounds (an interval of the
-    infrastructure's trouble is not one: rule 8) and notes; returns the goal and the interval's new notes."""
+    infrastructure's trouble is not one: rule 8; ``completes``: its claim completes the goal, see
+    :func:`infrastructure`) and notes; returns the goal and the interval's new notes."""
     iv, now = inp.interval, inp.now
     admitted = iv.continuation_fate is ContinuationFate.ADMITTED
-    infra = infrastructure(iv)
+    infra = infrastructure(iv, completes)
     wall = g.wall_used
     active_since = g.active_since
     if g.status is GoalStatus.ACTIVE and active_since is not None:
@@ -164,13 +171,12 @@ class Facts:
     infra: bool = False
 
 
-def fold_interval(g: Goal, inp: PolicyInput, new_note: bool) -> tuple[Goal, Facts]:
-    """Fold every fact of an active goal's interval into it: the claim, the blocked, error and
-    stall streaks."""
+def fold_interval(g: Goal, inp: PolicyInput, new_note: bool, verified: bool) -> tuple[Goal, Facts]:
+    """Fold every other fact of an active goal's interval into it (its claim is folded, ``verified``
+    or not: :func:`fold_claim`): the blocked, error and stall streaks."""
     iv = inp.interval
-    infra = infrastructure(iv)
+    infra = infrastructure(iv, verified)
     is_round = iv.continuation_fate is ContinuationFate.ADMITTED and not infra
-    g, verified = _claim(g, inp)
     superseded = iv.continuation_fate is ContinuationFate.CANCELLED and iv.cancel_reason == "superseded"
     if iv.blocked:
         g = g.model_copy(update={"blocked_streak": g.blocked_streak + 1})

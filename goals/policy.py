@@ -19,8 +19,9 @@ even when a person's follow-up superseded the continuation in the same interval.
    Its own continuation still queued cannot happen at a real idle (a queued waking message keeps
    the session running): nothing is decided, and the interval is read again, whole, at the next.
 2. A completion claim whose verification passed (or that has no verification commands):
-   completed. It beats every other fact: the objective is met. A round the infrastructure cut
-   after its claim (rule 8) is then not run again and counts as the round it was. The reason is
+   completed. It beats every other fact: the objective is met. An interval the infrastructure cut
+   after its claim is therefore no interval of rule 8: it is not run again, and a round counts as
+   the round it was. The reason is
    ``verified`` only when verification commands ran and passed; a goal without any completes
    ``no_verification`` (shown as ``completed (unverified: no verification)``): the model's word
    alone is never "verified".
@@ -88,7 +89,7 @@ from goals.budgets import backoff, budget_spent, guard_limits, refusal_reason, w
 from goals.continuation import render
 from goals.decision import Claim, ContinuationFate, Decision, DecisionKind, Interval, PolicyInput
 from goals.fingerprint_limits import size_text
-from goals.fold import CONTEXT_TOO_SMALL, Facts, bookkeep, fold_interval
+from goals.fold import CONTEXT_TOO_SMALL, Facts, bookkeep, fold_claim, fold_interval
 from goals.model import Goal, GoalStatus, PendingClaim, StopReason
 from goals.questions import waiting_on
 from goals.why import TOKEN_BUDGET_TOO_SMALL, WAIT_INTERRUPTED, WAIT_PROVIDER, call_reservation
@@ -97,22 +98,24 @@ from goals.why import TOKEN_BUDGET_TOO_SMALL, WAIT_INTERRUPTED, WAIT_PROVIDER, c
 def decide(inp: PolicyInput) -> Decision:
     """Decide what the goal does at this idle. Pure: see the module docstring.
 
-    Every fact is folded into the goal first (:func:`goals.fold.bookkeep`,
-    :func:`goals.fold.fold_interval`); then the first
+    Every fact is folded into the goal first (:func:`goals.fold.fold_claim`,
+    :func:`goals.fold.bookkeep`, :func:`goals.fold.fold_interval`); then the first
     rule of :data:`RULES` that applies, in the docstring's order of precedence, gives the outcome.
     """
     g = inp.goal
     if not g.status.live or inp.interval.continuation_fate is ContinuationFate.QUEUED:
         return Decision(DecisionKind.NOTHING, g)
-    g, new_notes = bookkeep(g, inp)
     if g.status in (GoalStatus.PAUSED, GoalStatus.WAITING):
+        g, _ = bookkeep(g, inp)
         if inp.interval.claims:
             # Kept, not dropped: the model was told its claim would be verified. Resume decides it.
             claim = inp.interval.claims[-1]
             pending = PendingClaim(summary=claim.summary, evidence=claim.evidence)
             g = g.model_copy(update={"memory": g.memory.model_copy(update={"pending_claim": pending})})
         return Decision(DecisionKind.BOOKKEEP, g)
-    g, facts = fold_interval(g, inp, bool(new_notes))
+    g, verified = fold_claim(g, inp)  # first: a claim that completes the goal makes the interval a round
+    g, new_notes = bookkeep(g, inp, completes=verified)
+    g, facts = fold_interval(g, inp, bool(new_notes), verified)
     for rule in RULES:
         decision = rule(g, inp, facts)
         if decision is not None:
@@ -139,12 +142,6 @@ def _completed(g: Goal, inp: PolicyInput, facts: Facts) -> Decision | None:
     """Rule 2: a verified claim completes the goal."""
     if not facts.verified:
         return None
-    if facts.infra and inp.interval.continuation_fate is ContinuationFate.ADMITTED:
-        # The round was cut by the infrastructure after its claim: it is not run again, since its
-        # claim completes the goal; it did the model's work, so it counts (rule 8 undone for it).
-        g = g.model_copy(
-            update={"rounds": g.rounds + 1, "infra_rounds": g.infra_rounds - 1, "infra_streak": g.infra_streak - 1}
-        )
     # Truthful labels: ``verified`` only when verification commands ran and passed.
     reason = StopReason.VERIFIED if g.memory.verify_results else StopReason.NO_VERIFICATION
     return Decision(DecisionKind.COMPLETE, with_status(g, GoalStatus.COMPLETED, reason, inp.now))

@@ -392,7 +392,7 @@ TABLE = [
         },
     ),
     row(
-        "4 a round the infrastructure cut after its claim: completed, not run again, and it counts",
+        "4 a round the infrastructure cut after its claim: completed, not run again, it counts (the streak ends)",
         K.COMPLETE,
         goal={"infra_streak": 1, "infra_rounds": 1},
         interval={
@@ -406,7 +406,7 @@ TABLE = [
             "status_reason": StopReason.NO_VERIFICATION,
             "rounds": 3,
             "infra_rounds": 1,
-            "infra_streak": 1,
+            "infra_streak": 0,
             "interrupted_tokens": 80,
             "result_summary": "report written",
             "evidence": "report.md has 120 lines",
@@ -417,6 +417,7 @@ TABLE = [
     row(
         "4 a turn that was no round (a person's message) cut after its claim: completed, no round counted",
         K.COMPLETE,
+        goal={"infra_streak": 1},
         interval={**NONE_FATE, "claims": [CLAIM], "last_end_reason": "interrupted"},
         expect={
             "status": S.COMPLETED,

@@ -164,8 +164,9 @@ def check_marks(names: set[str], inp: PolicyInput, decision: Decision) -> None:
         admitted = not names & {"superseded", "cancelled"}
         assert after.stall_streak == before.stall_streak
         assert after.interrupted_tokens == before.interrupted_tokens + 50
-        if admitted and decision.kind is K.COMPLETE:  # cut after its claim: not run again, a round
-            assert after.rounds == before.rounds + 1 and after.infra_streak == before.infra_streak
+        if decision.kind is K.COMPLETE:  # cut after its claim: not run again, what it was (a round?)
+            assert after.rounds == before.rounds + (1 if admitted else 0)
+            assert after.infra_streak == (0 if admitted else before.infra_streak)
             assert after.infra_rounds == before.infra_rounds
         else:
             assert after.rounds == before.rounds
