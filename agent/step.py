@@ -26,6 +26,10 @@ Decisions, and why:
   size (the model's running ratio), never the reservation's upper bound.
 * **An answer cut off by the output limit** keeps its tool calls only as notes (they are incomplete:
   never run, never called malformed, never retried); the turn ends ``max_tokens``.
+* **The turn's last answer** (no tool call to run) commits with the turn's end, which is the
+  driver's next write, with nothing awaited before it (:meth:`agent.writer.DriverWriter.defer`):
+  one transaction less per turn. A crash between the two leaves what a crash before the answer's
+  commit left: a call without an outcome, charged its reservation.
 """
 
 from __future__ import annotations
@@ -254,7 +258,10 @@ class ModelStep:
             usage=usage,
             cost=cost,
         )
-        await calls.write(commit)
+        if any(isinstance(b, ToolUseBlock) for b in content):
+            await calls.write(commit)
+        else:
+            calls.writer.defer(commit)  # the turn ends: committed with its end (the module docstring)
         prompt_bytes = attempt.request.prompt_bytes
         if not response.estimated:  # an estimate of goald's own would calibrate nothing
             calls.history.estimator.observe(prompt_bytes, usage.prompt_tokens)

@@ -13,7 +13,8 @@ cleanup), which follows at once, with nothing awaited in between but that write.
 two commits (the assistant message; its tool result with the next reservation) and a crash between
 the tool's end and that commit leaves what a crash just before the result's own commit left: a
 call without a result, repaired as "outcome unknown". Several tool calls of one step run in
-parallel and each result is committed as it comes.
+parallel and each result is committed as it comes. The turn's last answer (no tool call) goes the
+same way, with the turn's end (:mod:`agent.step`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class DriverWriter:
         self._deferred: list[_Deferred] = []
 
     def defer(self, write: Callable[[Tx], None]) -> None:
-        """Commit ``write`` with the next :meth:`write` (a step's only tool result)."""
+        """Commit ``write`` with the next :meth:`write` (a step's only tool result; the turn's last
+        answer, committed with the turn's end: :mod:`agent.step`)."""
         self._deferred.append(_Deferred(write))
 
     async def write(self, fn: Callable[[Tx], _T]) -> _T:

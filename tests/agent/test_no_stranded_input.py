@@ -347,11 +347,13 @@ LATE_ROUNDS = [*range(40), 60, 100, 200, 400]
 
 @pytest.mark.parametrize("steered", [False, True], ids=["plain", "stale-wake"])
 async def test_followup_landing_around_the_idle_commit_is_admitted(open_runtime, db_path, steered: bool) -> None:
-    """A follow-up scheduled with call_soon as the turn's last step commits, k loop rounds later.
+    """A follow-up scheduled with call_soon as the model gives the turn's last answer, k loop rounds
+    later.
 
-    The sweep over k moves the enqueue from before the driver's closing transaction to after the
-    driver is asleep on its wake flag. With ``steered``, the turn admits a steer mid-turn, which
-    leaves the wake flag set, so the driver also passes through an extra check after idle.
+    The sweep over k moves the enqueue from before the driver's closing transaction (which commits
+    the last answer with the turn's end: agent.step) to after the driver is asleep on its wake flag.
+    With ``steered``, the turn admits a steer mid-turn, which leaves the wake flag set, so the driver
+    also passes through an extra check after idle.
     """
     holder: dict[str, Agent] = {}
 
@@ -362,33 +364,25 @@ async def test_followup_landing_around_the_idle_commit_is_admitted(open_runtime,
     def rule(request: ModelRequest) -> Reply:
         if steered and last_role(request) == "user" and last_text(request).startswith("go"):
             return Reply.call("poke")
+        if armed:
+            # The go turn's last answer: the driver is about to commit it, with the turn's end.
+            k, late_id, late = armed.pop("k"), armed.pop("id"), armed.pop("tasks")
+            loop.call_soon(lambda: late.append(loop.create_task(enqueue_late(k, late_id))))
         return Reply.say("done")
 
     model = ScriptedModel(rule, record=False)
     tools = [FunctionTool("poke", "enqueues a steer", NoArgs, poke)]
+    loop = asyncio.get_running_loop()
+    armed: dict[str, Any] = {}  # this round's k and late message id, until scheduled
     async with checked(open_runtime, db_path, model, tools) as (rt, checker):
         sid = await rt.create_session()
         agent = holder["agent"] = await rt.agent(sid)
-        loop = asyncio.get_running_loop()
         before_end = after_idle = 0
-        armed: dict[str, Any] = {}  # this round's k and late message id, until scheduled
 
         async def enqueue_late(k: int, late_id: MessageId) -> None:
             await yields(k)
             await agent.followup(f"late {k}", message_id=late_id)
 
-        def on_event(event: Event) -> None:
-            if (
-                armed
-                and event.session_id == sid
-                and event.type == EventType.ASSISTANT_MESSAGE
-                and not any(b["type"] == "tool_use" for b in event.data["content"])
-            ):
-                # The turn's last step just committed; the driver is about to close the turn.
-                k, late_id, late = armed.pop("k"), armed.pop("id"), armed.pop("tasks")
-                loop.call_soon(lambda: late.append(loop.create_task(enqueue_late(k, late_id))))
-
-        rt.store.hub.add_listener(on_event)
         for k in LATE_ROUNDS:
             go_id, late_id = MessageId.new(), MessageId.new()
             late: list[asyncio.Task[None]] = []
