@@ -38,7 +38,8 @@ What is measured:
    between TTL − heartbeat and TTL + heartbeat after its death.
 With ``--rtt-ms 2,5`` the PostgreSQL configurations run again with the daemons reaching the
 database through ``benchmarks/delay_relay.py``, a relay that adds that round trip (this kernel has
-no ``netem``; the round trip measured through it is printed), plus a control: three daemons on three
+no ``netem``; the round trip measured through it is printed, idle before the run and, sampled
+with the locks, under the run's load: the relay shares the cores), plus a control: three daemons on three
 databases of their own through the same relay, the goals shared out, which shows what the machine
 and the link allow when nothing is shared. ``--model-delay 0.2`` makes each model call take 0.2 s,
 as a real model's would, so that CPU is not what limits the rounds.
@@ -51,6 +52,9 @@ The machine is shared and small, so the figures are about overhead and correctne
 speed-up: the nodes compete with each other and the database for the same cores. Each
 configuration prints the 1-minute load average at its start, so a reader can tell a noisy figure.
 
+The instruments (the server with ``pg_stat_statements``, the counts, the lock sampler, the relay,
+the floors) are ``benchmarks/pg_measures.py``.
+
 Run: ``python benchmarks/bench_cluster.py [--goals N] [--rounds R] [--runs K] [--takeover-goals G]
 [--ttls 3,15] [--skip-takeover] [--rtt-ms 0,2,5] [--model-delay S] [--statements] [--full]``
 (``--full``: 300 goals, 5 takeover runs of 30 goals).
@@ -60,56 +64,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import signal
-import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import psycopg
+from pg_measures import (
+    Db,
+    Link,
+    LockSampler,
+    bench_role,
+    load_test_module,
+    pct,
+    print_probe,
+    print_statements,
+    probe,
+    round_trips,
+    rpc,
+    start_server,
+    statement_counts,
+    statement_table,
+)
 
-from agent.backends import SESSION_LOCKS, WRITER_LOCK
-
-
-def _load(name: str) -> ModuleType:
-    # Loaded by path: ``tests/`` on sys.path would shadow the packages with its test folders of the
-    # same names (``tests/agent``, ``tests/daemon``, ...).
-    path = Path(__file__).parents[1] / "tests" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_harness = _load("harness")
-_pgkit = _load("pgkit")
-Daemon, TEST_MODELS, rpc = _harness.Daemon, _harness.TEST_MODELS, _harness.rpc
-PgServer = _pgkit.PgServer
+_harness = load_test_module("harness")
+Daemon, TEST_MODELS = _harness.Daemon, _harness.TEST_MODELS
 
 POLL = 0.02
 SOLO_ROUNDS = 20
-#: The role the benchmark's own queries run as, so that the statement counts are the daemons' alone.
-BENCH_ROLE = "bench"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def load() -> float:
@@ -125,86 +113,6 @@ async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float, st
         if time.monotonic() > end:
             raise TimeoutError(f"{what}: not within {limit:.0f} s")
         await asyncio.sleep(step)
-
-
-class Db:
-    """Read-only queries on the store the daemons share (PostgreSQL DSN or SQLite file)."""
-
-    def __init__(self, store: str | Path) -> None:
-        self.store = store
-        # One connection for the whole measurement: a connect per poll would cost more than the poll.
-        self._pg: psycopg.Connection[Any] | None = None
-
-    def q(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        if isinstance(self.store, Path):
-            conn = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True, timeout=30)
-            try:
-                return conn.execute(sql.replace("%s", "?"), args).fetchall()
-            finally:
-                conn.close()
-        if self._pg is None:
-            self._pg = psycopg.connect(self.store, autocommit=True)
-        return self._pg.execute(sql, args).fetchall()
-
-    def close(self) -> None:
-        if self._pg is not None:
-            self._pg.close()
-            self._pg = None
-
-
-def bench_role(dsn: str) -> str:
-    """``dsn`` (``postgresql://goald@…``) with the benchmark's own role instead of the daemons'."""
-    return dsn.replace(f"//{_pgkit.USER}@", f"//{BENCH_ROLE}@", 1)
-
-
-def statement_counts(db: Db) -> tuple[int, int] | None:
-    """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements
-    and the writer lock's (exclusive, or shared with the session's in ``goald_begin``: one per write
-    transaction); round trips are counted by the daemons (:func:`round_trips`). None on SQLite."""
-    if isinstance(db.store, Path):
-        return None
-    rows = db.q(
-        "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%'"
-        " OR query LIKE '%%goald_begin(%%'), 0),"
-        " COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock(%%hashtext%%'), 0)"
-        " FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
-        " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        _pgkit.USER,
-    )
-    # A write bound to a session takes both its locks in ``goald_begin`` (agent.schema's version 6);
-    # one that needs the cluster to itself, the writer lock alone. A session's lock (``hashtext``)
-    # taken alone is a further session of a transaction that has its writer lock already.
-    total, locks, session_locks = (int(v) for v in rows[0])
-    return total, locks - session_locks
-
-
-async def round_trips(nodes: list[Any]) -> int | None:
-    """The daemons' client round trips to PostgreSQL so far, as each counts them (``daemon/health``'s
-    ``storeRoundTrips``: every statement, or text of statements sent together, is one). None on SQLite."""
-    counts = [(await rpc(d.socket_path, "daemon/health")).get("storeRoundTrips") for d in nodes]
-    return None if any(c is None for c in counts) else sum(counts)
-
-
-def statement_table(db: Db) -> dict[str, int]:
-    """``pg_stat_statements``' calls by the daemons' role in this database so far, per statement."""
-    if isinstance(db.store, Path):
-        return {}
-    rows = db.q(
-        "SELECT s.query, SUM(s.calls) FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
-        " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        " GROUP BY s.query",
-        _pgkit.USER,
-    )
-    return {str(q): int(c) for q, c in rows}
-
-
-def print_statements(label: str, before: dict[str, int], after: dict[str, int], rounds: int) -> None:
-    """The statements of a run per round, most frequent first (``--statements``)."""
-    per = sorted(((after[q] - before.get(q, 0)) / rounds, q) for q in after)
-    print(f"statements per round, {label}:")
-    for calls, query in reversed(per):
-        if calls >= 0.05:
-            print(f"  {calls:6.2f}  {' '.join(query.split())[:150]}")
 
 
 #: ``--statements``: print each PostgreSQL configuration's statements per round.
@@ -327,98 +235,6 @@ def duplicate_continuations(db: Db) -> int:
 
 
 @dataclass
-class Link:
-    """How the daemons reach PostgreSQL: directly (``rtt_ms`` 0), or through a relay that adds a
-    fixed round trip (``benchmarks/delay_relay.py``, started by :meth:`start`); and how long each
-    model call takes (``model_delay`` seconds: a real model's latency, so that CPU is not the limit)."""
-
-    rtt_ms: float = 0.0
-    model_delay: float = 0.0
-    server_port: int = 0
-    port: int = 0
-    proc: subprocess.Popen[str] | None = None
-    #: The round trip measured through the relay (``SELECT 1``, median, ms).
-    measured_ms: float | None = None
-
-    @property
-    def directive(self) -> str:
-        return f" delay={self.model_delay:g}" if self.model_delay else ""
-
-    def dsn(self, dsn: str) -> str:
-        """``dsn`` as the daemons use it: through the relay, if there is one."""
-        if self.proc is None:
-            return dsn
-        return dsn.replace(f":{self.server_port}/", f":{self.port}/", 1)
-
-    def start(self, server_port: int, probe_dsn: str) -> None:
-        self.server_port = server_port
-        if self.rtt_ms <= 0:
-            return
-        relay = Path(__file__).with_name("delay_relay.py")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(relay), "--to", str(server_port), "--rtt-ms", str(self.rtt_ms)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.port = int(self.proc.stdout.readline())
-        times = []
-        with psycopg.connect(self.dsn(probe_dsn), autocommit=True) as conn:
-            for _ in range(50):
-                t0 = time.perf_counter()
-                conn.execute("SELECT 1").fetchall()
-                times.append(time.perf_counter() - t0)
-        self.measured_ms = statistics.median(times) * 1000
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-
-class LockSampler:
-    """How busy the locks are while a run goes: ``pg_locks`` read every few milliseconds (as the
-    benchmark's role, so it counts for none of the daemons' figures). ``exclusive``: the share of
-    samples in which the cluster-wide writer lock was held alone (a write that needs the cluster);
-    ``shared``: held by any write at all; ``session``: the share in which the busiest session lock was
-    held. An advisory lock shows as (``classid``, ``objid``): a bigint key's high and low 32 bits
-    (``objsubid`` 1), or its two int4 keys (``objsubid`` 2)."""
-
-    WRITER = (WRITER_LOCK >> 32, WRITER_LOCK & 0xFFFFFFFF)
-    SQL = (
-        "SELECT classid::bigint, objid::bigint, objsubid, mode FROM pg_locks WHERE locktype = 'advisory'"
-        " AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    )
-
-    def __init__(self, dsn: str, every: float = 0.005) -> None:
-        self.dsn, self.every = dsn, every
-        self.samples = self.exclusive = self.shared = 0
-        self.sessions: Counter[int] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lock-sampler", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.wait(self.every):
-                rows = conn.execute(self.SQL).fetchall()
-                self.samples += 1
-                writer = [mode for cls, obj, sub, mode in rows if sub == 1 and (cls, obj) == self.WRITER]
-                self.exclusive += "ExclusiveLock" in writer
-                self.shared += bool(writer)
-                self.sessions.update({obj for cls, obj, sub, _ in rows if sub == 2 and cls == SESSION_LOCKS})
-
-    def stop(self) -> tuple[float, float, float]:
-        """``(exclusive, shared, busiest session)`` as shares of the samples."""
-        self._stop.set()
-        self._thread.join()
-        n = max(self.samples, 1)
-        busiest = max(self.sessions.values(), default=0)
-        return self.exclusive / n, self.shared / n, busiest / n
-
-
-@dataclass
 class Rounds:
     label: str
     seconds: float
@@ -437,6 +253,8 @@ class Rounds:
     steady: float | None = None
     #: PostgreSQL only: the locks' busy shares (:class:`LockSampler`): exclusive, shared, busiest session.
     locks: tuple[float, float, float] | None = None
+    #: Through a relay: its median round trip while the run went (:class:`LockSampler`), in ms.
+    link_ms: float | None = None
 
 
 async def measure_rounds(
@@ -457,7 +275,7 @@ async def measure_rounds(
         t0 = time.perf_counter()
         await create_goals(live, goals, f"rounds={rounds}{link.directive}")
         print(f"{label}: {goals} goals created in {time.perf_counter() - t0:.1f} s", flush=True)
-        sampler = LockSampler(bench_role(store)) if isinstance(store, str) else None
+        sampler = LockSampler(bench_role(store), link) if isinstance(store, str) else None
         try:
             await all_completed(db, goals, limit=120 + goals * rounds * (1 + 10 * link.model_delay))
         finally:
@@ -494,6 +312,7 @@ async def measure_rounds(
             out.trips = trips_after - trips_before
         out.steady = steady(db, but=solo["sessionId"])
         out.locks = locks
+        out.link_ms = sampler.link_ms() if sampler is not None else None
         return out
     finally:
         if db is not None:
@@ -614,21 +433,23 @@ def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: fl
         "locks: % of samples (every 5 ms, after the goals' creation) in which the writer lock was held"
         " alone / held at all / the busiest session's lock was held (PostgreSQL)"
     )
+    print("link ms: through the relay, the median round trip of a SELECT 1 while the run went (its load on it)")
     head = f"{'configuration':<20} {'rounds/s':>8} {'steady':>6} {'wall s':>6} {'p50':>6} {'p90':>6}"
     head += f" {'alone p50':>9} {'p90':>6}"
     head += f" {'stmts/round':>11} {'trips/round':>11} {'writes/round':>12}"
-    print(f"{head} {'locks %':>13} {'dup':>3} {'load':>4}")
+    print(f"{head} {'locks %':>13} {'link ms':>7} {'dup':>3} {'load':>4}")
     for r in results:
         stmts = "-" if r.statements is None else f"{r.statements / r.rounds:.0f}"
         trips = "-" if r.trips is None else f"{r.trips / r.rounds:.0f}"
         writes = "-" if r.writes is None else f"{r.writes / r.rounds:.1f}"
         rate = "-" if r.steady is None else f"{r.steady:.1f}"
         locks = "-" if r.locks is None else "/".join(f"{share * 100:.0f}" for share in r.locks)
+        link = "-" if r.link_ms is None else f"{r.link_ms:.2f}"
         print(
             f"{r.label:<20} {r.rounds / r.seconds:8.1f} {rate:>6} {r.seconds:6.1f}"
             f" {statistics.median(r.latencies) * 1000:6.1f} {pct(r.latencies, 0.9) * 1000:6.1f}"
             f" {statistics.median(r.solo) * 1000:9.1f} {pct(r.solo, 0.9) * 1000:6.1f}"
-            f" {stmts:>11} {trips:>11} {writes:>12} {locks:>13} {r.duplicates:3d} {r.load:4.1f}"
+            f" {stmts:>11} {trips:>11} {writes:>12} {locks:>13} {link:>7} {r.duplicates:3d} {r.load:4.1f}"
         )
 
 
@@ -733,69 +554,6 @@ async def all_takeovers(server: Any, root: Path, ttls: list[float], runs: int, g
                 flush=True,
             )
     return takeovers
-
-
-def start_server() -> Any:
-    """The private PostgreSQL, with ``pg_stat_statements`` (in a schema of its own in ``template1``,
-    so every database made for a configuration has it, out of goald's way) and the benchmark's role."""
-    server = PgServer.start(
-        {"shared_preload_libraries": "'pg_stat_statements'", "pg_stat_statements.track_utility": "on"}
-    )
-    try:
-        with psycopg.connect(server.dsn("postgres"), autocommit=True) as admin:
-            admin.execute(f"CREATE ROLE {BENCH_ROLE} LOGIN SUPERUSER")
-        with psycopg.connect(server.dsn("template1"), autocommit=True) as tpl:
-            tpl.execute("CREATE SCHEMA benchstats")
-            tpl.execute("CREATE EXTENSION pg_stat_statements SCHEMA benchstats")
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
-@dataclass
-class Probe:
-    """Client-side floors on this host: a bare round trip, a writer-locked write transaction, and a
-    ``NOTIFY`` from one connection to a ``LISTEN`` on another."""
-
-    round_trip: list[float] = field(default_factory=list)
-    locked_write: list[float] = field(default_factory=list)
-    notify: list[float] = field(default_factory=list)
-
-
-def probe(dsn: str, count: int = 300) -> Probe:
-    out = Probe()
-    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as listener:
-        conn.execute("CREATE TABLE probe (id BIGSERIAL PRIMARY KEY, note TEXT NOT NULL)")
-        listener.execute("LISTEN bench_probe")
-        for i in range(count):
-            t0 = time.perf_counter()
-            conn.execute("SELECT 1").fetchall()
-            t1 = time.perf_counter()
-            conn.execute("BEGIN")
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x676F616C64,))
-            conn.execute("INSERT INTO probe (note) VALUES (%s)", (f"row {i}",))
-            conn.execute("COMMIT")
-            t2 = time.perf_counter()
-            conn.execute("SELECT pg_notify('bench_probe', %s)", (str(i),))
-            got = next(iter(listener.notifies(timeout=5, stop_after=1)), None)
-            t3 = time.perf_counter()
-            if got is None or got.payload != str(i):
-                raise RuntimeError(f"notification {i} not delivered within 5 s")
-            out.round_trip.append(t1 - t0)
-            out.locked_write.append(t2 - t1)
-            out.notify.append(t3 - t2)
-    return out
-
-
-def print_probe(p: Probe) -> None:
-    print("\nthis host's floors (client side, 127.0.0.1, ms):  median  p90")
-    for name, values in (
-        ("SELECT 1 round trip", p.round_trip),
-        ("BEGIN + writer lock + INSERT + COMMIT", p.locked_write),
-        ("pg_notify (autocommit) -> LISTEN delivery", p.notify),
-    ):
-        print(f"  {name:<42} {statistics.median(values) * 1000:6.2f} {pct(values, 0.9) * 1000:5.2f}")
 
 
 async def run(args: argparse.Namespace) -> None:
