@@ -22,7 +22,7 @@ from agent.messages import Block
 from agent.models.base import ModelError
 from agent.spend import Usage
 from agent.tx import Tx
-from agent.usage import ENDED_COLUMNS, add_ended_call
+from agent.usage import end_calls
 
 
 class CallId(TypedId):
@@ -60,10 +60,10 @@ def settle_call(
     tx: Tx, call_id: str, usage: Usage, cost: float, *, error_class: str | None = None, error: str | None = None
 ) -> None:
     """Settle a reservation to the reported usage (zero if the attempt reported none)."""
-    rows = tx.all(
+    end_calls(
+        tx,
         "UPDATE model_calls SET state='settled', input_tokens=?, output_tokens=?, cache_read_tokens=?,"
-        " cache_write_tokens=?, cost=?, error_class=?, error=?, ended_at=? WHERE id=? AND state='reserved'"
-        f" RETURNING {ENDED_COLUMNS}",
+        " cache_write_tokens=?, cost=?, error_class=?, error=?, ended_at=? WHERE id=? AND state='reserved'",
         (
             usage.input_tokens,
             usage.output_tokens,
@@ -75,9 +75,7 @@ def settle_call(
             tx.now,
             call_id,
         ),
-    )
-    for row in rows:  # none if it was no longer reserved
-        add_ended_call(tx, row)
+    )  # counted only if it was still reserved
 
 
 #: Appended to the row's error when its usage is the prompt's estimate (see :func:`failed_usage`).

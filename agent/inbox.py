@@ -281,8 +281,9 @@ def has_waking(tx: Tx, session_id: str) -> bool:
     return row is not None
 
 
-def settle_idle(tx: Tx, session_id: str) -> bool:
-    """Commit ``idle`` if the session has no open turn and no waking message queued.
+def settle_idle(tx: Tx, session_id: str, *, none_waking: bool = False) -> bool:
+    """Commit ``idle`` if the session has no open turn and no waking message queued
+    (``none_waking``: the caller read the queue in this transaction and found none).
 
     Returns whether the session is idle afterwards.
     """
@@ -291,24 +292,36 @@ def settle_idle(tx: Tx, session_id: str) -> bool:
         return False
     if st.status == AgentStatus.IDLE:
         return True
-    if has_waking(tx, session_id):
+    if not none_waking and has_waking(tx, session_id):
         return False
     tx.set_status(session_id, AgentStatus.IDLE)
     return True
 
 
-def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool) -> list[Admitted]:
-    """Admit queued messages into ``turn_id``: every queued one when ``waking``, else steer and context.
+def queued(tx: Tx, session_id: str) -> list[Any]:
+    """Every message queued for the session, in order (the rows :func:`admit` takes)."""
+    rows: list[Any] = tx.all(
+        "SELECT id, delivery, source_kind, source_ref, content, fate FROM inbox WHERE session_id=?"
+        " AND fate='queued' ORDER BY queued_seq",
+        (session_id,),
+    )
+    return rows
+
+
+def wakes(rows: list[Any]) -> bool:
+    """Whether one of ``rows`` (:func:`queued`) is a waking message (a follow-up or a steer)."""
+    return any(row["delivery"] in _WAKING for row in rows)
+
+
+def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool, rows: list[Any] | None = None) -> list[Admitted]:
+    """Admit queued messages into ``turn_id``: every queued one when ``waking`` (``rows``: as
+    :func:`queued` read them in this transaction), else steer and context.
 
     Admission is durable (the ``message/admitted`` event carries the content) before any model
     sees it.
     """
     if waking:
-        rows = tx.all(
-            "SELECT id, delivery, source_kind, source_ref, content, fate FROM inbox WHERE session_id=?"
-            " AND fate='queued' ORDER BY queued_seq",
-            (session_id,),
-        )
+        rows = queued(tx, session_id) if rows is None else rows
     else:
         rows = tx.all(
             "SELECT id, delivery, source_kind, source_ref, content, fate FROM inbox WHERE session_id=?"

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent.events import EventType
 from agent.ids import TurnId
-from agent.inbox import Admitted, admit, has_waking, settle_idle
+from agent.inbox import Admitted, admit, queued, settle_idle, wakes
 from agent.messages import ToolUseBlock
 from agent.payloads import AgentStatus, AssistantMessage, EndReason, ToolResult, parse_payload
 from agent.tx import Tx
@@ -57,8 +57,9 @@ def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
     st = tx.state(session_id)
     if st.open_turn is not None:
         raise RuntimeError(f"session {session_id} already has an open turn {st.open_turn}")
-    if not has_waking(tx, session_id):
-        settle_idle(tx, session_id)
+    rows = queued(tx, session_id)  # one read: whether one wakes, and what the turn admits
+    if not wakes(rows):
+        settle_idle(tx, session_id, none_waking=True)
         return None
     turn_id = TurnId.new()
     tx.set_status(session_id, AgentStatus.RUNNING)
@@ -71,7 +72,7 @@ def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
         (turn_id, session_id, start.seq, tx.now),
     )
     st.open_turn = turn_id
-    admitted = admit(tx, session_id, turn_id, waking=True)
+    admitted = admit(tx, session_id, turn_id, waking=True, rows=rows)
     return OpenedTurn(turn_id=turn_id, start_seq=start.seq, admitted=admitted)
 
 

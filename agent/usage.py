@@ -8,7 +8,8 @@ labels the caller derives are few. What retention pruned is no longer counted (s
 :mod:`agent.retention`): these are sums over the calls still stored.
 
 ``usage_totals`` holds the counters: every call is added, once, in the transaction that settles or
-charges it (:func:`add_ended_call`), by provider, model and error class; retention never lowers them.
+charges it (:func:`add_ended_call`, or :func:`end_calls` with the ending update itself), by provider,
+model and error class; retention never lowers them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.db import Conn
+from agent.db import Conn, PgConn
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,25 @@ def add_ended_call(tx: Any, row: Mapping[str, Any]) -> None:
 
 #: The columns :func:`add_ended_call` reads, for the ending write's ``RETURNING``.
 ENDED_COLUMNS = "provider, model, error_class, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost"
+#: PostgreSQL: the calls an update ended (``{update}``), counted in the same statement.
+_END_AND_ADD = (
+    f"WITH ended AS ({{update}} RETURNING {ENDED_COLUMNS}) INSERT INTO usage_totals(provider, model,"
+    " error_class, calls, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost)"
+    " SELECT provider, model, COALESCE(error_class, ''), 1, input_tokens, output_tokens, cache_read_tokens,"
+    " cache_write_tokens, cost FROM ended" + _ADD[_ADD.index(" ON CONFLICT") :]
+)
+
+
+def end_calls(tx: Any, update: str, params: tuple[Any, ...]) -> None:
+    """Run ``update`` (of ``model_calls``, ending the calls it matches, no ``RETURNING``) and count
+    each call it ended (:func:`add_ended_call`). On PostgreSQL one statement whose result nobody
+    reads, sent with the next (:meth:`agent.tx.Tx.write`); SQLite has no update in a ``WITH``, so
+    there the update returns its rows and each is counted."""
+    if isinstance(tx.conn, PgConn):
+        tx.write(_END_AND_ADD.format(update=update), params)
+        return
+    for row in tx.all(f"{update} RETURNING {ENDED_COLUMNS}", params):
+        add_ended_call(tx, row)
 
 
 def usage_totals(conn: Conn) -> list[UsageTotal]:

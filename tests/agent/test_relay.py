@@ -233,6 +233,14 @@ async def test_other_nodes_commits_cost_no_transaction_without_a_use_here(nodes:
     mine = await b.transact(lambda tx: create_session(tx))
     for sid in (other, mine):
         await b.transact(lambda tx, sid=sid: add(tx, sid, "from b"))
+    # b's notifications reach a's listener when they will; a session a uses, written last, marks the
+    # end: once a has published its event, a has been handed every earlier notification of b's.
+    marker = await b.transact(lambda tx: create_session(tx))
+    used.add(marker)
+    heard = recorder(a)
+    await b.transact(lambda tx: add(tx, marker, "b's last"))
+    await wait_for(lambda: any(e.session_id == marker for e in heard), "a heard b's last commit")
+    used.discard(marker)  # of no use to a again: the slow poll below has nothing to read
     statements: list[str] = []
     await a.trace(statements.append)
     try:
