@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     #: password never here: ``PGPASSWORD``, ``~/.pgpass`` or the systemd credential ``goald-pg-password``.
     store: str | None = None
     #: The connections a PostgreSQL store works over (one thread each): a session's transactions
-    #: always on the same one, different sessions' at once. A SQLite file has one writer: one.
+    #: one at a time on whichever is free, different sessions' at once. A SQLite file has one writer.
     store_connections: int = Field(default=DEFAULT_CONNECTIONS, ge=1, le=64)
     socket: Path | None = None
     #: A group (name or gid) that may use the control socket: the socket is then mode 0660 and owned
