@@ -110,6 +110,12 @@ def _iso(dt: datetime) -> str:
     return dt.astimezone(UTC).isoformat(timespec="microseconds")
 
 
+def has_unsealed(conn: Conn) -> bool:
+    """Whether a notification waits to be sealed (in a read: no lock, so a sender that finds none
+    opens no write, which on PostgreSQL would hold the whole cluster's writes for its round trips)."""
+    return conn.execute("SELECT 1 FROM outbox WHERE message_id IS NULL LIMIT 1").fetchone() is not None
+
+
 def seal(tx: Tx, window: float, sinks_for: Callable[[str], Sequence[str]], limit: int = 5000) -> float | None:
     """Seal unsealed notifications into messages, with a pending delivery per sink ``sinks_for(kind)``.
 

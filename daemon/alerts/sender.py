@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 
 from agent import StorageUnavailable
-from agent.outbox import Attempt, Due, due, next_due, prune, record, seal, signal_of
+from agent.outbox import Attempt, Due, due, has_unsealed, next_due, prune, record, seal, signal_of
 from agent.store import Store
 from daemon.alerts.config import NotifySettings
 from daemon.alerts.payload import payload_of
@@ -102,7 +102,10 @@ class Sender:
     async def step(self) -> float | None:
         """Seal, deliver what is due, and return the seconds until something is due again."""
         conf = self.conf
-        seal_wait = await self.store.transact(lambda tx: seal(tx, conf.group_window_seconds, conf.sinks_for))
+        seal_wait = None
+        # Sealing takes the writer lock alone (every node's sender seals): only when there is something.
+        if await self.store.read(has_unsealed):
+            seal_wait = await self.store.transact(lambda tx: seal(tx, conf.group_window_seconds, conf.sinks_for))
         names = list(self.sinks)
         while True:
             now = self.clock()

@@ -312,3 +312,32 @@ def test_bad_notify_config_is_refused_naming_the_key(tmp_path: Path, toml: str, 
         load_settings(path)
     assert message in str(refused.value)
     assert "notify" in str(refused.value)
+
+
+async def test_a_step_with_nothing_to_seal_takes_no_writer_lock(pg_dsn: str) -> None:
+    """On PostgreSQL sealing takes the cluster's writer lock alone, holding every node's writes for
+    its round trips: a sender's step (each node's, every couple of seconds) that finds nothing
+    unsealed reads, and opens no write; one that finds a notification seals it."""
+    store = await Store.open(pg_dsn)
+    try:
+        sender = Sender(store, settings(), {})
+        statements: list[str] = []
+        await store.trace(statements.append)
+        try:
+            await sender.step()  # the first prunes what is old (then once per PRUNE_EVERY)
+            statements.clear()
+            assert await sender.step() is None
+            assert not [s for s in statements if "pg_advisory_xact_lock" in s], statements
+            nid = await store.transact(lambda tx: put(tx, "goal_completed", goal_payload(1, "verified")))
+            statements.clear()
+            await sender.step()
+            assert [s for s in statements if "pg_advisory_xact_lock" in s], statements
+        finally:
+            await store.trace(None)
+        assert (await store.read(backlog))["unsealed"] == 0
+        sealed = await store.read(
+            lambda conn: conn.execute("SELECT message_id FROM outbox WHERE id = ?", (nid,)).fetchone()
+        )
+        assert sealed is not None and sealed[0] == nid
+    finally:
+        await store.close()
