@@ -21,10 +21,9 @@ even when a person's follow-up superseded the continuation in the same interval.
 2. A completion claim whose verification passed (or that has no verification commands):
    completed. It beats every other fact: the objective is met. An interval the infrastructure cut
    after its claim is therefore no interval of rule 8: it is not run again, and a round counts as
-   the round it was. The reason is
-   ``verified`` only when verification commands ran and passed; a goal without any completes
-   ``no_verification`` (shown as ``completed (unverified: no verification)``): the model's word
-   alone is never "verified".
+   the round it was. The reason is ``verified`` only when verification commands ran and passed; a
+   goal without any completes ``no_verification`` (shown as ``completed (unverified: no
+   verification)``): the model's word alone is never "verified".
 3. An unrecoverable fault (the goal's model is no longer known, the work directory vanished): failed.
    A claim in the same interval is counted as refused (it could not be verified). Then a work
    directory that holds more on disk than the goal's disk limit (as its walk measured it): paused
