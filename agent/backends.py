@@ -29,29 +29,26 @@ order on the hub when two lanes commit them is :class:`agent.relay.Marks`.
 
 A PostgreSQL connection that breaks (the server restarted, the network went away) is dropped and
 made again on the next unit of work; until that succeeds every write fails with
-:class:`~agent.errors.StorageUnavailable` (:func:`pg_failure`), which is what stops model calls and
+:class:`~agent.errors.StorageUnavailable` (:func:`agent.pgaccess.pg_failure`), which is what stops model calls and
 shows in ``daemon/health`` — and clears, by itself, at the first write that commits.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import re
 import sqlite3
-import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiosqlite
-from loguru import logger
 
 from agent.db import Conn, PgConn, psycopg_module
-from agent.errors import StorageUnavailable
+from agent.pgaccess import credential_password, where
 from agent.storage import owner_only
+from agent.tx import SessionState
 
 #: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII): exclusive,
 #: or shared by a transaction whose invariants are its sessions' own (:meth:`PgBackend.begin`).
@@ -62,6 +59,8 @@ DEFAULT_CONNECTIONS = 8
 NO_SESSION = ""
 #: The first key of a session's advisory lock (``goal`` in ASCII); the second is the hash of its id.
 SESSION_LOCKS = 0x676F616C
+#: The SQLSTATE of a session's write opened on a state another writer changed since (``goald_check``).
+STALE_STATE = "GD001"
 
 
 class SqliteBackend:
@@ -71,11 +70,16 @@ class SqliteBackend:
     begin_read = "BEGIN"
 
     @staticmethod
-    def begin(conn: Conn, session: str | None = None) -> Any:
+    def begin(conn: Conn, session: str | None = None, known: SessionState | None = None) -> Any:
         """Open a write transaction: the file's one writer lock (whatever ``session`` says). Returns
         no state row (a SQLite store caches sessions' states: it is their one writer)."""
         conn.execute("BEGIN IMMEDIATE")
         return None
+
+    @staticmethod
+    def stale(exc: BaseException) -> bool:
+        """The one writer of its file never decides on a stale state."""
+        return False
 
     @staticmethod
     def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
@@ -146,46 +150,6 @@ class SqliteBackend:
             await self.conn.close()
 
 
-def masked(dsn: str) -> str:
-    """``dsn`` with any password replaced by ``***`` (what logs and status may show)."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def credential_password() -> str | None:
-    """The database password from systemd's credentials (``LoadCredential=goald-pg-password:…``),
-    if the service was given one; ``PGPASSWORD``/``PGPASSFILE`` are libpq's own and need nothing."""
-    directory = os.environ.get("CREDENTIALS_DIRECTORY")
-    if not directory:
-        return None
-    path = Path(directory) / "goald-pg-password"
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def pg_failure(exc: BaseException, where: str) -> StorageUnavailable | None:
-    """``exc`` as a :class:`StorageUnavailable` if it means the database cannot be reached."""
-    if isinstance(exc, StorageUnavailable):
-        return exc
-    psycopg = sys.modules.get("psycopg")  # not loaded: no psycopg error can have been raised
-    if psycopg is None:
-        return None
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and not isinstance(
-        exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable
-    ):
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return StorageUnavailable(
-            f"PostgreSQL at {where} cannot be reached: {first}",
-            "check that the server is up and reachable; goald reconnects and continues by itself",
-        )
-    return None
-
-
 class PgBackend:
     """psycopg connections, each on a thread of its own (see the module docstring)."""
 
@@ -193,7 +157,7 @@ class PgBackend:
     begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
     @staticmethod
-    def begin(conn: Conn, session: str | None = None) -> Any:
+    def begin(conn: Conn, session: str | None = None, known: SessionState | None = None) -> Any:
         """Open a write transaction and take the writer lock, in one round trip (the statements in
         one text: PostgreSQL's simple query protocol). Exclusive: the transaction runs alone in the
         cluster. With ``session``, for a transaction whose invariants are that session's own: the
@@ -202,20 +166,40 @@ class PgBackend:
         cluster to itself still waits for all of them (and they for it); and then, in the same
         statement (the ``goald_begin`` function, :mod:`agent.schema`'s version 6), the session's
         state (the columns of :func:`agent.tx.state_query`), whose row is returned (``None``: no
-        such session) — read after the locks, so it is current."""
+        such session) — read after the locks, so it is current.
+
+        With ``known`` (the session's state as this node last committed it), nothing is sent now and
+        ``known`` is returned: the opening goes first in the transaction's next round trip (its first
+        read, or its ``COMMIT``: :meth:`agent.db.PgConn.open_later`), with the same locks and a check
+        that the state is still ``known`` (``goald_check``, :mod:`agent.schema`'s version 7), which
+        fails the transaction otherwise (:meth:`stale`): every statement runs after the locks, and
+        what was decided on ``known`` commits only if it was current. A write whose only statements
+        are deferred is one round trip."""
         assert isinstance(conn, PgConn)
         if session is None:
             conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
             return None
         from agent.events import EventType
 
-        # Both locks, then the state read after them, in one statement (agent.schema's version 6).
         status = quoted(conn, EventType.STATUS.value)
+        if known is not None:
+            turn = "NULL" if known.open_turn is None else quoted(conn, known.open_turn)
+            conn.open_later(
+                f"BEGIN; SELECT goald_check({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status},"
+                f" {known.last_seq}, {known.status_seq}, {turn})"
+            )
+            return known
+        # Both locks, then the state read after them, in one statement (agent.schema's version 6).
         text = f"BEGIN; SELECT * FROM goald_begin({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status})"
         cursor = conn.script(text)
         while cursor.nextset():  # to the last statement's result: the state
             pass
         return cursor.fetchone()
+
+    @staticmethod
+    def stale(exc: BaseException) -> bool:
+        """Whether ``exc`` is a write's opening that found its session changed (:meth:`begin`'s ``known``)."""
+        return getattr(exc, "sqlstate", None) == STALE_STATE
 
     @staticmethod
     def lock_session(conn: Conn, session_id: str) -> None:
@@ -247,7 +231,7 @@ class PgBackend:
 
     def __init__(self, dsn: str, connections: int = DEFAULT_CONNECTIONS) -> None:
         self.dsn = dsn
-        self.where = _where(dsn)
+        self.where = where(dsn)
         self._lanes = [_Lane(self, i) for i in range(max(1, connections))]
         self._tls = threading.local()
         #: Units of work ready to run (their key has none running), and per key with a unit ready or
@@ -403,37 +387,15 @@ def quoted(conn: PgConn, text: str) -> str:
     return sql.Literal(text).as_string(conn.raw)
 
 
-def check_collation(location: str, conn: Conn) -> None:
-    """Warn if the database does not sort text as bytes (goald compares ids and times as bytes)."""
-    row = conn.execute("SELECT datcollate FROM pg_database WHERE datname = current_database()").fetchone()
-    if row is not None and str(row[0]) not in ("C", "POSIX", "C.UTF-8", "C.utf8"):
-        logger.warning(
-            "the database {} sorts text by the {} collation; goald compares ids and times as bytes:"
-            " create its database with LC_COLLATE 'C' (CREATE DATABASE ... TEMPLATE template0 LC_COLLATE 'C')",
-            location,
-            row[0],
-        )
-
-
-def _where(dsn: str) -> str:
-    parts = urlsplit(dsn)
-    host = parts.hostname or os.environ.get("PGHOST") or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{host}{port}{parts.path or ''}"
-
-
 Backend = SqliteBackend | PgBackend
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
     "NO_SESSION",
     "SESSION_LOCKS",
+    "STALE_STATE",
     "WRITER_LOCK",
     "Backend",
     "PgBackend",
     "SqliteBackend",
-    "check_collation",
-    "credential_password",
-    "masked",
-    "pg_failure",
 ]

@@ -243,6 +243,8 @@ class PgConn:
         #: sent with the next statement or the ``COMMIT``, in its round trip: each an ``INSERT``'s
         #: head and its row (rows of one head in a row go as one statement), or ``None`` and the text.
         self._deferred: list[tuple[str | None, str]] = []
+        #: A transaction's opening not sent yet (:meth:`open_later`): it goes first in the next text.
+        self._opening: str | None = None
         #: Client round trips made (each ``execute`` of the driver: one statement or one text).
         self.trips = 0
         self._client: Any = None  # a ClientCursor, made on the first deferred statement (_literal)
@@ -269,6 +271,20 @@ class PgConn:
         else:
             self._deferred.append((None, self._literal(sql, parameters)))
 
+    def open_later(self, text: str) -> None:
+        """Send ``text`` (a transaction's ``BEGIN`` and its locks, statements of no parameters) first
+        in the next round trip: the transaction's first statement or its ``COMMIT``."""
+        self._opening = text
+
+    def drop_pending(self) -> None:
+        """Forget what was to go with the next statement (a transaction that failed before sending it)."""
+        self._deferred, self._opening = [], None
+
+    def _pending(self) -> list[str]:
+        """What goes first in this round trip: the transaction's opening, then what was deferred."""
+        opening, self._opening = self._opening, None
+        return [opening, *self.take_deferred()] if opening is not None else self.take_deferred()
+
     def take_deferred(self) -> list[str]:
         """The deferred statements, to send now (with the ``COMMIT``); none are left deferred. Rows
         inserted one after another into the same columns go as one ``INSERT`` of several rows."""
@@ -289,8 +305,8 @@ class PgConn:
         if self.trace is not None:
             self.trace(sql)
         self.trips += 1
-        if self._deferred:
-            text = "; ".join([*self.take_deferred(), self._literal(sql, parameters)])
+        if self._deferred or self._opening is not None:
+            text = "; ".join([*self._pending(), self._literal(sql, parameters)])
             cursor = self.raw.execute(text.encode(), prepare=False)
             while cursor.nextset():  # to this statement's result, the last
                 pass
@@ -305,8 +321,8 @@ class PgConn:
         if self.trace is not None:
             self.trace(sql)
         self.trips += 1
-        if self._deferred:
-            sql = "; ".join([*self.take_deferred(), sql])
+        if self._deferred or self._opening is not None:
+            sql = "; ".join([*self._pending(), sql])
         return self.raw.execute(sql.encode(), prepare=False)
 
     @property

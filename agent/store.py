@@ -38,15 +38,13 @@ from agent.backends import (
     Backend,
     PgBackend,
     SqliteBackend,
-    check_collation,
-    masked,
-    pg_failure,
 )
 from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
 from agent.events import Event, EventHub
 from agent.migrate import apply_in_transaction
+from agent.pgaccess import check_collation, masked, pg_failure
 from agent.relay import Listener, Marks, payloads, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
@@ -68,8 +66,7 @@ class Store:
         self.durability = durability
         self.hub = EventHub()
         self._backend = backend
-        # Cached between transactions only where this process is the one writer (SQLite; agent.tx).
-        self._cache_states = backend.kind == "sqlite"
+        self._cache_states = backend.kind == "sqlite"  # the one writer: its cache is the truth
         #: This process among the nodes on one PostgreSQL database (its notifications carry it).
         self.node_id = uuid.uuid4().hex[:12]
         #: Per session, the highest seq published and the lock of publishing in order (agent.relay).
@@ -85,6 +82,8 @@ class Store:
         self.fence: Callable[[Conn, str], None] | None = None
         self.fence_at_commit: Callable[[Conn, str], str] | None = None
         self._loop = asyncio.get_running_loop()
+        #: Per session, its state as this process last committed it: SQLite's own (agent.tx); on
+        #: PostgreSQL what the session's next write is opened on, checked (PgBackend.begin).
         self._states: dict[str, SessionState] = {}
         self._closed = False
         #: The storage failure that stops writes, if any (logged as it begins and ends).
@@ -104,7 +103,7 @@ class Store:
 
         ``path`` is a SQLite file, or a ``postgresql://`` DSN (the database must exist; the
         password comes from ``PGPASSWORD``, ``~/.pgpass`` or a systemd credential, see
-        :func:`agent.backends.credential_password`) used over ``connections`` connections (SQLite
+        :func:`agent.pgaccess.credential_password`) used over ``connections`` connections (SQLite
         has one writer, so one connection)."""
         if is_dsn(path):
             return await cls._open_pg(str(path), durability, connections)
@@ -138,6 +137,9 @@ class Store:
 
     def _relay_soon(self, spans: dict[str, tuple[int, int]] | None) -> None:
         # From the listener's thread: other nodes' commits (None: catch up), read on the store thread.
+        # The states this node knows of their sessions are stale: a write reads them again (_run_tx).
+        for sid in spans if spans is not None else list(self._states):
+            self._states.pop(sid, None)
         with contextlib.suppress(ValueError):  # closed meanwhile
             self._backend.submit(partial(self._relay, spans))
 
@@ -291,16 +293,17 @@ class Store:
             self._backend.broke()  # the other connections are made again before their next use
         return failure
 
-    def _run_tx(self, fn: Callable[[Tx], T], session: str | None = None) -> T:
+    def _run_tx(self, fn: Callable[[Tx], T], session: str | None = None, optimistic: bool = True) -> T:
         try:
             conn = self._raw()
             # PostgreSQL only: a SQLite write holds the file's one lock, every session included.
             backend = self._backend
             lock = backend.lock_session if session is not None and isinstance(backend, PgBackend) else None
             tx = Tx(self, conn, session=session, lock=lock)
-            row = backend.begin(conn, session)
+            known = self._states.get(session) if lock is not None and session is not None and optimistic else None
+            row = backend.begin(conn, session, known)
             if row is not None and session is not None:
-                tx.preload(session, state_of_row(row, session))
+                tx.preload(session, dataclasses.replace(known) if known is not None else state_of_row(row, session))
             try:
                 result = fn(tx)
                 notes: list[str] = []
@@ -313,7 +316,7 @@ class Store:
             except BaseException:
                 self._marks.drop()
                 if isinstance(conn, PgConn):
-                    conn.take_deferred()  # never sent: they go with the rollback
+                    conn.drop_pending()  # never sent: they go with the rollback
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 if tx.at_commit and self.fence is not None:
@@ -321,6 +324,11 @@ class Store:
                         self.fence(conn, sid)
                 raise
         except database_errors() as exc:
+            if self._backend.stale(exc) and session is not None:
+                # Opened on the state this node last committed, which another writer changed since
+                # (agent.backends.PgBackend.begin): nothing was written; again, on the state read.
+                self._states.pop(session, None)
+                return self._run_tx(fn, session, optimistic=False)
             if self.reserve is not None and is_disk_full(exc) and self.reserve.release():
                 # Whatever filled the disk, this write (a command's result, the failure itself) is
                 # recorded: once, with the reserve's blocks given back (made again when space is back).
@@ -338,8 +346,7 @@ class Store:
             raise failure from exc
         if self.health.failure is not None:
             self.health.recovered()
-        if self._cache_states:
-            self._states.update(tx._states)
+        self._states.update(tx._states)  # PostgreSQL: what the next write is opened on, and checked
         for mark in tx._committed:
             mark()
         if tx.events or tx._after:

@@ -11,7 +11,9 @@ transaction. :class:`agent.store.Store` runs them (:meth:`~agent.store.Store.tra
 On SQLite, sequence numbers and each session's status are cached on the connection's thread and
 only changed by transaction functions, which that thread runs one at a time; a transaction's
 changes to the cache are applied only after its ``COMMIT``. On PostgreSQL other connections and
-nodes write too: a session's state is read in each transaction, after its lock.
+nodes write too: a write bound to a session is opened on the state this node last committed for it,
+checked after its lock, and run again on the state read if another writer changed it
+(:meth:`agent.backends.PgBackend.begin`); any other transaction reads a session's state after its lock.
 """
 
 from __future__ import annotations

@@ -90,19 +90,21 @@ def bench_role(dsn: str) -> str:
 
 def statement_counts(db: Db) -> tuple[int, int] | None:
     """``pg_stat_statements``' calls by the daemons' role in this database so far: all statements
-    and the writer lock's (exclusive, or shared with the session's in ``goald_begin``: one per write
-    transaction); round trips are counted by the daemons (:func:`round_trips`). None on SQLite."""
+    and the writer lock's (exclusive, or shared with the session's in ``goald_begin`` or
+    ``goald_check``: one per write transaction); round trips are counted by the daemons
+    (:func:`round_trips`). None on SQLite."""
     if isinstance(db.store, Path):
         return None
     rows = db.q(
         "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock%%'"
-        " OR query LIKE '%%goald_begin(%%'), 0),"
+        " OR query LIKE '%%goald_begin(%%' OR query LIKE '%%goald_check(%%'), 0),"
         " COALESCE(SUM(calls) FILTER (WHERE query LIKE '%%pg_advisory_xact_lock(%%hashtext%%'), 0)"
         " FROM benchstats.pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
         " WHERE r.rolname = %s AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
         _pgkit.USER,
     )
-    # A write bound to a session takes both its locks in ``goald_begin`` (agent.schema's version 6);
+    # A write bound to a session takes both its locks in ``goald_begin`` or, opened on the state the
+    # node knows, ``goald_check`` (agent.schema's versions 6 and 7);
     # one that needs the cluster to itself, the writer lock alone. A session's lock (``hashtext``)
     # taken alone is a further session of a transaction that has its writer lock already.
     total, locks, session_locks = (int(v) for v in rows[0])

@@ -29,7 +29,7 @@ from typing import Literal, TextIO
 from loguru import logger
 
 from agent import Event, EventType, SandboxUnavailable, detect_bwrap
-from agent.backends import masked
+from agent.pgaccess import masked
 from daemon.demo_model import DEMO_OBJECTIVE, DEMO_VERIFY
 from daemon.display import describe_event, goal_line
 from daemon.host import Host

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import retention
-from agent.backends import masked
+from agent.pgaccess import masked
 from daemon.backup import backup_offline, restore_offline
 from daemon.client import Connection, DaemonUnavailable
 from daemon.lock import StateDirLocked, StateLock
