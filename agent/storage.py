@@ -89,6 +89,20 @@ class StoreReserve:
             return False
         return True
 
+    def release_for(self, exc: BaseException, location: str) -> bool:
+        """Whether ``exc`` is the store's disk full and the reserve's blocks were given back (logged),
+        so that the write that met it is tried once more: whatever filled the disk, that write (a
+        command's result, the failure itself) is recorded. Made again when there is room."""
+        if not is_disk_full(exc) or not self.release():
+            return False
+        logger.warning(
+            "the disk of the store is full ({}): its reserve ({}) was released for this write;"
+            " free space on it (goald makes the reserve again when there is room)",
+            location,
+            self.path,
+        )
+        return True
+
     def release(self) -> bool:
         """Give the reserve's blocks back; ``True`` if there was one to give."""
         try:

@@ -47,7 +47,7 @@ from agent.migrate import apply_in_transaction
 from agent.pgaccess import check_collation, masked, pg_failure
 from agent.relay import Listener, Marks, payloads, stored_top
 from agent.schema import MIGRATIONS, Migration
-from agent.storage import StorageHealth, StoreReserve, is_disk_full, storage_failure
+from agent.storage import StorageHealth, StoreReserve, storage_failure
 from agent.tx import SessionState, Tx, load_session_state, state_of_row
 
 T = TypeVar("T")
@@ -85,6 +85,10 @@ class Store:
         #: Per session, its state as this process last committed it: SQLite's own (agent.tx); on
         #: PostgreSQL what the session's next write is opened on, checked (PgBackend.begin).
         self._states: dict[str, SessionState] = {}
+        #: Writes run again because another writer changed their session's state since this process
+        #: last committed it (PostgreSQL: :meth:`agent.backends.PgBackend.begin`; 0 on SQLite).
+        self.reruns = 0
+        self._reruns_lock = threading.Lock()
         self._closed = False
         #: The storage failure that stops writes, if any (logged as it begins and ends).
         self.health = StorageHealth(self.location)
@@ -328,17 +332,11 @@ class Store:
                 # Opened on the state this node last committed, which another writer changed since
                 # (agent.backends.PgBackend.begin): nothing was written; again, on the state read.
                 self._states.pop(session, None)
+                with self._reruns_lock:
+                    self.reruns += 1
                 return self._run_tx(fn, session, optimistic=False)
-            if self.reserve is not None and is_disk_full(exc) and self.reserve.release():
-                # Whatever filled the disk, this write (a command's result, the failure itself) is
-                # recorded: once, with the reserve's blocks given back (made again when space is back).
-                logger.warning(
-                    "the disk of the store is full ({}): its reserve ({}) was released for this write;"
-                    " free space on it (goald makes the reserve again when there is room)",
-                    self.location,
-                    self.reserve.path,
-                )
-                return self._run_tx(fn, session)
+            if self.reserve is not None and self.reserve.release_for(exc, self.location):
+                return self._run_tx(fn, session)  # the disk was full: once more, with the reserve freed
             failure = self._failure_of(exc)
             if failure is None:
                 raise

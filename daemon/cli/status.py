@@ -42,6 +42,8 @@ def status_lines(health: dict[str, Any]) -> list[str]:
             reach = ""
             if h.get("storeConnections") is not None:
                 reach = f", {h['storeConnections']} connections, {h.get('storeRoundTrips') or 0:,} round trips"
+                if h.get("storeReruns"):
+                    reach += f", {h['storeReruns']:,} writes run again (their session changed meanwhile)"
             out.append(f"store:     PostgreSQL {h['databasePath']} ({size}{reach})")
         else:
             out.append(f"database:  {h['databasePath']} ({size})")

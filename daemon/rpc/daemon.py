@@ -54,8 +54,10 @@ def register(d: Dispatcher, host: HostPort) -> None:
             # The store as it is open: the SQLite file, or the PostgreSQL URL without a password.
             out["store"] = rt.store.kind
             out["databasePath"] = rt.store.location
-            # How it is reached: its connections, and (PostgreSQL) the round trips made so far.
+            # How it is reached: its connections, and (PostgreSQL) the round trips made so far and
+            # the writes run again because another writer had changed their session meanwhile.
             out["storeConnections"], out["storeRoundTrips"] = rt.store.connections, rt.store.round_trips
+            out["storeReruns"] = rt.store.reruns
             try:
                 out["databaseBytes"] = await rt.store.size_bytes()
             except StorageUnavailable:  # the outage is in "storage"; the health still answers

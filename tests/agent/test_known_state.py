@@ -83,8 +83,10 @@ async def test_a_write_on_a_state_another_node_changed_runs_again_on_the_current
         seen.append(tx.state(sid).last_seq)
         return tx.emit(sid, "test/a2", {}).seq
 
+    reruns = a.reruns
     seq = await a.transact(write, session=sid)
     assert seen == [old.last_seq, old.last_seq + 1], "run once on the known state, then on the current one"
+    assert a.reruns == reruns + 1, "counted (daemon/health's storeReruns)"
     events = await stored(a, sid)
     assert [s for s, _ in events] == list(range(1, len(events) + 1)), "gap-free, each number once"
     assert [t for _, t in events][-3:] == ["test/a1", "test/b1", "test/a2"]

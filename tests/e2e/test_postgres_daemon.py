@@ -64,6 +64,7 @@ async def test_a_goal_completes_on_postgresql(tmp_path: Path, pg_dsn: str) -> No
         assert status["store"] == "postgresql" and status["databasePath"] == pg_dsn, status
         # Its connections (store_connections' default) and the round trips they made, counted.
         assert status["storeConnections"] == 8 and status["storeRoundTrips"] > 0, status
+        assert isinstance(status["storeReruns"], int), status  # writes run again on a changed session
         later = first.cli_json("status")
         assert later["storeRoundTrips"] > status["storeRoundTrips"]  # the last status's own read among them
         shown = first.cli("status").stdout
