@@ -60,7 +60,7 @@ NO_SESSION = ""
 #: The first key of a session's advisory lock (``goal`` in ASCII); the second is the hash of its id.
 SESSION_LOCKS = 0x676F616C
 #: The SQLSTATE of a session's write opened on a state another writer changed since (``goald_check``).
-STALE_STATE = "GD001"
+STALE_STATE = "GD002"
 
 
 class SqliteBackend:

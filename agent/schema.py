@@ -263,7 +263,7 @@ $begin$;
         # PostgreSQL only: a session's write opened on the state this node last committed for it
         # (agent.backends.PgBackend.begin), sent with the transaction's first statement: the same
         # locks as goald_begin, then the state compared with the one the write was decided on; if
-        # another writer changed it meanwhile the transaction fails (SQLSTATE GD001, agent.backends.
+        # another writer changed it meanwhile the transaction fails (SQLSTATE GD002, agent.backends.
         # STALE_STATE) and the store runs the write again on the state read (agent.store.Store._run_tx).
         summary="a session's write opened on the state this node knows, checked after its locks",
         sql="",
@@ -277,7 +277,7 @@ BEGIN
     SELECT * INTO st FROM goald_begin(writer_lock, session_locks, sid, status_type);
     IF NOT FOUND OR GREATEST(st.top, st.watermark) <> known_seq
         OR COALESCE(st.status_seq, 0) <> known_status_seq OR st.open_turn IS DISTINCT FROM known_turn THEN
-        RAISE EXCEPTION 'session % changed since this node last wrote it', sid USING ERRCODE = 'GD001';
+        RAISE EXCEPTION 'session % changed since this node last wrote it', sid USING ERRCODE = 'GD002';
     END IF;
     RETURN TRUE;
 END

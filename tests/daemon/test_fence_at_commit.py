@@ -131,6 +131,40 @@ async def test_a_write_that_fails_otherwise_reports_the_lost_lease(node: tuple[S
     assert count_queued(dsn, sid) == 0
 
 
+def another_nodes_event(dsn: str, sid: str) -> None:
+    """An event of the session committed elsewhere, unannounced: the store's known state is stale."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO events(session_id, seq, type, data, at)"
+            " SELECT %s, MAX(seq) + 1, 'test/elsewhere', '{}', 'now' FROM events WHERE session_id = %s",
+            (sid, sid),
+        )
+
+
+@pytest.mark.parametrize("lease", ["held", "lost"])
+async def test_a_write_on_a_stale_known_state_runs_again_unless_its_lease_was_lost(
+    node: tuple[Store, str], lease: str
+) -> None:
+    """A write opened on the state this node knows (agent.backends.PgBackend.begin) fails as stale
+    (SQLSTATE GD002) when the session changed elsewhere; run again only while the lease is held: a
+    lost lease (GD001, in the same COMMIT's text) is what the writer hears of, and nothing is run again."""
+    store, dsn = node
+    sid = await leased(store, dsn)
+    await store.transact(driving_write(sid), session=sid)  # this node knows the session's state now
+    another_nodes_event(dsn, sid)
+    if lease == "lost":
+        take_over(dsn, sid)
+    runs: list[int] = []
+    write = driving_write(sid, during=lambda: runs.append(1))
+    if lease == "lost":
+        with pytest.raises(LeaseLost, match="node-b"):
+            await store.transact(write, session=sid)
+        assert runs == [1] and store.reruns == 0 and count_queued(dsn, sid) == 1
+    else:
+        await store.transact(write, session=sid)
+        assert runs == [1, 1] and store.reruns == 1 and count_queued(dsn, sid) == 2
+
+
 def test_the_cluster_jobs_locks_are_apart_from_every_write_lock() -> None:
     """A job's session-level lock (``pg_try_advisory_lock(JOB_CLASS, key)``, held for as long as a
     node runs the job) shares no key with a session's write lock (``SESSION_LOCKS``, the hash of its
