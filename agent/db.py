@@ -274,6 +274,8 @@ class PgConn:
     def open_later(self, text: str) -> None:
         """Send ``text`` (a transaction's ``BEGIN`` and its locks, statements of no parameters) first
         in the next round trip: the transaction's first statement or its ``COMMIT``."""
+        if self.trace is not None:
+            self.trace(text)
         self._opening = text
 
     def drop_pending(self) -> None:

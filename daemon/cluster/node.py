@@ -84,7 +84,9 @@ async def _take_up(
         tx.fence(session_id)
         return settle_orphans(tx, repair(tx, subtree), subtree[1:])
 
-    with_work = await rt.store.transact(fix)
+    # A session without subagents is repaired under its own lock (the writer lock shared: the other
+    # sessions' writes go on meanwhile); a tree touches several sessions: the cluster to itself.
+    with_work = await rt.store.transact(fix, session=session_id if len(subtree) == 1 else None)
     # Held, so of use here: read now, it is published from this read on even when a notification of
     # another node's commit to it is lost (the slow poll covers it: agent.relay.follow).
     with contextlib.suppress(NotFound):
