@@ -59,6 +59,9 @@ DEFAULT_CONNECTIONS = 8
 NO_SESSION = ""
 #: The first key of a session's advisory lock (``goal`` in ASCII); the second is the hash of its id.
 SESSION_LOCKS = 0x676F616C
+#: The first key of a named lock (``goan`` in ASCII; the second is the hash of its name): a write bound
+#: to no session whose invariants are that name's holds it and the writer lock shared (:meth:`PgBackend.begin`).
+NAMED_LOCKS = 0x676F616E
 #: The SQLSTATE of a session's write opened on a state another writer changed since (``goald_check``).
 STALE_STATE = "GD002"
 
@@ -70,7 +73,9 @@ class SqliteBackend:
     begin_read = "BEGIN"
 
     @staticmethod
-    def begin(conn: Conn, session: str | None = None, known: SessionState | None = None) -> Any:
+    def begin(
+        conn: Conn, session: str | None = None, known: SessionState | None = None, named: str | None = None
+    ) -> Any:
         """Open a write transaction: the file's one writer lock (whatever ``session`` says). Returns
         no state row (a SQLite store caches sessions' states: it is their one writer)."""
         conn.execute("BEGIN IMMEDIATE")
@@ -157,7 +162,9 @@ class PgBackend:
     begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
     @staticmethod
-    def begin(conn: Conn, session: str | None = None, known: SessionState | None = None) -> Any:
+    def begin(
+        conn: Conn, session: str | None = None, known: SessionState | None = None, named: str | None = None
+    ) -> Any:
         """Open a write transaction and take the writer lock, in one round trip (the statements in
         one text: PostgreSQL's simple query protocol). Exclusive: the transaction runs alone in the
         cluster. With ``session``, for a transaction whose invariants are that session's own: the
@@ -174,10 +181,18 @@ class PgBackend:
         that the state is still ``known`` (``goald_check``, :mod:`agent.schema`'s version 7), which
         fails the transaction otherwise (:meth:`stale`): every statement runs after the locks, and
         what was decided on ``known`` commits only if it was current. A write whose only statements
-        are deferred is one round trip."""
+        are deferred is one round trip.
+
+        With ``named`` (and no ``session``): the writer lock shared and that name's lock, for a write
+        whose invariants are that name's (the outbox's: notifications sealed once, each delivery
+        recorded once): such writes run one at a time, and sessions' writes go on meanwhile."""
         assert isinstance(conn, PgConn)
         if session is None:
-            conn.script(f"BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK})")
+            lock = f"pg_advisory_xact_lock({WRITER_LOCK})"
+            if named is not None:
+                name = f"{NAMED_LOCKS}, hashtext({quoted(conn, named)})"
+                lock = f"pg_advisory_xact_lock_shared({WRITER_LOCK}), pg_advisory_xact_lock({name})"
+            conn.script(f"BEGIN; SELECT {lock}")
             return None
         from agent.events import EventType
 
@@ -391,6 +406,7 @@ Backend = SqliteBackend | PgBackend
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
+    "NAMED_LOCKS",
     "NO_SESSION",
     "SESSION_LOCKS",
     "STALE_STATE",

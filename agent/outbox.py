@@ -44,6 +44,13 @@ from agent.ids import TypedId
 from agent.store import Store
 from agent.tx import Tx
 
+#: The name whose lock the outbox's own writes hold (:meth:`agent.store.Store.transact`'s ``named``):
+#: sealing notifications, recording a delivery's attempts, pruning. On PostgreSQL they run one at a
+#: time across the cluster (a message sealed once, each attempt recorded once) with the writer lock
+#: only shared: the sessions' writes, which add notifications, go on meanwhile; a notification
+#: committed while a seal runs waits for the next one.
+LOCK = "outbox"
+
 #: How many notification payloads a grouped message carries in full (the ids and count are all there).
 GROUP_PAYLOADS = 20
 

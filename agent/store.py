@@ -85,8 +85,7 @@ class Store:
         #: Per session, its state as this process last committed it: SQLite's own (agent.tx); on
         #: PostgreSQL what the session's next write is opened on, checked (PgBackend.begin).
         self._states: dict[str, SessionState] = {}
-        #: Writes run again because another writer changed their session's state since this process
-        #: last committed it (PostgreSQL: :meth:`agent.backends.PgBackend.begin`; 0 on SQLite).
+        #: Writes run again: their session changed since this process last committed it (PgBackend.begin).
         self.reruns = 0
         self._reruns_lock = threading.Lock()
         self._closed = False
@@ -255,17 +254,18 @@ class Store:
         else:
             done.set_result(result)
 
-    async def transact(self, fn: Callable[[Tx], T], *, session: str | None = None) -> T:
+    async def transact(self, fn: Callable[[Tx], T], *, session: str | None = None, named: str | None = None) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` … ``COMMIT`` on the store thread.
 
         If ``fn`` raises, the transaction rolls back, no event is published and the cached
         session state is unchanged. Committed events reach listeners before this returns.
 
-        ``session``: every invariant ``fn`` relies on is that session's own; on PostgreSQL it holds
-        the writer lock shared and the session's lock (:meth:`PgBackend.begin
+        ``session``: every invariant ``fn`` relies on is that session's own; ``named``: they are what
+        that name's lock guards (:data:`agent.outbox.LOCK`). On PostgreSQL either holds the writer
+        lock shared and the session's or the name's lock (:meth:`PgBackend.begin
         <agent.backends.PgBackend.begin>`; ``docs/architecture.md``, "The writer lock").
         """
-        return await self._call(lambda: self._run_tx(fn, session), NO_SESSION if session is None else session)
+        return await self._call(lambda: self._run_tx(fn, session, named=named), session or NO_SESSION)
 
     async def timed_transact(self, fn: Callable[[Tx], T]) -> tuple[T, float]:
         """:meth:`transact`, also returning the seconds the transaction held the writer (from its
@@ -297,15 +297,17 @@ class Store:
             self._backend.broke()  # the other connections are made again before their next use
         return failure
 
-    def _run_tx(self, fn: Callable[[Tx], T], session: str | None = None, optimistic: bool = True) -> T:
+    def _run_tx(
+        self, fn: Callable[[Tx], T], session: str | None = None, optimistic: bool = True, named: str | None = None
+    ) -> T:
         try:
             conn = self._raw()
             # PostgreSQL only: a SQLite write holds the file's one lock, every session included.
             backend = self._backend
-            lock = backend.lock_session if session is not None and isinstance(backend, PgBackend) else None
+            lock = backend.lock_session if (session or named) is not None and isinstance(backend, PgBackend) else None
             tx = Tx(self, conn, session=session, lock=lock)
             known = self._states.get(session) if lock is not None and session is not None and optimistic else None
-            row = backend.begin(conn, session, known)
+            row = backend.begin(conn, session, known, named)
             if row is not None and session is not None:
                 tx.preload(session, dataclasses.replace(known) if known is not None else state_of_row(row, session))
             try:
@@ -334,9 +336,9 @@ class Store:
                 self._states.pop(session, None)
                 with self._reruns_lock:
                     self.reruns += 1
-                return self._run_tx(fn, session, optimistic=False)
+                return self._run_tx(fn, session, optimistic=False, named=named)
             if self.reserve is not None and self.reserve.release_for(exc, self.location):
-                return self._run_tx(fn, session)  # the disk was full: once more, with the reserve freed
+                return self._run_tx(fn, session, named=named)  # the disk was full: once more, reserve freed
             failure = self._failure_of(exc)
             if failure is None:
                 raise

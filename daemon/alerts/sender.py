@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 
 from agent import StorageUnavailable
-from agent.outbox import Attempt, Due, due, has_unsealed, next_due, prune, record, seal, signal_of
+from agent.outbox import LOCK, Attempt, Due, due, has_unsealed, next_due, prune, record, seal, signal_of
 from agent.store import Store
 from daemon.alerts.config import NotifySettings
 from daemon.alerts.payload import payload_of
@@ -105,7 +105,9 @@ class Sender:
         seal_wait = None
         # Sealing takes the writer lock alone (every node's sender seals): only when there is something.
         if await self.store.read(has_unsealed):
-            seal_wait = await self.store.transact(lambda tx: seal(tx, conf.group_window_seconds, conf.sinks_for))
+            seal_wait = await self.store.transact(
+                lambda tx: seal(tx, conf.group_window_seconds, conf.sinks_for), named=LOCK
+            )
         names = list(self.sinks)
         while True:
             now = self.clock()
@@ -149,7 +151,9 @@ class Sender:
         if not outcome.ok and not outcome.permanent and attempt < self.conf.max_attempts:
             delay = min(self.conf.retry_max_seconds, self.conf.retry_first_seconds * 2 ** (attempt - 1))
             retry_at = self.clock() + timedelta(seconds=delay)
-        await self.store.transact(lambda tx: record(tx, d.message.id, sink.name, attempt, outcome, retry_at))
+        await self.store.transact(
+            lambda tx: record(tx, d.message.id, sink.name, attempt, outcome, retry_at), named=LOCK
+        )
         self.recorded.set()
         if outcome.ok:
             self.delivered += 1
@@ -188,6 +192,6 @@ class Sender:
             return
         self._pruned_at = loop_now
         before = self.clock() - timedelta(seconds=self.conf.keep_seconds)
-        gone = await self.store.transact(lambda tx: prune(tx, before))
+        gone = await self.store.transact(lambda tx: prune(tx, before), named=LOCK)
         if gone:
             logger.info("pruned {} delivered notification message(s)", gone)

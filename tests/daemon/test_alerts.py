@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from webhook_server import WebhookServer, fail_first
 
+from agent.backends import NAMED_LOCKS, WRITER_LOCK
 from agent.models.health import CircuitBreaker
 from agent.outbox import attempts, backlog, put
 from agent.store import Store
@@ -315,9 +316,10 @@ def test_bad_notify_config_is_refused_naming_the_key(tmp_path: Path, toml: str, 
 
 
 async def test_a_step_with_nothing_to_seal_takes_no_writer_lock(pg_dsn: str) -> None:
-    """On PostgreSQL sealing takes the cluster's writer lock alone, holding every node's writes for
-    its round trips: a sender's step (each node's, every couple of seconds) that finds nothing
-    unsealed reads, and opens no write; one that finds a notification seals it."""
+    """On PostgreSQL sealing takes the outbox's lock, the writer lock shared (it once took the writer
+    lock alone, holding every node's writes for its round trips): a sender's step (each node's, every
+    couple of seconds) that finds nothing unsealed reads, and opens no write; one that finds a
+    notification seals it (tests/daemon/test_outbox_lock.py: beside the sessions' writes)."""
     store = await Store.open(pg_dsn)
     try:
         sender = Sender(store, settings(), {})
@@ -331,7 +333,8 @@ async def test_a_step_with_nothing_to_seal_takes_no_writer_lock(pg_dsn: str) -> 
             nid = await store.transact(lambda tx: put(tx, "goal_completed", goal_payload(1, "verified")))
             statements.clear()
             await sender.step()
-            assert [s for s in statements if "pg_advisory_xact_lock" in s], statements
+            [lock] = [s for s in statements if "pg_advisory_xact_lock" in s]
+            assert f"pg_advisory_xact_lock_shared({WRITER_LOCK}), pg_advisory_xact_lock({NAMED_LOCKS}, " in lock
         finally:
             await store.trace(None)
         assert (await store.read(backlog))["unsealed"] == 0
