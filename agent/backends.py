@@ -165,15 +165,16 @@ class PgBackend:
     def begin(
         conn: Conn, session: str | None = None, known: SessionState | None = None, named: str | None = None
     ) -> Any:
-        """Open a write transaction and take the writer lock, in one round trip (the statements in
-        one text: PostgreSQL's simple query protocol). Exclusive: the transaction runs alone in the
-        cluster. With ``session``, for a transaction whose invariants are that session's own: the
-        writer lock shared and the session's lock (:meth:`lock_session`), so that such
-        transactions of different sessions run at once, on every node, while one that needs the
-        cluster to itself still waits for all of them (and they for it); and then, in the same
-        statement (the ``goald_begin`` function, :mod:`agent.schema`'s version 6), the session's
-        state (the columns of :func:`agent.tx.state_query`), whose row is returned (``None``: no
-        such session) — read after the locks, so it is current.
+        """Open a write transaction and take the writer lock (the statements in one text: PostgreSQL's
+        simple query protocol), sent first in the transaction's first round trip, its first statement or its
+        ``COMMIT`` (:meth:`agent.db.PgConn.open_later`): every statement runs after the lock. Exclusive: the
+        transaction runs alone in the cluster. With ``session``, for a transaction whose invariants are that
+        session's own: the writer lock shared and the session's lock (:meth:`lock_session`), so that such
+        transactions of different sessions run at once, on every node, while one that needs the cluster to
+        itself still waits for all of them (and they for it); and then, in the same statement (the
+        ``goald_begin`` function, :mod:`agent.schema`'s version 6), the session's state (the columns of
+        :func:`agent.tx.state_query`), whose row is returned (``None``: no such session) — read after the
+        locks, so it is current.
 
         With ``known`` (the session's state as this node last committed it), nothing is sent now and
         ``known`` is returned: the opening goes first in the transaction's next round trip (its first
@@ -192,7 +193,7 @@ class PgBackend:
             if named is not None:
                 name = f"{NAMED_LOCKS}, hashtext({quoted(conn, named)})"
                 lock = f"pg_advisory_xact_lock_shared({WRITER_LOCK}), pg_advisory_xact_lock({name})"
-            conn.script(f"BEGIN; SELECT {lock}")
+            conn.open_later(f"BEGIN; SELECT {lock}")  # with the first statement: every one after the lock
             return None
         from agent.events import EventType
 

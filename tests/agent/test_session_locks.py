@@ -7,7 +7,7 @@ known point (a ``threading.Event`` on A's store thread) and looks at what node B
 
 * another session's write commits while A's is still open (they overlap: before, B waited);
 * a write of A's session waits: PostgreSQL shows it waiting on an advisory lock, and its function
-  starts only after A's has ended;
+  runs its first statement only after A's has ended;
 * a write that needs the cluster to itself waits the same way.
 
 What B waits on is read from ``pg_locks``, not guessed from a time.
@@ -115,6 +115,8 @@ async def test_a_write_of_the_same_session_or_of_the_cluster_waits(nodes: tuple[
     started_b: list[float] = []
 
     def write_b(tx: Tx) -> None:
+        # Its first statement goes with the transaction's opening (or after it): it runs after the locks.
+        tx.one("SELECT 1")
         started_b.append(time.monotonic())
         add(tx, s1, "from b")
 
@@ -127,6 +129,6 @@ async def test_a_write_of_the_same_session_or_of_the_cluster_waits(nodes: tuple[
         held.release()
     await task
     await asyncio.wait_for(other, LIMIT)
-    assert started_b and started_b[0] > held.ended_at  # B's function began only after A's had ended
+    assert started_b and started_b[0] > held.ended_at  # B's first statement ran only after A's had ended
     seqs = [e.seq for e in await a.events_after(s1, 0)]
     assert seqs == list(range(1, len(seqs) + 1))  # one gap-free sequence, whichever node wrote
