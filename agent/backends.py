@@ -188,6 +188,7 @@ class PgBackend:
         whose invariants are that name's (the outbox's: notifications sealed once, each delivery
         recorded once): such writes run one at a time, and sessions' writes go on meanwhile."""
         assert isinstance(conn, PgConn)
+        conn.ended = False
         if session is None:
             lock = f"pg_advisory_xact_lock({WRITER_LOCK})"
             if named is not None:
@@ -234,6 +235,9 @@ class PgBackend:
         need no parameters and go as one text (a statement that fails ends the text there, and the
         transaction is rolled back; a notice is only delivered by the ``COMMIT``)."""
         assert isinstance(conn, PgConn)
+        if conn.ended:  # committed with its last read (agent.tx.Tx.last_read): nothing was written after
+            conn.ended = False
+            return
         deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
         if not notes and not first and not deferred:
             conn.execute("COMMIT")

@@ -232,6 +232,16 @@ def configure(raw: psycopg.Connection[Any]) -> None:
 _INSERT_ROW = re.compile(r"(INSERT INTO \w+\([\w, ]+\)) VALUES (\([?, ]+\))")
 
 
+class _Rows(list[Any]):
+    """A read's rows, already fetched, as a cursor gives them (:meth:`PgConn.end_with_next`)."""
+
+    def fetchone(self) -> Any:
+        return self[0] if self else None
+
+    def fetchall(self) -> list[Any]:
+        return list(self)
+
+
 class PgConn:
     """A psycopg 3 connection (autocommit; goald sends its own ``BEGIN``/``COMMIT``) behind :class:`Conn`."""
 
@@ -245,6 +255,10 @@ class PgConn:
         self._deferred: list[tuple[str | None, str]] = []
         #: A transaction's opening not sent yet (:meth:`open_later`): it goes first in the next text.
         self._opening: str | None = None
+        #: :meth:`end_with_next` asked: the next statement carries the ``COMMIT``; then ``ended``.
+        self._ending = False
+        #: The transaction was committed with its last read (:meth:`end_with_next`).
+        self.ended = False
         #: Client round trips made (each ``execute`` of the driver: one statement or one text).
         self.trips = 0
         self._client: Any = None  # a ClientCursor, made on the first deferred statement (_literal)
@@ -265,6 +279,8 @@ class PgConn:
         result nobody reads; what is deferred is read by every later statement, as if it had run."""
         if self.trace is not None:
             self.trace(sql)
+        if self.ended:
+            raise RuntimeError("the transaction was committed with its last read: nothing more is sent in it")
         insert = _INSERT_ROW.fullmatch(sql)
         if insert is not None:
             self._deferred.append((insert[1], self._literal(insert[2], parameters)))
@@ -280,7 +296,14 @@ class PgConn:
 
     def drop_pending(self) -> None:
         """Forget what was to go with the next statement (a transaction that failed before sending it)."""
-        self._deferred, self._opening = [], None
+        self._deferred, self._opening, self._ending, self.ended = [], None, False, False
+
+    def end_with_next(self) -> bool:
+        """Send the ``COMMIT`` with the next statement, the transaction's last, a read (whose rows
+        :meth:`execute` returns): one round trip less. Only in a transaction that has deferred
+        nothing (whatever it wrote before is committed by it); returns whether it will be so."""
+        self._ending = not self._deferred
+        return self._ending
 
     def _pending(self) -> list[str]:
         """What goes first in this round trip: the transaction's opening, then what was deferred."""
@@ -306,7 +329,11 @@ class PgConn:
         round trip with it)."""
         if self.trace is not None:
             self.trace(sql)
+        if self.ended:
+            raise RuntimeError("the transaction was committed with its last read: nothing more is sent in it")
         self.trips += 1
+        if self._ending:
+            return self._read_and_commit(sql, parameters)
         if self._deferred or self._opening is not None:
             text = "; ".join([*self._pending(), self._literal(sql, parameters)])
             cursor = self.raw.execute(text.encode(), prepare=False)
@@ -315,6 +342,17 @@ class PgConn:
             return cursor
         # Always parameters (maybe none): psycopg then turns the escaped ``%%`` back into ``%``.
         return self.raw.execute(pg_sql(sql), parameters or ())
+
+    def _read_and_commit(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> Any:
+        """``sql`` with what is pending before it and the ``COMMIT`` after it, in one text: its rows."""
+        self._ending, self.ended = False, True
+        cursor = self.raw.execute("; ".join([*self._pending(), self._literal(sql, parameters), "COMMIT"]).encode())
+        results: list[list[Any] | None] = []
+        while True:  # every statement's result in turn: the read's is the one before the COMMIT's
+            results.append(cursor.fetchall() if cursor.description is not None else None)
+            if not cursor.nextset():
+                break
+        return _Rows(results[-2] or [])
 
     def script(self, sql: str) -> Any:
         """Run several statements with no parameters (a migration's DDL, a transaction's opening or

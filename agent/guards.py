@@ -64,6 +64,7 @@ def load_guard(tx: Tx, guard_id: str) -> SpendGuard:
     row = tx.one("SELECT * FROM guards WHERE id=?", (guard_id,))
     if row is None:
         raise NotFound(f"no spend guard {guard_id}")
+    tx.last_read()  # the COMMIT goes with it: a load writes nothing
     tokens, cost = usage_of_guard(tx, guard_id)
     limits = Limits(
         max_tokens=row["max_tokens"],

@@ -165,6 +165,13 @@ class Tx:
         else:
             self.conn.execute(sql, params)
 
+    def last_read(self) -> None:
+        """The next statement is this transaction's last, a read: on PostgreSQL the ``COMMIT`` goes with
+        it, in its round trip, when the transaction has written nothing (no event, no fence, nothing
+        deferred); the function returns after it and sends nothing more (:meth:`agent.db.PgConn.end_with_next`)."""
+        if isinstance(self.conn, PgConn) and not self.events and not self.at_commit:
+            self.conn.end_with_next()
+
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         """Run a query and return its first row (``None``: no row)."""
         return self.conn.execute(sql, params).fetchone()

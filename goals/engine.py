@@ -376,11 +376,10 @@ def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:
     goal = load_goal(tx, goal_id)
     st = tx.state(goal.session_id)
     live_idle = goal.status.live and st.status is AgentStatus.IDLE and st.open_turn is None
-    events = (
-        read_events(tx.conn, goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
-        if live_idle
-        else []
-    )
+    if not live_idle:
+        return goal, dataclasses.replace(st), []
+    tx.last_read()  # the COMMIT goes with it: nothing is written here
+    events = read_events(tx.conn, goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
     return goal, dataclasses.replace(st), events
 
 
