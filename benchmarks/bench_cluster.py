@@ -86,6 +86,7 @@ from pg_measures import (
     print_probe,
     print_statements,
     probe,
+    reruns,
     round_trips,
     rpc,
     start_server,
@@ -255,6 +256,8 @@ class Rounds:
     locks: tuple[float, float, float] | None = None
     #: Through a relay: its median round trip while the run went (:class:`LockSampler`), in ms.
     link_ms: float | None = None
+    #: PostgreSQL only: writes run again on a session changed since their node last wrote it.
+    reruns: int | None = None
 
 
 async def measure_rounds(
@@ -282,7 +285,7 @@ async def measure_rounds(
             locks = sampler.stop() if sampler is not None else None
         seconds = time.perf_counter() - t0
         after = statement_counts(db)
-        trips_after = await round_trips(live)
+        trips_after, rerun = await round_trips(live), await reruns(live)
         done = sum(r[0] for r in db.q("SELECT rounds FROM goals"))
         if SHOW_STATEMENTS and not isinstance(store, Path):
             print_statements(label, table, statement_table(db), done)
@@ -313,6 +316,7 @@ async def measure_rounds(
         out.steady = steady(db, but=solo["sessionId"])
         out.locks = locks
         out.link_ms = sampler.link_ms() if sampler is not None else None
+        out.reruns = rerun
         return out
     finally:
         if db is not None:
@@ -501,6 +505,7 @@ async def all_rounds(
 
 def _said(r: Rounds, link: Link) -> Rounds:
     trip = f"; measured round trip {link.measured_ms:.2f} ms" if link.measured_ms is not None else ""
+    trip += f"; {r.reruns} writes run again (their session changed)" if r.reruns is not None else ""
     print(
         f"{r.label}: {r.rounds} rounds in {r.seconds:.1f} s = {r.rounds / r.seconds:.1f} rounds/s;"
         f" idle->continuation median {statistics.median(r.latencies) * 1000:.1f} ms (load {r.load:.1f}){trip}",

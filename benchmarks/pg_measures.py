@@ -118,6 +118,14 @@ async def round_trips(nodes: list[Any]) -> int | None:
     return None if any(c is None for c in counts) else sum(counts)
 
 
+async def reruns(nodes: list[Any]) -> int | None:
+    """The writes the daemons ran again since they started because their session had changed since
+    they last committed it (``daemon/health``'s ``storeReruns``). None on SQLite (always 0 there)."""
+    if any((await rpc(d.socket_path, "daemon/health")).get("storeRoundTrips") is None for d in nodes):
+        return None
+    return sum(int((await rpc(d.socket_path, "daemon/health"))["storeReruns"]) for d in nodes)
+
+
 def statement_table(db: Db) -> dict[str, int]:
     """``pg_stat_statements``' calls by the daemons' role in this database so far, per statement."""
     if isinstance(db.store, Path):
