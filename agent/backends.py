@@ -215,8 +215,12 @@ class PgBackend:
 
     @staticmethod
     def stale(exc: BaseException) -> bool:
-        """Whether ``exc`` is a write's opening that found its session changed (:meth:`begin`'s ``known``)."""
-        return getattr(exc, "sqlstate", None) == STALE_STATE
+        """Whether ``exc``, or an error it was raised while handling, is a write's opening that found
+        its session changed (:meth:`begin`'s ``known``): then the transaction failed there."""
+        seen: BaseException | None = exc
+        while seen is not None and getattr(seen, "sqlstate", None) != STALE_STATE:
+            seen = seen.__context__
+        return seen is not None
 
     @staticmethod
     def lock_session(conn: Conn, session_id: str) -> None:

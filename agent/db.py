@@ -137,7 +137,10 @@ def savepoint(conn: Conn, name: str = "goald_sp") -> Iterator[None]:
     try:
         yield
     except BaseException:
-        conn.script(f"ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}")
+        # Not made if what failed came before it in that round trip (the transaction's opening found
+        # its session changed, an earlier deferred statement failed): that failure is what propagates.
+        with contextlib.suppress(psycopg_module().errors.InvalidSavepointSpecification):
+            conn.script(f"ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}")
         raise
     conn.defer(f"RELEASE SAVEPOINT {name}")
 

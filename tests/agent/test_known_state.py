@@ -12,7 +12,10 @@ compares the state with the known one and fails the transaction if another write
 * a write decided on a state another node changed since is run again on the current one: its
   first run's statements are never committed, its events follow the other node's, gap-free;
 * each part of the state is checked (the last sequence number, the status event's, the open turn);
-* a write that fails before its first statement sends nothing and leaves the known state as it was.
+* a write that fails before its first statement sends nothing and leaves the known state as it was;
+* a write whose first statement is in a savepoint (a message queued under a ``pending_key``) runs
+  again too: the savepoint's own rollback fails once the check has failed, and the check's failure
+  is what counts.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agent.errors import InvalidInput
+from agent.inbox import enqueue
+from agent.messages import parse_content
 from agent.sessions import create_session
 from agent.store import Store
 from agent.tx import SessionState, Tx
@@ -129,3 +134,21 @@ async def test_a_write_that_fails_before_its_first_statement_sends_nothing(nodes
     assert known(a, sid) == state
     await a.transact(lambda tx: tx.emit(sid, "test/a2", {}), session=sid)
     assert [t for _, t in await stored(a, sid)][-2:] == ["test/a1", "test/a2"]
+
+
+async def test_a_write_whose_first_statement_is_in_a_savepoint_runs_again(nodes: tuple[Store, Store]) -> None:
+    a, _ = nodes
+    sid = await a.transact(lambda tx: create_session(tx))
+    await a.transact(lambda tx: tx.emit(sid, "test/a1", {}), session=sid)
+    actual = known(a, sid)
+    a._states[sid] = dataclasses.replace(actual, last_seq=actual.last_seq - 1)
+    runs: list[int] = []
+
+    def queue(tx: Tx) -> int:
+        runs.append(tx.state(sid).last_seq)
+        return enqueue(tx, sid, parse_content("queued under a key"), pending_key="k").seq
+
+    seq = await a.transact(queue, session=sid)
+    assert runs == [actual.last_seq - 1, actual.last_seq] and seq == actual.last_seq + 1
+    assert (seq, "message/queued") in await stored(a, sid)
+    assert a.reruns == 1
