@@ -121,9 +121,10 @@ async def round_trips(nodes: list[Any]) -> int | None:
 async def reruns(nodes: list[Any]) -> int | None:
     """The writes the daemons ran again since they started because their session had changed since
     they last committed it (``daemon/health``'s ``storeReruns``). None on SQLite (always 0 there)."""
-    if any((await rpc(d.socket_path, "daemon/health")).get("storeRoundTrips") is None for d in nodes):
+    healths = [await rpc(d.socket_path, "daemon/health") for d in nodes]
+    if any(h.get("storeRoundTrips") is None for h in healths):
         return None
-    return sum(int((await rpc(d.socket_path, "daemon/health"))["storeReruns"]) for d in nodes)
+    return sum(int(h["storeReruns"]) for h in healths)
 
 
 def statement_table(db: Db) -> dict[str, int]:
