@@ -301,12 +301,11 @@ class PgConn:
         """Forget what was to go with the next statement (a transaction that failed before sending it)."""
         self._deferred, self._opening, self._ending, self.ended = [], None, False, False
 
-    def end_with_next(self) -> bool:
+    def end_with_next(self) -> None:
         """Send the ``COMMIT`` with the next statement, the transaction's last, a read (whose rows
         :meth:`execute` returns): one round trip less. Only in a transaction that has deferred
-        nothing (whatever it wrote before is committed by it); returns whether it will be so."""
+        nothing (else the ``COMMIT`` goes as usual, after the function)."""
         self._ending = not self._deferred
-        return self._ending
 
     def _pending(self) -> list[str]:
         """What goes first in this round trip: the transaction's opening, then what was deferred."""
@@ -349,7 +348,8 @@ class PgConn:
     def _read_and_commit(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> Any:
         """``sql`` with what is pending before it and the ``COMMIT`` after it, in one text: its rows."""
         self._ending, self.ended = False, True
-        cursor = self.raw.execute("; ".join([*self._pending(), self._literal(sql, parameters), "COMMIT"]).encode())
+        text = "; ".join([*self._pending(), self._literal(sql, parameters), "COMMIT"])
+        cursor = self.raw.execute(text.encode(), prepare=False)
         results: list[list[Any] | None] = []
         while True:  # every statement's result in turn: the read's is the one before the COMMIT's
             results.append(cursor.fetchall() if cursor.description is not None else None)

@@ -103,7 +103,7 @@ class Sender:
         """Seal, deliver what is due, and return the seconds until something is due again."""
         conf = self.conf
         seal_wait = None
-        # Sealing takes the writer lock alone (every node's sender seals): only when there is something.
+        # Sealing takes the outbox's lock (every node's sender seals): only when there is something.
         if await self.store.read(has_unsealed):
             seal_wait = await self.store.transact(
                 lambda tx: seal(tx, conf.group_window_seconds, conf.sinks_for), named=LOCK
