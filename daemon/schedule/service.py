@@ -232,11 +232,14 @@ class Scheduler(DueInstants):
         """Resume a suspended schedule, following its misfire policy for the instants skipped while
         it was suspended (as Kubernetes does for a CronJob unsuspended): ``coalesce`` fires once now
         for the latest of them, unless it is older than the starting deadline; ``skip`` fires
-        nothing. Returns the schedule and the run of that fire (``None``: none)."""
-        before, changed = await self.store.transact(lambda tx: set_suspended(tx, ref, False))
+        nothing. Returns the schedule and the run of that fire (``None``: none). Taken under the
+        schedule's lock, as a suspension is: a fire in flight on this node that read the schedule
+        suspended records its skip before the resumption, never after it."""
+        schedule_id = await self.store.read(lambda conn: resolve_schedule(conn, ref))
         run = None
-        if changed and before.misfire == "coalesce":
-            async with self._lock(before.id):
+        async with self._lock(schedule_id):
+            before, changed = await self.store.transact(lambda tx: set_suspended(tx, schedule_id, False))
+            if changed and before.misfire == "coalesce":
                 latest = await self.runs(before.id, 1)
                 skipped = latest[0] if latest and latest[0].outcome == RunOutcome.SKIPPED_SUSPENDED else None
                 if skipped is not None:

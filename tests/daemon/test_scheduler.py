@@ -374,6 +374,38 @@ async def test_late_wakeups_are_coalesced_and_the_deadline_holds(store: Store) -
         assert len(await sch.runs(sched.id, limit=100)) == 4 and len(goals.fired) == 1
 
 
+async def test_a_skip_in_flight_is_recorded_before_the_resumption(store: Store, monkeypatch: Any) -> None:
+    """A job that read its schedule suspended records its skip before a resumption commits, never
+    after it: the schedule's events say what happened in the order it happened (resume waits for
+    the schedule's lock, as suspend does)."""
+    goals = Goals()
+    async with running(store, goals, FixedClock(h(1))) as sch:
+        sched = await sch.add(spec(misfire="skip"))
+        await sch.suspend(sched.id)
+        read, gate = asyncio.Event(), asyncio.Event()
+        plain = store.read
+
+        async def held(fn: Any, **kw: Any) -> Any:
+            got = await plain(fn, **kw)
+            if isinstance(got, Schedule) and got.suspended_at is not None and not read.is_set():
+                read.set()  # the job read the schedule suspended: hold it there
+                await gate.wait()
+            return got
+
+        monkeypatch.setattr(store, "read", held)
+        job = asyncio.create_task(sch._run_due(sched.id, [h(1)]))
+        await asyncio.wait_for(read.wait(), 10)
+        resuming = asyncio.create_task(sch.resume(sched.id))
+        await asyncio.sleep(0)  # the resumption starts (it resolves its reference, then waits for the lock)
+        gate.set()
+        await asyncio.wait_for(job, 10)
+        resumed, run = await asyncio.wait_for(resuming, 10)
+        assert resumed.suspended_at is None and run is None
+        assert outcomes(await sch.runs(sched.id)) == [("01:00", "skipped_suspended")]
+    kinds = [(e.data.get("change") or e.data.get("outcome")) for e in await schedule_events(store, sched)]
+    assert kinds == ["added", "suspended", "skipped_suspended", "resumed"]
+
+
 # -- APScheduler does the timing -----------------------------------------------------------------
 
 
