@@ -188,7 +188,7 @@ class PgBackend:
         whose invariants are that name's (the outbox's: notifications sealed once, each delivery
         recorded once): such writes run one at a time, and sessions' writes go on meanwhile."""
         assert isinstance(conn, PgConn)
-        conn.ended = False
+        conn.drop_pending()  # nothing of an earlier transaction goes with this one
         if session is None:
             lock = f"pg_advisory_xact_lock({WRITER_LOCK})"
             if named is not None:

@@ -22,8 +22,9 @@ body) asks :func:`is_postgres` and says so where it branches.
 
 Two behaviours differ and every caller that meets them uses the helpers here: a statement that
 fails inside a PostgreSQL transaction aborts the whole transaction, so a caller that catches a
-constraint error and goes on wraps the statement in :func:`savepoint`; and the constraint errors
-are caught as :func:`integrity_errors` (either driver's).
+constraint error and goes on wraps the statement in :func:`savepoint` (a refusal that is the
+caller's error instead fails the transaction on both stores: :meth:`agent.tx.Tx.write`); and the
+constraint errors are caught as :func:`integrity_errors` (either driver's).
 
 psycopg is an extra (``pip install 'goald[postgresql]'``) and imported only for a PostgreSQL store
 (:func:`psycopg_module`): a SQLite daemon never loads it. Until it is loaded no psycopg error can
@@ -264,6 +265,10 @@ class PgConn:
         self.ended = False
         #: Client round trips made (each ``execute`` of the driver: one statement or one text).
         self.trips = 0
+        #: The transaction's deferred statements' refusals (:meth:`defer`'s ``refused``): each maps
+        #: a failure of its own statement to the caller's error, ``None`` for any other failure.
+        self._refused: list[Callable[[Exception], BaseException | None]] = []
+        self._failed: BaseException | None = None  # the refusal that failed the transaction
         self._client: Any = None  # a ClientCursor, made on the first deferred statement (_literal)
         configure(raw)
 
@@ -277,13 +282,24 @@ class PgConn:
         text: str = self._client.mogrify(pg_sql(sql), parameters or ())
         return text
 
-    def defer(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> None:
+    def defer(
+        self,
+        sql: str,
+        parameters: Sequence[Any] | Mapping[str, Any] = (),
+        /,
+        refused: Callable[[Exception], BaseException | None] | None = None,
+    ) -> None:
         """Run ``sql`` with the next statement (before it) or the ``COMMIT``: for a statement whose
-        result nobody reads; what is deferred is read by every later statement, as if it had run."""
+        result nobody reads; what is deferred is read by every later statement, as if it had run.
+
+        ``refused`` maps a failure of this statement (a constraint it breaks, a check it makes:
+        :meth:`agent.tx.Tx.write`) to the error its caller raises, ``None`` for any other failure:
+        whichever round trip carries it raises that error instead of the driver's."""
+        if refused is not None:
+            self._refused.append(refused)
         if self.trace is not None:
             self.trace(sql)
-        if self.ended:
-            raise RuntimeError("the transaction was committed with its last read: nothing more is sent in it")
+        self._sendable()
         insert = _INSERT_ROW.fullmatch(sql)
         if insert is not None:
             self._deferred.append((insert[1], self._literal(insert[2], parameters)))
@@ -300,6 +316,7 @@ class PgConn:
     def drop_pending(self) -> None:
         """Forget what was to go with the next statement (a transaction that failed before sending it)."""
         self._deferred, self._opening, self._ending, self.ended = [], None, False, False
+        self._refused, self._failed = [], None
 
     def end_with_next(self) -> None:
         """Send the ``COMMIT`` with the next statement, the transaction's last, a read (whose rows
@@ -331,31 +348,64 @@ class PgConn:
         round trip with it)."""
         if self.trace is not None:
             self.trace(sql)
-        if self.ended:
-            raise RuntimeError("the transaction was committed with its last read: nothing more is sent in it")
+        self._sendable()
         self.trips += 1
         if self._ending:
-            return self._read_and_commit(sql, parameters)
+            return _Rows(self._reads([(sql, parameters)])[0])  # with the COMMIT after it
         if self._deferred or self._opening is not None:
-            text = "; ".join([*self._pending(), self._literal(sql, parameters)])
-            cursor = self.raw.execute(text.encode(), prepare=False)
+            cursor = self._send("; ".join([*self._pending(), self._literal(sql, parameters)]))
             while cursor.nextset():  # to this statement's result, the last
                 pass
             return cursor
         # Always parameters (maybe none): psycopg then turns the escaped ``%%`` back into ``%``.
         return self.raw.execute(pg_sql(sql), parameters or ())
 
-    def _read_and_commit(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> Any:
-        """``sql`` with what is pending before it and the ``COMMIT`` after it, in one text: its rows."""
-        self._ending, self.ended = False, True
-        text = "; ".join([*self._pending(), self._literal(sql, parameters), "COMMIT"])
-        cursor = self.raw.execute(text.encode(), prepare=False)
+    def reads(self, queries: Sequence[tuple[str, Sequence[Any] | Mapping[str, Any]]]) -> list[list[Any]]:
+        """Run reads (after what is pending, and with the ``COMMIT`` after them when
+        :meth:`end_with_next` asked) in one round trip: each one's rows."""
+        for sql, _ in queries:
+            if self.trace is not None:
+                self.trace(sql)
+        self._sendable()
+        self.trips += 1
+        return self._reads(queries)
+
+    def _reads(self, queries: Sequence[tuple[str, Sequence[Any] | Mapping[str, Any]]]) -> list[list[Any]]:
+        ending, self._ending = self._ending, False
+        self.ended = ending
+        texts = [*self._pending(), *(self._literal(sql, parameters) for sql, parameters in queries)]
+        if ending:
+            texts.append("COMMIT")
+        cursor = self._send("; ".join(texts))
         results: list[list[Any] | None] = []
-        while True:  # every statement's result in turn: the read's is the one before the COMMIT's
+        while True:  # every statement's result in turn: the reads' are the last before the COMMIT's
             results.append(cursor.fetchall() if cursor.description is not None else None)
             if not cursor.nextset():
                 break
-        return _Rows(results[-2] or [])
+        if ending:
+            results.pop()
+        return [rows or [] for rows in results[len(results) - len(queries) :]]
+
+    def _sendable(self) -> None:
+        """Raise if nothing more may be sent in this transaction: it was committed with its last
+        read, or one of its writes was refused (raised again: the transaction failed there, and a
+        ``COMMIT`` would only roll it back)."""
+        if self.ended:
+            raise RuntimeError("the transaction was committed with its last read: nothing more is sent in it")
+        if self._failed is not None:
+            raise self._failed
+
+    def _send(self, text: str) -> Any:
+        """One text of several statements (unprepared: its literals differ each time): a failure of
+        a deferred statement in it raises what its ``refused`` maps it to (:meth:`defer`)."""
+        try:
+            return self.raw.execute(text.encode(), prepare=False)
+        except Exception as exc:
+            for refused in self._refused:
+                if (mapped := refused(exc)) is not None:
+                    self._failed = mapped
+                    raise mapped from exc
+            raise
 
     def script(self, sql: str) -> Any:
         """Run several statements with no parameters (a migration's DDL, a transaction's opening or
@@ -363,10 +413,11 @@ class PgConn:
         first statement's result (:meth:`psycopg.Cursor.nextset` goes to the next)."""
         if self.trace is not None:
             self.trace(sql)
+        self._sendable()
         self.trips += 1
         if self._deferred or self._opening is not None:
             sql = "; ".join([*self._pending(), sql])
-        return self.raw.execute(sql.encode(), prepare=False)
+        return self._send(sql)
 
     @property
     def in_transaction(self) -> bool:

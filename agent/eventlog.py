@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from agent.db import Conn
 from agent.events import Event
@@ -39,6 +40,11 @@ def read_events(
             "SELECT seq, type, data, at FROM events WHERE session_id=? AND seq>? AND seq<=? ORDER BY seq LIMIT ?",
             (session_id, after_seq, high, limit),
         ).fetchall()
+    return events_of_rows(session_id, rows)
+
+
+def events_of_rows(session_id: str, rows: Sequence[Any]) -> list[Event]:
+    """A session's events from their rows (``seq``, ``type``, ``data``, ``at``), in the rows' order."""
     return [
         Event(session_id=session_id, seq=r["seq"], type=r["type"], data=json.loads(r["data"]), at=r["at"]) for r in rows
     ]

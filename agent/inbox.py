@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.db import Conn, integrity_errors, savepoint
+from agent.db import Conn, integrity_errors
 from agent.errors import Conflict, InvalidInput, NotFound
 from agent.events import EventType
 from agent.ids import MessageId
@@ -115,31 +115,33 @@ def _insert(
     yields_to_followup: bool,
     queued_seq: int,
 ) -> None:
-    """The inbox row of a message queued at ``queued_seq``; a second queued ``pending_key`` is a Conflict."""
-    # The savepoint keeps a PostgreSQL transaction usable after the refusal (the caller goes on).
-    try:
-        with savepoint(tx.conn):
-            tx.execute(
-                "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
-                " yields_to_followup, queued_seq, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    mid,
-                    session_id,
-                    delivery.value,
-                    source.kind.value,
-                    source.ref,
-                    content_json(content),
-                    pending_key,
-                    int(yields_to_followup),
-                    queued_seq,
-                    tx.now,
-                ),
-            )
-    except integrity_errors() as exc:
+    """The inbox row of a message queued at ``queued_seq``; a second queued ``pending_key`` is a
+    Conflict (on PostgreSQL raised by the round trip that carries the row: the transaction's next
+    statement or its ``COMMIT``, :meth:`agent.tx.Tx.write`)."""
+
+    def refused(exc: Exception) -> BaseException | None:
         # SQLite names the column (inbox.pending_key), PostgreSQL the index (inbox_pending_key).
-        if pending_key is not None and "pending_key" in str(exc):
-            raise Conflict(f"a message with pending key {pending_key!r} is already queued") from None
-        raise
+        if pending_key is not None and isinstance(exc, integrity_errors()) and "pending_key" in str(exc):
+            return Conflict(f"a message with pending key {pending_key!r} is already queued")
+        return None
+
+    tx.write(
+        "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
+        " yields_to_followup, queued_seq, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        (
+            mid,
+            session_id,
+            delivery.value,
+            source.kind.value,
+            source.ref,
+            content_json(content),
+            pending_key,
+            int(yields_to_followup),
+            queued_seq,
+            tx.now,
+        ),
+        refused=refused,
+    )
 
 
 def _receipt(tx: Tx, session_id: str, message_id: MessageId) -> Enqueued | None:

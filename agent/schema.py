@@ -284,4 +284,24 @@ END
 $check$;
 """,
     ),
+    Migration(
+        version=8,
+        # PostgreSQL only: a write whose check is the server's, sent with a later statement or the
+        # COMMIT (agent.tx.Tx.write's one_row): an update that must change exactly one row fails the
+        # transaction otherwise (SQLSTATE GD003, its message the write's token), which the connection
+        # turns into the caller's error (agent.db.PgConn.defer's refused).
+        summary="a deferred write's check made by the server: exactly one row changed",
+        sql="",
+        postgres="""
+CREATE OR REPLACE FUNCTION goald_one_row(changed BIGINT, token TEXT)
+RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $one$
+BEGIN
+    IF changed <> 1 THEN
+        RAISE EXCEPTION '%', token USING ERRCODE = 'GD003';
+    END IF;
+    RETURN TRUE;
+END
+$one$;
+""",
+    ),
 ]

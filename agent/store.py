@@ -311,7 +311,7 @@ class Store:
             if row is not None and session is not None:
                 tx.preload(session, dataclasses.replace(known) if known is not None else state_of_row(row, session))
             try:
-                result = fn(tx)
+                result = tx.run(fn)
                 notes: list[str] = []
                 if tx.events and self.kind == "postgresql":
                     notes = payloads(self.node_id, tx.events)

@@ -22,7 +22,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.db import Conn, PgConn
 from agent.errors import NotFound
@@ -31,6 +31,12 @@ from agent.payloads import AgentStatus
 
 if TYPE_CHECKING:
     from agent.store import Store
+
+T = TypeVar("T")
+
+#: The SQLSTATE of a deferred write that did not change exactly one row (``goald_one_row``:
+#: :meth:`Tx.write`'s ``one_row``); the lease fence's is GD001, a stale opening's GD002.
+ONE_ROW = "GD003"
 
 
 def utcnow() -> str:
@@ -119,6 +125,16 @@ class Tx:
         self._fenced: set[str] = set()
         #: Fence statements sent with the ``COMMIT`` (:meth:`fence`).
         self.at_commit: list[str] = []
+        self._checks = 0  # writes checked by the server (write's one_row), to name each
+        self._refusal: BaseException | None = None  # a write's refusal raised here (SQLite: write)
+
+    def run(self, fn: Callable[[Tx], T]) -> T:
+        """``fn(self)``, failing if one of its writes was refused, even if ``fn`` caught the refusal
+        (:meth:`write`): on SQLite as on PostgreSQL, where it is raised by a later round trip."""
+        result = fn(self)
+        if self._refusal is not None:
+            raise self._refusal
+        return result
 
     def preload(self, session_id: str, state: SessionState) -> None:
         """``session_id``'s state as read right after its lock was taken (with ``BEGIN``)."""
@@ -155,15 +171,55 @@ class Tx:
         """Run one statement (a cursor: ``rowcount``, ``fetchone``, ``fetchall``)."""
         return self.conn.execute(sql, params)
 
-    def write(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> None:
+    def write(
+        self,
+        sql: str,
+        params: Sequence[Any] | dict[str, Any] = (),
+        *,
+        refused: Callable[[Exception], BaseException | None] | None = None,
+        one_row: Callable[[], BaseException] | None = None,
+    ) -> None:
         """Run a statement whose result nobody reads (an insert, an update of known rows): on
         PostgreSQL sent with the next statement or the ``COMMIT``, in its round trip
         (:meth:`agent.db.PgConn.defer`); every later statement reads what it did. A failure of it
-        fails the transaction there."""
+        fails the transaction there, raising what ``refused`` maps it to (a constraint's refusal
+        as the caller's error; ``None``: the failure itself).
+
+        A refusal fails the whole transaction on both stores, even one its function catches (on
+        PostgreSQL it may only be raised after the function returned): nothing of it is written.
+
+        ``one_row`` (an ``UPDATE``): the statement must change exactly one row (a row updated only
+        at the revision read, say), else the transaction fails with that error, checked by the
+        server where the statement runs (:mod:`agent.schema`'s ``goald_one_row``), so that the
+        check costs no round trip of its own. Either error is raised where the statement ran: on
+        SQLite here, on PostgreSQL by the round trip that carried it, at the latest the
+        ``COMMIT`` (:meth:`agent.store.Store.transact` raises it; nothing was written)."""
         if isinstance(self.conn, PgConn):
-            self.conn.defer(sql, params)
-        else:
-            self.conn.execute(sql, params)
+            if one_row is not None:
+                self._checks += 1
+                token = f"goald_one_row_{self._checks}"
+                check = f"SELECT goald_one_row(count(*), '{token}') FROM goald_written"
+                sql = f"WITH goald_written AS ({sql} RETURNING 1) {check}"
+                refused = _one_row_refusal(token, one_row, refused)
+            self.conn.defer(sql, params, refused)
+            return
+        try:
+            cursor = self.conn.execute(sql, params)
+        except Exception as exc:
+            if refused is not None and (mapped := refused(exc)) is not None:
+                self._refusal = mapped  # the transaction fails even if its function catches it (run)
+                raise mapped from None
+            raise
+        if one_row is not None and cursor.rowcount != 1:
+            self._refusal = one_row()
+            raise self._refusal
+
+    def reads(self, *queries: tuple[str, Sequence[Any] | dict[str, Any]]) -> list[list[Any]]:
+        """Run several reads that do not depend on each other's rows: on PostgreSQL in one round
+        trip (with the ``COMMIT`` after :meth:`last_read`); each one's rows."""
+        if isinstance(self.conn, PgConn):
+            return self.conn.reads(queries)
+        return [self.conn.execute(sql, params).fetchall() for sql, params in queries]
 
     def last_read(self) -> None:
         """The next statement is this transaction's last, a read: on PostgreSQL the ``COMMIT`` goes with
@@ -223,3 +279,18 @@ class Tx:
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the event loop after this transaction commits."""
         self._after.append(callback)
+
+
+def _one_row_refusal(
+    token: str, one_row: Callable[[], BaseException], refused: Callable[[Exception], BaseException | None] | None
+) -> Callable[[Exception], BaseException | None]:
+    """What a write checked by ``goald_one_row`` raises: ``one_row``'s error when the server's check
+    named ``token`` failed, else what ``refused`` maps the failure to."""
+
+    def mapped(exc: Exception) -> BaseException | None:
+        diag = getattr(exc, "diag", None)
+        if getattr(exc, "sqlstate", None) == ONE_ROW and getattr(diag, "message_primary", None) == token:
+            return one_row()
+        return refused(exc) if refused is not None else None
+
+    return mapped

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 
 from loguru import logger
 
-from agent import AgentStatus, Event, InvalidInput, Runtime, SessionState, Tx, read_events
+from agent import AgentStatus, InvalidInput, Runtime, Tx
 from goals.budgets import time_ends
 from goals.decision import Decision, DecisionKind, PolicyInput
 from goals.errors import GoalError, StaleDecision
@@ -56,6 +55,7 @@ from goals.measure import Fingerprinter, Measured, measure
 from goals.model import Goal, GoalStatus
 from goals.operations import log_change
 from goals.policy import decide, disk_over
+from goals.queries import round_of
 from goals.questions import insert_question
 from goals.requests import GoalRequests
 from goals.snapshots import Snapshots
@@ -235,9 +235,8 @@ class GoalEngine(GoalRequests, GoalFollowing):
         # The goal, its session's state and the round's events in one hop to the store thread and
         # one snapshot (a transaction that writes nothing: the session's state is read as a
         # transaction sees it); only the events after the last evaluation are read.
-        goal, st, events = await self.store.transact(
-            lambda tx: _round_of(tx, goal_id), session=self._session_of(goal_id)
-        )
+        sid = self._session_of(goal_id)
+        goal, st, events = await self.store.transact(lambda tx: round_of(tx, goal_id, sid), session=sid)
         if not goal.status.live or (self.owns is not None and not self.owns(goal.session_id)):
             self._forget(goal)
             return None
@@ -368,19 +367,6 @@ class GoalEngine(GoalRequests, GoalFollowing):
             return goal
         logger.error("goal {} failed: {}", goal.id, fault)
         return await self._change(goal.id, GoalStatus.FAILED, fault, "goal failed")
-
-
-def _round_of(tx: Tx, goal_id: str) -> tuple[Goal, SessionState, list[Event]]:
-    """What an evaluation reads: the goal, its session's state, and (when the session is idle)
-    the events after the goal's last evaluation up to that idle."""
-    goal = load_goal(tx, goal_id)
-    st = tx.state(goal.session_id)
-    live_idle = goal.status.live and st.status is AgentStatus.IDLE and st.open_turn is None
-    if not live_idle:
-        return goal, dataclasses.replace(st), []
-    tx.last_read()  # the COMMIT goes with it: nothing is written here
-    events = read_events(tx.conn, goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
-    return goal, dataclasses.replace(st), events
 
 
 def _fenced_commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: Measured) -> Goal:

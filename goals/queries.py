@@ -1,5 +1,5 @@
-"""Reads of the ``goals`` table: one goal, the live goals, listings with filters, and what
-retention asks of the rows.
+"""Reads of the ``goals`` table: one goal, the live goals, listings with filters, what an
+evaluation reads (:func:`round_of`) and what retention asks of the rows.
 
 Every function takes a transaction or a bare connection (a read outside any transaction), and
 builds goals only through :func:`goals.rows.goal_from_row`. Other packages read goals through these
@@ -8,14 +8,15 @@ builds goals only through :func:`goals.rows.goal_from_row`. Other packages read 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent import Tx
+from agent import AgentStatus, Event, SessionState, Tx, events_of_rows, read_events
 from agent.db import Conn
-from goals.errors import GoalNotFound, InvalidGoal
+from goals.errors import GoalError, GoalNotFound, InvalidGoal
 from goals.model import LIVE_SQL, Goal, GoalId, GoalStatus
 from goals.rows import conn_of, goal_from_row
 from goals.sandbox_spec import SandboxSpec
@@ -291,3 +292,36 @@ def goal_facts(conn: Conn) -> list[GoalFact]:
     """One :class:`GoalFact` per goal (in a read)."""
     rows = conn.execute("SELECT status, guard_id, idempotency_key, rounds FROM goals").fetchall()
     return [GoalFact(str(r[0]), str(r[1]), _schedule_of(r[2]), int(r[3])) for r in rows]
+
+
+#: The events an evaluation reads: after the goal's last evaluation, up to the idle it is taken at.
+_ROUND_EVENTS = (
+    "SELECT seq, type, data, at FROM events WHERE session_id=?"
+    " AND seq > (SELECT evaluated_seq FROM goals WHERE id=?) AND seq<=? ORDER BY seq"
+)
+
+
+def round_of(tx: Tx, goal_id: str, session_id: str | None) -> tuple[Goal, SessionState, list[Event]]:
+    """What an evaluation reads: the goal, its session's state, and (when the session is idle)
+    the events after the goal's last evaluation up to that idle. With the goal's session known and
+    its state too (the store's, :meth:`agent.tx.Tx.state`), the goal and the events are read
+    together, in one round trip with the transaction's opening and its ``COMMIT``."""
+    if session_id is not None and (st := tx.state(session_id)).status is AgentStatus.IDLE and st.open_turn is None:
+        tx.last_read()  # the COMMIT goes with the reads: nothing is written here
+        goal_rows, event_rows = tx.reads(
+            ("SELECT * FROM goals WHERE id=?", (goal_id,)), (_ROUND_EVENTS, (session_id, goal_id, st.last_seq))
+        )
+        if not goal_rows:
+            raise GoalNotFound(f"no goal {goal_id}: list the goals to find its id")
+        goal = goal_from_row(goal_rows[0])
+        if goal.session_id != session_id:  # a goal's session never changes: the engine's map is wrong
+            raise GoalError(f"goal {goal_id} is not session {session_id}'s")
+        return goal, dataclasses.replace(st), events_of_rows(session_id, event_rows) if goal.status.live else []
+    goal = load_goal(tx, goal_id)
+    st = tx.state(goal.session_id)
+    live_idle = goal.status.live and st.status is AgentStatus.IDLE and st.open_turn is None
+    if not live_idle:
+        return goal, dataclasses.replace(st), []
+    tx.last_read()  # the COMMIT goes with it: nothing is written here
+    events = read_events(tx.conn, goal.session_id, goal.evaluated_seq, limit=1_000_000, upto=st.last_seq)
+    return goal, dataclasses.replace(st), events

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from agent import Source, SourceKind, Tx, cancel_pending, enqueue, is_pending, parse_content
-from agent.db import Conn, integrity_errors, savepoint
+from agent.db import Conn, integrity_errors
 from goals.budgets import with_status
 from goals.errors import GoalConflict, InvalidGoal, StaleDecision
 from goals.model import Goal, GoalStatus, transition
@@ -85,55 +85,57 @@ def _refusal(exc: Exception) -> str:
 
 
 def insert_goal(tx: Tx, goal: Goal) -> None:
-    """Insert a new goal row."""
+    """Insert a new goal row (on PostgreSQL sent with the transaction's next statement or its
+    ``COMMIT``: a refusal is raised there, as the :class:`GoalConflict` it means)."""
     values = row_values(goal)
-    try:
-        with savepoint(tx.conn):
-            tx.execute(
-                f"INSERT INTO goals({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                [values[c] for c in COLUMNS],
-            )
-    except integrity_errors() as exc:
+
+    def refused(exc: Exception) -> BaseException | None:
+        if not isinstance(exc, integrity_errors()):
+            return None
         text = _refusal(exc)
         if "goals.session_id" in text:
-            raise GoalConflict(
+            return GoalConflict(
                 f"session {goal.session_id} already has an active or paused goal: cancel that goal first,"
                 " or give the new goal a session of its own"
-            ) from None
+            )
         if "goals.key" in text:
-            raise GoalConflict(f"a goal with key {goal.key!r} already exists: use another key") from None
-        if "goals.workdir" in text:
-            raise GoalConflict(
-                f"work directory {goal.workdir} is held by another active or paused goal:"
-                " wait for it to end, or cancel it"
-            ) from None
-        raise
+            return GoalConflict(f"a goal with key {goal.key!r} already exists: use another key")
+        return _workdir_held(goal, exc)
+
+    tx.write(
+        f"INSERT INTO goals({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+        [values[c] for c in COLUMNS],
+        refused=refused,
+    )
+
+
+def _workdir_held(goal: Goal, exc: Exception) -> GoalConflict | None:
+    """The refusal of a goal row whose work directory another live goal holds (``None``: another)."""
+    if isinstance(exc, integrity_errors()) and "goals.workdir" in _refusal(exc):
+        return GoalConflict(
+            f"work directory {goal.workdir} is held by another active or paused goal: wait for it to end, or cancel it"
+        )
+    return None
 
 
 def save_goal(tx: Tx, goal: Goal, expected_revision: int) -> Goal:
     """Write ``goal`` if the stored revision is still ``expected_revision``; returns the saved goal.
+    On PostgreSQL the update and its check go with the transaction's next statement or its
+    ``COMMIT`` (:meth:`agent.tx.Tx.write`): the errors below are raised there.
 
     Raises:
         StaleDecision: someone changed the goal since it was read.
+        GoalConflict: its work directory is held by another live goal.
     """
     saved = goal.model_copy(update={"revision": expected_revision + 1, "updated_at": datetime.fromisoformat(tx.now)})
     values = row_values(saved)
     cols = [c for c in COLUMNS if c not in ("id", "created_at")]
-    try:
-        with savepoint(tx.conn):
-            cur = tx.execute(
-                f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
-                [*(values[c] for c in cols), goal.id, expected_revision],
-            )
-    except integrity_errors() as exc:
-        if "goals.workdir" in _refusal(exc):
-            raise GoalConflict(
-                f"work directory {goal.workdir} is held by another active or paused goal:"
-                " wait for it to end, or cancel it"
-            ) from None
-        raise
-    if cur.rowcount != 1:
-        raise StaleDecision(f"goal {goal.id} changed since it was read")
+    tx.write(
+        f"UPDATE goals SET {', '.join(f'{c}=?' for c in cols)} WHERE id=? AND revision=?",
+        [*(values[c] for c in cols), goal.id, expected_revision],
+        refused=lambda exc: _workdir_held(goal, exc),
+        one_row=lambda: StaleDecision(f"goal {goal.id} changed since it was read"),
+    )
     return saved
 
 

@@ -2,12 +2,13 @@
 
 The runtime's SQL is the common ground of SQLite and PostgreSQL (``ON CONFLICT`` for SQLite's
 ``INSERT OR …``, primary keys for ``rowid``, ``information_schema`` for ``PRAGMA table_info``);
-a refused insert leaves the transaction usable on both. Each test runs on a real SQLite file and
+a refused insert fails its transaction on both, which writes nothing. Each test runs on a real SQLite file and
 a real PostgreSQL database.
 """
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -20,23 +21,36 @@ from agent.outbox import Attempt
 pytestmark = pytest.mark.both_stores
 
 
-async def test_a_refused_pending_key_leaves_the_transaction_usable(db_path: Path | str) -> None:
+async def test_a_refused_pending_key_fails_its_transaction_and_writes_nothing(db_path: Path | str) -> None:
+    """A second queued ``pending_key`` is a Conflict on both stores, raised by the transaction (on
+    PostgreSQL by the round trip that carries the row: here its COMMIT); the transaction writes
+    nothing, even when its function caught the refusal and went on."""
     store = await Store.open(db_path)
     try:
         sid = await store.transact(lambda tx: create_session(tx))
+        await store.transact(lambda tx: enqueue(tx, sid, parse_content("first"), pending_key="k"))
+        top = (await store.session_state(sid)).last_seq
 
-        def both(tx: Tx) -> str:
-            enqueue(tx, sid, parse_content("first"), pending_key="k")
-            with pytest.raises(Conflict, match="pending key 'k' is already queued") as info:
+        def again(tx: Tx) -> None:
+            enqueue(tx, sid, parse_content("second"), pending_key="k")
+            enqueue(tx, sid, parse_content("third"))
+
+        def caught(tx: Tx) -> None:
+            with contextlib.suppress(Conflict):  # on PostgreSQL nothing is raised here yet
                 enqueue(tx, sid, parse_content("second"), pending_key="k")
-            enqueue(tx, sid, parse_content("third"))  # the same transaction goes on and commits
-            return str(info.value)
+            enqueue(tx, sid, parse_content("third"))
 
-        await store.transact(both)
+        for fn in (again, caught):
+            with pytest.raises(Conflict, match="pending key 'k' is already queued"):
+                await store.transact(fn, session=sid)
         rows = await store.read(
             lambda c: c.execute("SELECT content FROM inbox WHERE session_id=? ORDER BY queued_seq", (sid,)).fetchall()
         )
-        assert ["first" in r[0] for r in rows] == [True, False] and "third" in rows[1][0]
+        assert len(rows) == 1 and "first" in rows[0][0]
+        assert (await store.session_state(sid)).last_seq == top  # no event of either was kept
+        # The session goes on: the next write is opened on its state as it is.
+        await store.transact(lambda tx: enqueue(tx, sid, parse_content("fourth")), session=sid)
+        assert (await store.session_state(sid)).last_seq == top + 1
     finally:
         await store.close()
 

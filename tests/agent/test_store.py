@@ -201,7 +201,7 @@ class _OldSchemaTx:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tx, name)
 
-    def execute(self, sql: str, params: Any = ()) -> Any:
+    def _old(self, sql: str, params: Any) -> tuple[str, Any]:
         if sql.startswith("INSERT INTO goals("):
             sql_have = (
                 "SELECT column_name FROM information_schema.columns WHERE table_name = 'goals'"
@@ -213,7 +213,13 @@ class _OldSchemaTx:
             kept = [(c, p) for c, p in zip(cols, params, strict=True) if c in have]
             sql = f"INSERT INTO goals({', '.join(c for c, _ in kept)}) VALUES ({', '.join('?' for _ in kept)})"
             params = [p for _, p in kept]
-        return self._tx.execute(sql, params)
+        return sql, params
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        return self._tx.execute(*self._old(sql, params))
+
+    def write(self, sql: str, params: Any = (), **checks: Any) -> None:
+        self._tx.write(*self._old(sql, params), **checks)
 
 
 def _add_old_goal(tx: Tx, workdir: Path, title: str) -> Goal:

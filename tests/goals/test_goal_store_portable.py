@@ -3,15 +3,15 @@
 The work-directory lock is two triggers on each store (SQLite's ``RAISE(ABORT, …)``, PostgreSQL's
 plpgsql function raising a check violation with the same text); the unique indexes are named by
 column on SQLite and by index on PostgreSQL. Each refusal must reach the engine as the same
-``GoalConflict``, and must leave the writing transaction usable (PostgreSQL aborts a transaction
-at its first error unless the statement ran under a savepoint). Real stores, the shipped scripted
-model.
+``GoalConflict``, raised by the writing transaction, which then writes nothing (on PostgreSQL the
+row goes with the transaction's next round trip, and the refusal is raised there). Real stores,
+the shipped scripted model.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 
@@ -46,41 +46,56 @@ def copy_of(goal: Goal, **changes: object) -> Goal:
     return goal.model_copy(update=fresh | changes)
 
 
-async def test_each_refusal_is_a_goal_conflict_and_the_transaction_goes_on(db_path: Path | str, tmp_path: Path) -> None:
+async def test_each_refusal_is_a_goal_conflict_and_its_transaction_writes_nothing(
+    db_path: Path | str, tmp_path: Path
+) -> None:
+    """Each refusal of a goal row is a GoalConflict on both stores, raised by its transaction (on
+    PostgreSQL by the round trip that carries the row: here the COMMIT), which writes nothing else;
+    a transaction whose function caught the refusal fails all the same."""
     (tmp_path / "a" / "in").mkdir(parents=True)
     (tmp_path / "b").mkdir()
     async with engine_on(db_path) as (rt, engine):
         holder = await engine.create(GoalSpec(objective="hold a", workdir=str(tmp_path / "a"), key="the-key"))
         ended = await engine.create(GoalSpec(objective="in b", workdir=str(tmp_path / "b")))
         await engine.cancel(ended.id)
+        free = copy_of(holder, workdir=str(tmp_path / "b"))
 
-        def refusals(tx: Tx) -> list[str]:
-            seen = []
-            for goal in (
-                copy_of(holder, workdir=str(tmp_path / "a" / "in")),  # the trigger: inside a held directory
-                copy_of(holder, workdir=None, key="the-key"),  # goals.key
-                copy_of(holder, workdir=None, session_id=holder.session_id),  # one live goal per session
-            ):
-                with pytest.raises(GoalConflict) as info:
+        def refused(goal: Goal, caught: bool) -> Callable[[Tx], None]:
+            def run(tx: Tx) -> None:
+                with contextlib.suppress(GoalConflict) if caught else contextlib.nullcontext():
                     insert_goal(tx, goal)
+                insert_goal(tx, free)  # would go in: the transaction's refusal takes it back
+
+            return run
+
+        seen = []
+        for goal in (
+            copy_of(holder, workdir=str(tmp_path / "a" / "in")),  # the trigger: inside a held directory
+            copy_of(holder, workdir=None, key="the-key"),  # goals.key
+            copy_of(holder, workdir=None, session_id=holder.session_id),  # one live goal per session
+        ):
+            for caught in (False, True):
+                with pytest.raises(GoalConflict) as info:
+                    await rt.store.transact(refused(goal, caught))
                 seen.append(str(info.value))
-            # The update trigger: reviving the ended goal into the held directory.
+
+        def revive(tx: Tx) -> None:  # the update trigger: reviving the ended goal into the held directory
             current = tx.one("SELECT revision FROM goals WHERE id=?", (ended.id,))
             assert current is not None
             revived = copy_of(ended, id=ended.id, session_id=ended.session_id, status=holder.status)
-            revived = revived.model_copy(update={"workdir": str(tmp_path / "a")})
-            with pytest.raises(GoalConflict) as info:
-                save_goal(tx, revived, int(current[0]))
-            seen.append(str(info.value))
-            # Still usable: a goal in a free directory goes in, in the same transaction.
-            insert_goal(tx, copy_of(holder, workdir=str(tmp_path / "b")))
-            return seen
+            save_goal(tx, revived.model_copy(update={"workdir": str(tmp_path / "a")}), int(current[0]))
+            insert_goal(tx, free)
 
-        seen = await rt.store.transact(refusals)
-        assert "is held by another active or paused goal" in seen[0]
-        assert "a goal with key 'the-key' already exists" in seen[1]
-        assert f"session {holder.session_id} already has an active or paused goal" in seen[2]
-        assert "is held by another active or paused goal" in seen[3]
+        with pytest.raises(GoalConflict) as info:
+            await rt.store.transact(revive)
+        seen.append(str(info.value))
+        assert all("is held by another active or paused goal" in s for s in seen[0:2]), seen
+        assert all("a goal with key 'the-key' already exists" in s for s in seen[2:4]), seen
+        assert all(f"session {holder.session_id} already has an active or paused goal" in s for s in seen[4:6])
+        assert "is held by another active or paused goal" in seen[6]
+        count = await rt.store.read(lambda c: c.execute("SELECT COUNT(*) FROM goals").fetchone()[0])
+        assert int(count) == 2
+        await rt.store.transact(lambda tx: insert_goal(tx, free))  # a goal in a free directory goes in
         count = await rt.store.read(lambda c: c.execute("SELECT COUNT(*) FROM goals").fetchone()[0])
         assert int(count) == 3
 
