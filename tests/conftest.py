@@ -16,7 +16,7 @@ import pytest
 from pgkit import NO_POSTGRES, PgServer, dbname_of
 from pydantic import BaseModel
 
-from agent import FunctionTool, ModelRegistry, Runtime, ScriptedModel, ToolContext, ToolRegistry
+from agent import FunctionTool, ModelRegistry, Runtime, ScriptedModel, Store, ToolContext, ToolRegistry
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -147,6 +147,17 @@ def db_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
         dsn: str = request.getfixturevalue("pg_dsn")
         return dsn
     return tmp_path / "goald.db"
+
+
+@pytest.fixture
+async def store(db_path: Path | str) -> AsyncIterator[Store]:
+    """A store opened on ``db_path`` and closed after the test (a PostgreSQL-only module gives
+    ``db_path`` as its ``pg_dsn``)."""
+    opened = await Store.open(db_path)
+    try:
+        yield opened
+    finally:
+        await opened.close()
 
 
 class NoArgs(BaseModel):

@@ -19,7 +19,6 @@ one round trip with the ``COMMIT``. Pins, on both stores:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -37,15 +36,6 @@ class Moved(Exception):
 
 class Taken(Exception):
     """The caller's error for a row whose id is taken."""
-
-
-@pytest.fixture
-async def store(db_path: str) -> AsyncIterator[Store]:
-    opened = await Store.open(db_path)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 def set_config(tx: Tx, sid: str, seen: str, new: str) -> None:

@@ -7,8 +7,6 @@ the next one on the connection.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from agent.db import PgConn, savepoint
@@ -21,12 +19,9 @@ from agent.tx import Tx
 
 
 @pytest.fixture
-async def store(pg_dsn: str) -> AsyncIterator[Store]:
-    s = await Store.open(pg_dsn)
-    try:
-        yield s
-    finally:
-        await s.close()
+def db_path(pg_dsn: str) -> str:
+    """This module's stores are PostgreSQL's (the shared ``store`` fixture opens ``db_path``)."""
+    return pg_dsn
 
 
 def stored(tx: Tx, sid: str) -> list[str]:

@@ -13,8 +13,6 @@ load reads its row and then what its calls spent. Each spent a round trip on its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from agent.sessions import create_session
@@ -22,15 +20,6 @@ from agent.store import Store
 from agent.tx import Tx
 
 pytestmark = pytest.mark.both_stores
-
-
-@pytest.fixture
-async def store(db_path: str) -> AsyncIterator[Store]:
-    opened = await Store.open(db_path)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 async def types_of(store: Store, sid: str) -> list[str]:

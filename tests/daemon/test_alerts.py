@@ -31,15 +31,6 @@ from daemon.alerts.sinks import HttpClient, build_sinks
 from daemon.settings import ConfigError, Settings, load_settings, sandbox_profile
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(tmp_path / "goald.db")
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
 @contextlib.asynccontextmanager
 async def sending(store: Store, conf: NotifySettings, tmp_path: Path | None = None) -> AsyncIterator[Sender]:
     """The real sender over ``store`` and ``conf``'s sinks, running until the block ends."""

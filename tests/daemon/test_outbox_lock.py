@@ -16,7 +16,7 @@ connection that holds locks open as a node's transaction would:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -40,12 +40,9 @@ HOLDS = {
 
 
 @pytest.fixture
-async def store(pg_dsn: str) -> AsyncIterator[Store]:
-    opened = await Store.open(pg_dsn)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+def db_path(pg_dsn: str) -> str:
+    """This module's stores are PostgreSQL's (the shared ``store`` fixture opens ``db_path``)."""
+    return pg_dsn
 
 
 @pytest.fixture

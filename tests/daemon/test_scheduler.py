@@ -94,15 +94,6 @@ class Goals:
         self.status[goal_id] = "cancelled"
 
 
-@pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(db_path)
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
 @contextlib.asynccontextmanager
 async def running(store: Store, goals: Goals, clock: Any = None) -> AsyncIterator[Scheduler]:
     kw = {"clock": clock} if clock is not None else {}
