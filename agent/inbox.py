@@ -100,6 +100,7 @@ def enqueue(
     if delivery is Delivery.FOLLOWUP and not yields_to_followup:
         _supersede(tx, session_id, by=mid)
     if delivery.wakes:
+        tx.state(session_id).waking = True
         tx.set_status(session_id, AgentStatus.RUNNING)
     return Enqueued(message_id=mid, seq=event.seq, created=True)
 
@@ -166,6 +167,7 @@ def _supersede(tx: Tx, session_id: str, *, by: MessageId) -> None:
         (CancelReason.SUPERSEDED.value, tx.now, session_id),
     )
     for row in sorted(superseded, key=lambda r: str(r["id"])):
+        _unknown_waking(tx, session_id)
         tx.emit(
             session_id,
             EventType.MESSAGE_CANCELLED,
@@ -200,6 +202,7 @@ def cancel(
     event = tx.emit(
         session_id, EventType.MESSAGE_CANCELLED, {**(caller or {}), "messageId": message_id, "reason": reason}
     )
+    _unknown_waking(tx, session_id)
     settle_idle(tx, session_id)
     return event.seq
 
@@ -216,6 +219,7 @@ def cancel_all(
     ids = [MessageId(r["id"]) for r in sorted(rows, key=lambda r: int(r["queued_seq"]))]
     for mid in ids:
         tx.emit(session_id, EventType.MESSAGE_CANCELLED, {**(caller or {}), "messageId": mid, "reason": reason})
+    tx.state(session_id).waking = False  # every queued message was cancelled
     settle_idle(tx, session_id)
     return ids
 
@@ -239,6 +243,7 @@ def cancel_pending(tx: Tx, pending_key: str, reason: str) -> list[MessageId]:
             "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE id=?", (reason, tx.now, row["id"])
         )
         tx.emit(row["session_id"], EventType.MESSAGE_CANCELLED, {"messageId": row["id"], "reason": reason})
+        _unknown_waking(tx, str(row["session_id"]))
     for session_id in sorted({str(r["session_id"]) for r in rows}):
         settle_idle(tx, session_id)
     return [MessageId(r["id"]) for r in rows]
@@ -275,12 +280,24 @@ def sessions_with_work(conn: Conn) -> set[str]:
 
 
 def has_waking(tx: Tx, session_id: str) -> bool:
-    """Whether a waking (follow-up or steer) message is queued for the session."""
-    row = tx.one(
-        "SELECT 1 FROM inbox WHERE session_id=? AND fate='queued' AND delivery IN (?, ?) LIMIT 1",
-        (session_id, *_WAKING),
-    )
-    return row is not None
+    """Whether a waking (follow-up or steer) message is queued for the session: read, unless this
+    node's writes left it known (:attr:`agent.tx.SessionState.waking`)."""
+    st = tx.state(session_id)
+    if st.waking is None:
+        row = tx.one(
+            "SELECT 1 FROM inbox WHERE session_id=? AND fate='queued' AND delivery IN (?, ?) LIMIT 1",
+            (session_id, *_WAKING),
+        )
+        st.waking = row is not None
+    return st.waking
+
+
+def _unknown_waking(tx: Tx, session_id: str) -> None:
+    """A queued message left the queue (cancelled, admitted): if one waking was queued, whether
+    another still is is not known now (the next :func:`has_waking` reads it)."""
+    st = tx.state(session_id)
+    if st.waking:
+        st.waking = None
 
 
 def settle_idle(tx: Tx, session_id: str, *, none_waking: bool = False) -> bool:
@@ -294,7 +311,9 @@ def settle_idle(tx: Tx, session_id: str, *, none_waking: bool = False) -> bool:
         return False
     if st.status == AgentStatus.IDLE:
         return True
-    if not none_waking and has_waking(tx, session_id):
+    if none_waking:
+        st.waking = False
+    elif has_waking(tx, session_id):
         return False
     tx.set_status(session_id, AgentStatus.IDLE)
     return True
@@ -355,6 +374,10 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool, rows: list[Any
                 seq=event.seq,
             )
         )
+    if waking:
+        tx.state(session_id).waking = False  # every queued message is admitted
+    elif admitted:
+        _unknown_waking(tx, session_id)  # a steer admitted: a follow-up may still be queued
     if admitted:
         tx.write(
             "UPDATE inbox SET fate='admitted', turn_id=?, ended_at=? WHERE id IN ("

@@ -52,6 +52,10 @@ class SessionState:
     status: AgentStatus
     status_seq: int
     open_turn: str | None
+    #: Whether a waking message is queued, as this node's writes left it (``None``: not known, read
+    #: it: :func:`agent.inbox.has_waking`). Every change of it is an event, so a write opened on a
+    #: known state whose check holds (no other writer since) finds it as it was left.
+    waking: bool | None = None
 
 
 def _dumps(data: dict[str, Any]) -> str:
