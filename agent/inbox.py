@@ -8,12 +8,15 @@ Durable invariant kept by these functions together with :mod:`agent.turns`: a se
 message flips an idle session to ``running`` in the enqueue's own transaction, and the driver
 commits ``idle`` only in a transaction that finds no waking message queued; since the store runs
 transactions one at a time, a message made durable at any instant is either seen by the driver's
-check or flips the status itself (no stranded input).
+check or flips the status itself (no stranded input). The check reads the queue, or finds it as
+this node's writes left it (:attr:`agent.tx.SessionState.queue`): every change of the queue is an
+event, so a write opened on a known state that is still current finds every message queued since.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -99,8 +102,11 @@ def enqueue(
     _insert(tx, mid, session_id, content, delivery, source, pending_key, yields_to_followup, event.seq)
     if delivery is Delivery.FOLLOWUP and not yields_to_followup:
         _supersede(tx, session_id, by=mid)
+    row: dict[str, Any] = {"id": mid, "delivery": delivery.value, "source_kind": source.kind.value}
+    row |= {"source_ref": source.ref, "content": content_json(content), "fate": Fate.QUEUED.value}
+    row["yields_to_followup"] = int(yields_to_followup)
+    _known(tx, session_id, lambda queue: (*queue, row))
     if delivery.wakes:
-        tx.state(session_id).waking = True
         tx.set_status(session_id, AgentStatus.RUNNING)
     return Enqueued(message_id=mid, seq=event.seq, created=True)
 
@@ -161,13 +167,16 @@ def _receipt(tx: Tx, session_id: str, message_id: MessageId) -> Enqueued | None:
 
 def _supersede(tx: Tx, session_id: str, *, by: MessageId) -> None:
     """Cancel the session's queued ``yields_to_followup`` messages as ``superseded`` by ``by``."""
+    known = tx.state(session_id).queue
+    if known is not None and not any(r["yields_to_followup"] for r in known):
+        return  # none is queued, as this node's writes left the queue
     superseded = tx.all(
         "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE session_id=? AND fate='queued'"
         " AND yields_to_followup=1 RETURNING id",
         (CancelReason.SUPERSEDED.value, tx.now, session_id),
     )
+    _known(tx, session_id, lambda queue: _without(queue, {r["id"] for r in superseded}))
     for row in sorted(superseded, key=lambda r: str(r["id"])):
-        _unknown_waking(tx, session_id)
         tx.emit(
             session_id,
             EventType.MESSAGE_CANCELLED,
@@ -202,7 +211,7 @@ def cancel(
     event = tx.emit(
         session_id, EventType.MESSAGE_CANCELLED, {**(caller or {}), "messageId": message_id, "reason": reason}
     )
-    _unknown_waking(tx, session_id)
+    _known(tx, session_id, lambda queue: _without(queue, {message_id}))
     settle_idle(tx, session_id)
     return event.seq
 
@@ -219,7 +228,7 @@ def cancel_all(
     ids = [MessageId(r["id"]) for r in sorted(rows, key=lambda r: int(r["queued_seq"]))]
     for mid in ids:
         tx.emit(session_id, EventType.MESSAGE_CANCELLED, {**(caller or {}), "messageId": mid, "reason": reason})
-    tx.state(session_id).waking = False  # every queued message was cancelled
+    tx.state(session_id).queue = ()  # every queued message was cancelled
     settle_idle(tx, session_id)
     return ids
 
@@ -243,7 +252,7 @@ def cancel_pending(tx: Tx, pending_key: str, reason: str) -> list[MessageId]:
             "UPDATE inbox SET fate='cancelled', cancel_reason=?, ended_at=? WHERE id=?", (reason, tx.now, row["id"])
         )
         tx.emit(row["session_id"], EventType.MESSAGE_CANCELLED, {"messageId": row["id"], "reason": reason})
-        _unknown_waking(tx, str(row["session_id"]))
+        _known(tx, str(row["session_id"]), functools.partial(_without, ids={str(row["id"])}))
     for session_id in sorted({str(r["session_id"]) for r in rows}):
         settle_idle(tx, session_id)
     return [MessageId(r["id"]) for r in rows]
@@ -280,24 +289,25 @@ def sessions_with_work(conn: Conn) -> set[str]:
 
 
 def has_waking(tx: Tx, session_id: str) -> bool:
-    """Whether a waking (follow-up or steer) message is queued for the session: read, unless this
-    node's writes left it known (:attr:`agent.tx.SessionState.waking`)."""
-    st = tx.state(session_id)
-    if st.waking is None:
-        row = tx.one(
-            "SELECT 1 FROM inbox WHERE session_id=? AND fate='queued' AND delivery IN (?, ?) LIMIT 1",
-            (session_id, *_WAKING),
-        )
-        st.waking = row is not None
-    return st.waking
+    """Whether a waking (follow-up or steer) message is queued for the session (the queue read,
+    unless this node's writes left it known: :attr:`agent.tx.SessionState.queue`)."""
+    return wakes(queued(tx, session_id))
 
 
-def _unknown_waking(tx: Tx, session_id: str) -> None:
-    """A queued message left the queue (cancelled, admitted): if one waking was queued, whether
-    another still is is not known now (the next :func:`has_waking` reads it)."""
+#: A queue longer than this is read when needed rather than kept known (what a state holds is small).
+KNOWN_QUEUE = 64
+
+
+def _known(tx: Tx, session_id: str, change: Callable[[tuple[dict[str, Any], ...]], tuple[dict[str, Any], ...]]) -> None:
+    """Apply ``change`` to the session's queue as this transaction knows it, if it is known."""
     st = tx.state(session_id)
-    if st.waking:
-        st.waking = None
+    if st.queue is not None:
+        queue = change(st.queue)
+        st.queue = queue if len(queue) <= KNOWN_QUEUE else None
+
+
+def _without(queue: tuple[dict[str, Any], ...], ids: set[str]) -> tuple[dict[str, Any], ...]:
+    return tuple(r for r in queue if r["id"] not in ids)
 
 
 def settle_idle(tx: Tx, session_id: str, *, none_waking: bool = False) -> bool:
@@ -311,21 +321,24 @@ def settle_idle(tx: Tx, session_id: str, *, none_waking: bool = False) -> bool:
         return False
     if st.status == AgentStatus.IDLE:
         return True
-    if none_waking:
-        st.waking = False
-    elif has_waking(tx, session_id):
+    if not none_waking and has_waking(tx, session_id):
         return False
     tx.set_status(session_id, AgentStatus.IDLE)
     return True
 
 
 def queued(tx: Tx, session_id: str) -> list[Any]:
-    """Every message queued for the session, in order (the rows :func:`admit` takes)."""
-    rows: list[Any] = tx.all(
-        "SELECT id, delivery, source_kind, source_ref, content, fate FROM inbox WHERE session_id=?"
-        " AND fate='queued' ORDER BY queued_seq",
+    """Every message queued for the session, in order (the rows :func:`admit` takes): as this
+    node's writes left them when they are known, else read (and known from then on)."""
+    st = tx.state(session_id)
+    if st.queue is not None:
+        return list(st.queue)
+    rows = tx.all(
+        "SELECT id, delivery, source_kind, source_ref, content, fate, yields_to_followup FROM inbox"
+        " WHERE session_id=? AND fate='queued' ORDER BY queued_seq",
         (session_id,),
     )
+    st.queue = tuple(dict(r) for r in rows) if len(rows) <= KNOWN_QUEUE else None
     return rows
 
 
@@ -343,6 +356,8 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool, rows: list[Any
     """
     if waking:
         rows = queued(tx, session_id) if rows is None else rows
+    elif (known := tx.state(session_id).queue) is not None:
+        rows = [r for r in known if r["delivery"] in (Delivery.STEER.value, Delivery.CONTEXT.value)]
     else:
         rows = tx.all(
             "SELECT id, delivery, source_kind, source_ref, content, fate FROM inbox WHERE session_id=?"
@@ -375,9 +390,9 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool, rows: list[Any
             )
         )
     if waking:
-        tx.state(session_id).waking = False  # every queued message is admitted
-    elif admitted:
-        _unknown_waking(tx, session_id)  # a steer admitted: a follow-up may still be queued
+        tx.state(session_id).queue = ()  # every queued message is admitted
+    else:
+        _known(tx, session_id, lambda queue: _without(queue, {a.message_id for a in admitted}))
     if admitted:
         tx.write(
             "UPDATE inbox SET fate='admitted', turn_id=?, ended_at=? WHERE id IN ("

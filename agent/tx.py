@@ -52,10 +52,11 @@ class SessionState:
     status: AgentStatus
     status_seq: int
     open_turn: str | None
-    #: Whether a waking message is queued, as this node's writes left it (``None``: not known, read
-    #: it: :func:`agent.inbox.has_waking`). Every change of it is an event, so a write opened on a
-    #: known state whose check holds (no other writer since) finds it as it was left.
-    waking: bool | None = None
+    #: The session's queued messages as this node's writes left them (the rows :func:`agent.inbox.
+    #: queued` reads; ``None``: not known, read them). Every change of the queue is an event, so a
+    #: write opened on a known state whose check holds (no other writer since) finds it as it was
+    #: left. Replaced, never changed in place (a copy of the state shares it).
+    queue: tuple[dict[str, Any], ...] | None = None
 
 
 def _dumps(data: dict[str, Any]) -> str:
