@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         StorageUnavailable,
         StoreClosed,
     )
-    from agent.eventlog import events_of_rows, first_kept_seq, read_events
+    from agent.eventlog import events_after_query, events_of_rows, first_kept_seq, read_events
     from agent.events import Event, EventHub, EventType, Subscription
     from agent.guards import create_guard, update_guard
     from agent.ids import MessageId, SessionId, TurnId, TypedId
@@ -252,6 +252,7 @@ _HOMES: dict[str, str] = {
     "parse_payload": "agent.payloads",
     "read_events": "agent.eventlog",
     "events_of_rows": "agent.eventlog",
+    "events_after_query": "agent.eventlog",
     "register_payloads": "agent.payloads",
     "retention": "agent.retention",
     "session_chain": "agent.sessions",
@@ -375,6 +376,7 @@ __all__ = [
     "echo_model",
     "enqueue",
     "estimator_for",
+    "events_after_query",
     "events_of_rows",
     "file_tools",
     "first_kept_seq",

@@ -43,6 +43,15 @@ def read_events(
     return events_of_rows(session_id, rows)
 
 
+def events_after_query(session_id: str, after: tuple[str, Sequence[Any]], upto: int) -> tuple[str, tuple[Any, ...]]:
+    """A read of the session's events with ``after < seq <= upto``, in order, as a statement and its
+    parameters (for :meth:`agent.tx.Tx.reads`), where ``after`` is an SQL expression and its
+    parameters: a scalar subquery of the caller's own table, read in the same statement."""
+    expr, params = after
+    sql = f"SELECT seq, type, data, at FROM events WHERE session_id=? AND seq > ({expr}) AND seq<=? ORDER BY seq"
+    return sql, (session_id, *params, upto)
+
+
 def events_of_rows(session_id: str, rows: Sequence[Any]) -> list[Event]:
     """A session's events from their rows (``seq``, ``type``, ``data``, ``at``), in the rows' order."""
     return [

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent import AgentStatus, Event, SessionState, Tx, events_of_rows, read_events
+from agent import AgentStatus, Event, SessionState, Tx, events_after_query, events_of_rows, read_events
 from agent.db import Conn
 from goals.errors import GoalError, GoalNotFound, InvalidGoal
 from goals.model import LIVE_SQL, Goal, GoalId, GoalStatus
@@ -294,13 +294,6 @@ def goal_facts(conn: Conn) -> list[GoalFact]:
     return [GoalFact(str(r[0]), str(r[1]), _schedule_of(r[2]), int(r[3])) for r in rows]
 
 
-#: The events an evaluation reads: after the goal's last evaluation, up to the idle it is taken at.
-_ROUND_EVENTS = (
-    "SELECT seq, type, data, at FROM events WHERE session_id=?"
-    " AND seq > (SELECT evaluated_seq FROM goals WHERE id=?) AND seq<=? ORDER BY seq"
-)
-
-
 def round_of(tx: Tx, goal_id: str, session_id: str | None) -> tuple[Goal, SessionState, list[Event]]:
     """What an evaluation reads: the goal, its session's state, and (when the session is idle)
     the events after the goal's last evaluation up to that idle. With the goal's session known and
@@ -308,8 +301,10 @@ def round_of(tx: Tx, goal_id: str, session_id: str | None) -> tuple[Goal, Sessio
     together, in one round trip with the transaction's opening and its ``COMMIT``."""
     if session_id is not None and (st := tx.state(session_id)).status is AgentStatus.IDLE and st.open_turn is None:
         tx.last_read()  # the COMMIT goes with the reads: nothing is written here
+        # The events after the goal's last evaluation, up to the idle it is taken at.
+        since = ("SELECT evaluated_seq FROM goals WHERE id=?", (goal_id,))
         goal_rows, event_rows = tx.reads(
-            ("SELECT * FROM goals WHERE id=?", (goal_id,)), (_ROUND_EVENTS, (session_id, goal_id, st.last_seq))
+            ("SELECT * FROM goals WHERE id=?", (goal_id,)), events_after_query(session_id, since, st.last_seq)
         )
         if not goal_rows:
             raise GoalNotFound(f"no goal {goal_id}: list the goals to find its id")
