@@ -99,12 +99,9 @@ def enqueue(
     if pending_key is not None:
         data["pendingKey"] = pending_key
     event = tx.emit(session_id, EventType.MESSAGE_QUEUED, data)
-    _insert(tx, mid, session_id, content, delivery, source, pending_key, yields_to_followup, event.seq)
+    row = _insert(tx, mid, session_id, content, delivery, source, pending_key, yields_to_followup, event.seq)
     if delivery is Delivery.FOLLOWUP and not yields_to_followup:
         _supersede(tx, session_id, by=mid)
-    row: dict[str, Any] = {"id": mid, "delivery": delivery.value, "source_kind": source.kind.value}
-    row |= {"source_ref": source.ref, "content": content_json(content), "fate": Fate.QUEUED.value}
-    row["yields_to_followup"] = int(yields_to_followup)
     _known(tx, session_id, lambda queue: (*queue, row))
     if delivery.wakes:
         tx.set_status(session_id, AgentStatus.RUNNING)
@@ -121,10 +118,11 @@ def _insert(
     pending_key: str | None,
     yields_to_followup: bool,
     queued_seq: int,
-) -> None:
+) -> dict[str, Any]:
     """The inbox row of a message queued at ``queued_seq``; a second queued ``pending_key`` is a
     Conflict (on PostgreSQL raised by the round trip that carries the row: the transaction's next
-    statement or its ``COMMIT``, :meth:`agent.tx.Tx.write`)."""
+    statement or its ``COMMIT``, :meth:`agent.tx.Tx.write`). Returns the row as :func:`queued`
+    reads it (what the session's known queue holds)."""
 
     def refused(exc: Exception) -> BaseException | None:
         # SQLite names the column (inbox.pending_key), PostgreSQL the index (inbox_pending_key).
@@ -132,23 +130,30 @@ def _insert(
             return Conflict(f"a message with pending key {pending_key!r} is already queued")
         return None
 
+    row: dict[str, Any] = {
+        "id": mid,
+        "delivery": delivery.value,
+        "source_kind": source.kind.value,
+        "source_ref": source.ref,
+        "content": content_json(content),
+        "fate": Fate.QUEUED.value,
+        "yields_to_followup": int(yields_to_followup),
+    }
     tx.write(
         "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
         " yields_to_followup, queued_seq, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
         (
             mid,
             session_id,
-            delivery.value,
-            source.kind.value,
-            source.ref,
-            content_json(content),
+            *(row[c] for c in ("delivery", "source_kind", "source_ref", "content")),
             pending_key,
-            int(yields_to_followup),
+            row["yields_to_followup"],
             queued_seq,
             tx.now,
         ),
         refused=refused,
     )
+    return row
 
 
 def _receipt(tx: Tx, session_id: str, message_id: MessageId) -> Enqueued | None:

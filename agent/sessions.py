@@ -9,7 +9,6 @@ take a connection or a ``Tx``, so they run inside a read snapshot or a transacti
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -191,12 +190,5 @@ def delete_session(tx: Tx, session_id: str) -> int:
         tx.execute("DELETE FROM model_calls WHERE session_id=?", (sid,))
         tx.execute("DELETE FROM turns WHERE session_id=?", (sid,))
         tx.execute("DELETE FROM sessions WHERE id=?", (sid,))
-        # Its state as this store knew it (its last number, its queue) must not outlive it: a
-        # session brought back under the same id (goald goal import) starts from what is stored.
-        tx._states.pop(sid, None)
-        tx.on_commit(functools.partial(_forget, tx.store._states, sid))
+        tx.forget(sid)
     return len(ids)
-
-
-def _forget(states: dict[str, Any], session_id: str) -> None:
-    states.pop(session_id, None)

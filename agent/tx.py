@@ -141,6 +141,17 @@ class Tx:
             raise self._refusal
         return result
 
+    def forget(self, session_id: str) -> None:
+        """The session is deleted: its state (its last number, its queue) is forgotten, here and by
+        the store once this transaction commits, so that a session brought back under the same id
+        (``goald goal import``) starts from what is stored."""
+        self._states.pop(session_id, None)
+
+        def forgotten() -> None:
+            self.store._states.pop(session_id, None)
+
+        self._committed.append(forgotten)
+
     def preload(self, session_id: str, state: SessionState) -> None:
         """``session_id``'s state as read right after its lock was taken (with ``BEGIN``)."""
         self._states[session_id] = state

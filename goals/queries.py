@@ -25,7 +25,11 @@ from goals.sandbox_spec import SandboxSpec
 def load_goal(tx_or_conn: Tx | Conn, goal_id: str) -> Goal:
     """The goal ``goal_id``. Raises ``NotFound``."""
     conn = conn_of(tx_or_conn)
-    row = conn.execute("SELECT * FROM goals WHERE id=?", (goal_id,)).fetchone()
+    return _found(conn.execute("SELECT * FROM goals WHERE id=?", (goal_id,)).fetchone(), goal_id)
+
+
+def _found(row: Any, goal_id: str) -> Goal:
+    """The goal of ``row``, the one read for ``goal_id``. Raises ``GoalNotFound`` for no row."""
     if row is None:
         raise GoalNotFound(f"no goal {goal_id}: list the goals to find its id")
     return goal_from_row(row)
@@ -306,9 +310,7 @@ def round_of(tx: Tx, goal_id: str, session_id: str | None) -> tuple[Goal, Sessio
         goal_rows, event_rows = tx.reads(
             ("SELECT * FROM goals WHERE id=?", (goal_id,)), events_after_query(session_id, since, st.last_seq)
         )
-        if not goal_rows:
-            raise GoalNotFound(f"no goal {goal_id}: list the goals to find its id")
-        goal = goal_from_row(goal_rows[0])
+        goal = _found(goal_rows[0] if goal_rows else None, goal_id)
         if goal.session_id != session_id:  # a goal's session never changes: the engine's map is wrong
             raise GoalError(f"goal {goal_id} is not session {session_id}'s")
         return goal, dataclasses.replace(st), events_of_rows(session_id, event_rows) if goal.status.live else []

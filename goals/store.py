@@ -75,8 +75,7 @@ _INDEX_COLUMNS = {
 def _refusal(exc: Exception) -> str:
     """A constraint error's text, naming the column as SQLite does (``UNIQUE constraint failed:
     goals.key``) on either store: PostgreSQL names the index instead, and the work-directory
-    triggers raise the same ``goals.workdir …`` text on both (the savepoints around the statements
-    keep a PostgreSQL transaction usable after the refusal)."""
+    triggers raise the same ``goals.workdir …`` text on both."""
     text = str(exc)
     index = getattr(getattr(exc, "diag", None), "constraint_name", None)
     if index in _INDEX_COLUMNS:
