@@ -36,7 +36,6 @@ shows in ``daemon/health`` — and clears, by itself, at the first write that co
 from __future__ import annotations
 
 import collections
-import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -44,9 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+from loguru import logger
 
 from agent.db import Conn, PgConn, psycopg_module
 from agent.pgaccess import credential_password, where
+from agent.pgtext import quoted
 from agent.storage import owner_only
 from agent.tx import SessionState
 
@@ -71,6 +72,17 @@ class SqliteBackend:
 
     kind = "sqlite"
     begin_read = "BEGIN"
+
+    @staticmethod
+    def open_read(conn: Conn) -> None:
+        """Open a read snapshot (:meth:`agent.store.Store.read`)."""
+        conn.execute("BEGIN")
+
+    @staticmethod
+    def end_read(conn: Conn) -> None:
+        """End the read :meth:`open_read` opened."""
+        if conn.in_transaction:
+            conn.execute("COMMIT")
 
     @staticmethod
     def begin(
@@ -160,6 +172,20 @@ class PgBackend:
 
     kind = "postgresql"
     begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+    @staticmethod
+    def open_read(conn: Conn) -> None:
+        """Open a read snapshot (:meth:`agent.store.Store.read`) with the read's first statement, in
+        its round trip (:meth:`agent.db.PgConn.open_later`)."""
+        assert isinstance(conn, PgConn)
+        conn.open_later(PgBackend.begin_read)
+
+    @staticmethod
+    def end_read(conn: Conn) -> None:
+        """End the read :meth:`open_read` opened: its ``ROLLBACK`` goes with the connection's next
+        statement, or alone before its lane waits for work (:meth:`agent.db.PgConn.end_read`)."""
+        assert isinstance(conn, PgConn)
+        conn.end_read()
 
     @staticmethod
     def begin(
@@ -339,12 +365,15 @@ class PgBackend:
             self._ready.append((work, key))
             self._ready_cv.notify()
 
-    def _next_unit(self) -> tuple[Callable[[], None], str | None] | None:
-        # On a lane's thread: the next unit of work whose key has none running (``None``: closed, done).
+    def _next_unit(self, lane: _Lane) -> tuple[Callable[[], None], str | None] | None:
+        # On a lane's thread: the next unit of work whose key has none running (``None``: closed,
+        # done); with none ready, first the end of the lane's last read (agent.db.PgConn.end_read).
         with self._ready_cv:
             while not self._ready:
                 if self._closed and not self._waiting:
                     return None
+                if lane.conn is not None and lane.conn.closing:
+                    return lane.end_read, None
                 self._ready_cv.wait()
             return self._ready.popleft()
 
@@ -388,27 +417,21 @@ class _Lane:
 
     def _run(self, backend: PgBackend) -> None:
         backend._tls.lane = self.index
-        while (unit := backend._next_unit()) is not None:
+        while (unit := backend._next_unit(self)) is not None:
             work, backend._tls.key = unit
             try:
                 work()
             finally:
                 backend._done(unit[1])
 
-
-#: Text that cannot leave a quoted SQL literal: no quote, backslash or control character (goald's own
-#: ids, event types, times and notification payloads); :func:`quoted` quotes it by hand, cheaply.
-_PLAIN = re.compile(r'[A-Za-z0-9_.:,+\-\[\]{}"]*')
-
-
-def quoted(conn: PgConn, text: str) -> str:
-    """``text`` as a SQL string literal: by hand when it is :data:`_PLAIN` (the ids and payloads a
-    write's ``BEGIN`` and ``COMMIT`` carry, thousands a second), else by psycopg."""
-    if _PLAIN.fullmatch(text):
-        return "'" + text + "'"
-    from psycopg import sql
-
-    return sql.Literal(text).as_string(conn.raw)
+    def end_read(self) -> None:
+        """Send the ``ROLLBACK`` of this lane's last read, which waited for a statement to go with:
+        the lane has no work now. A connection that fails is made again before its next use."""
+        if self.conn is not None:
+            try:
+                self.conn.flush()
+            except Exception as exc:  # the next unit of work meets it, and raw() makes it again
+                logger.debug("ending a read on store connection {} failed: {}", self.index, exc)
 
 
 Backend = SqliteBackend | PgBackend

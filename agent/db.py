@@ -9,7 +9,7 @@ a :class:`PgConn`, a thin wrapper of a synchronous psycopg 3 connection that
 
 - rewrites SQLite's placeholders (``?`` and ``:name``) into psycopg's (``%s``, ``%(name)s``), a
   literal ``%`` into ``%%``, and ``json_extract(col, '$.a.b')`` into ``(col::jsonb #>> '{a,b}')``
-  (:func:`pg_sql`, cached per text);
+  (:func:`agent.pgtext.pg_sql`, cached per text);
 - loads ``numeric`` (what ``SUM`` of a ``BIGINT`` gives) as ``int`` or ``float`` and sends a Python
   ``bool`` as ``0``/``1``, since both stores keep flags in integer columns;
 - defers a statement whose result nobody reads (a transaction's event inserts: :meth:`PgConn.defer`)
@@ -43,7 +43,6 @@ same one, :mod:`agent.backends`) and a listener.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import sqlite3
 import sys
@@ -52,6 +51,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.errors import NotSupported
+from agent.pgtext import Row, configure, pg_sql
 
 if TYPE_CHECKING:
     import psycopg
@@ -148,89 +148,6 @@ def savepoint(conn: Conn, name: str = "goald_sp") -> Iterator[None]:
 
 # -- PostgreSQL ------------------------------------------------------------------------------------
 
-_JSON = re.compile(r"json_extract\(\s*([\w.]+)\s*,\s*'\$\.([\w.]+)'\s*\)")
-_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
-
-
-@functools.lru_cache(maxsize=1024)
-def pg_sql(sql: str) -> str:
-    """A SQLite-placeholder statement as psycopg takes it (see the module docstring).
-
-    Placeholders and ``%`` are rewritten outside string literals only."""
-    sql = _JSON.sub(lambda m: "(" + m.group(1) + "::jsonb #>> '{" + m.group(2).replace(".", ",") + "}')", sql)
-    out: list[str] = []
-    for i, part in enumerate(sql.split("'")):
-        if i % 2:  # inside a literal: only '%' needs escaping
-            out.append(part.replace("%", "%%"))
-            continue
-        part = part.replace("%", "%%").replace("?", "%s")
-        part = _NAMED.sub(lambda m: "%(" + m.group(1) + ")s", part)
-        out.append(part)
-    return "'".join(out)
-
-
-class Row(tuple[Any, ...]):
-    """A result row answering ``row[0]``, ``row["name"]`` and ``keys()``, as :class:`sqlite3.Row`."""
-
-    _names: dict[str, int]
-
-    def __new__(cls, values: Sequence[Any], names: dict[str, int]) -> Row:
-        row = super().__new__(cls, values)
-        row._names = names
-        return row
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            return tuple.__getitem__(self, self._names[key])
-        return tuple.__getitem__(self, key)
-
-    def keys(self) -> list[str]:
-        """The columns' names, in order."""
-        return list(self._names)
-
-
-def _row_factory(cursor: Any) -> Any:
-    desc = cursor.description
-    if desc is None:
-        return tuple
-    names = {c.name: i for i, c in enumerate(desc)}
-
-    def make(values: Sequence[Any]) -> Row:
-        return Row(values, names)
-
-    return make
-
-
-@functools.cache
-def _adapters() -> tuple[type[Any], type[Any]]:
-    """The loader of ``numeric`` and the dumper of ``bool`` (built once psycopg is imported)."""
-    from psycopg.adapt import Dumper, Loader
-
-    class NumericLoader(Loader):
-        def load(self, data: Any) -> int | float:
-            text = bytes(data).decode()
-            try:
-                return int(text)
-            except ValueError:
-                return float(text)
-
-    class BoolAsInt(Dumper):
-        oid = 20  # int8
-
-        def dump(self, obj: Any) -> bytes:
-            return b"1" if obj else b"0"
-
-    return NumericLoader, BoolAsInt
-
-
-def configure(raw: psycopg.Connection[Any]) -> None:
-    """Give a new psycopg connection goald's row type and value adapters."""
-    numeric, boolean = _adapters()
-    raw.row_factory = _row_factory
-    raw.adapters.register_loader("numeric", numeric)
-    raw.adapters.register_dumper(bool, boolean)
-
-
 #: A deferred ``INSERT`` of one row (its head, its row of parameters), which rows of the same head
 #: join (:meth:`PgConn.take_deferred`).
 _INSERT_ROW = re.compile(r"(INSERT INTO \w+\([\w, ]+\)) VALUES (\([?, ]+\))")
@@ -259,6 +176,9 @@ class PgConn:
         self._deferred: list[tuple[str | None, str]] = []
         #: A transaction's opening not sent yet (:meth:`open_later`): it goes first in the next text.
         self._opening: str | None = None
+        #: A read ended whose ``ROLLBACK`` is not sent yet (:meth:`end_read`): it goes first in the
+        #: next text, or alone when the connection's lane waits for work (:meth:`flush`).
+        self._closing = False
         #: :meth:`end_with_next` asked: the next statement carries the ``COMMIT``; then ``ended``.
         self._ending = False
         #: The transaction was committed with its last read (:meth:`end_with_next`).
@@ -313,6 +233,28 @@ class PgConn:
             self.trace(text)
         self._opening = text
 
+    def end_read(self) -> None:
+        """A read transaction (opened with :meth:`open_later`) ends: nothing to send if it sent
+        nothing; else its ``ROLLBACK`` goes first in the connection's next round trip, or alone once
+        its lane has nothing to do (:meth:`flush`), so that a read costs no round trip of its own to
+        end and no snapshot is held while the connection waits."""
+        if self._opening is not None:
+            self._opening = None  # never opened
+            return
+        self._closing = True
+
+    @property
+    def closing(self) -> bool:
+        """Whether a read's ``ROLLBACK`` is still to be sent (:meth:`end_read`)."""
+        return self._closing
+
+    def flush(self) -> None:
+        """Send a read's ``ROLLBACK`` still pending (:meth:`end_read`) now."""
+        if self._closing:
+            self._closing = False
+            self.trips += 1
+            self.raw.execute(b"ROLLBACK", prepare=False)
+
     def drop_pending(self) -> None:
         """Forget what was to go with the next statement (a transaction that failed before sending it)."""
         self._deferred, self._opening, self._ending, self.ended = [], None, False, False
@@ -325,9 +267,14 @@ class PgConn:
         self._ending = not self._deferred
 
     def _pending(self) -> list[str]:
-        """What goes first in this round trip: the transaction's opening, then what was deferred."""
+        """What goes first in this round trip: the end of the read before, the transaction's opening,
+        then what was deferred."""
+        closing, self._closing = ["ROLLBACK"] if self._closing else [], False
         opening, self._opening = self._opening, None
-        return [opening, *self.take_deferred()] if opening is not None else self.take_deferred()
+        return [*closing, *([opening] if opening is not None else []), *self.take_deferred()]
+
+    def _has_pending(self) -> bool:
+        return bool(self._deferred) or self._opening is not None or self._closing
 
     def take_deferred(self) -> list[str]:
         """The deferred statements, to send now (with the ``COMMIT``); none are left deferred. Rows
@@ -352,7 +299,7 @@ class PgConn:
         self.trips += 1
         if self._ending:
             return _Rows(self._reads([(sql, parameters)])[0])  # with the COMMIT after it
-        if self._deferred or self._opening is not None:
+        if self._has_pending():
             cursor = self._send("; ".join([*self._pending(), self._literal(sql, parameters)]))
             while cursor.nextset():  # to this statement's result, the last
                 pass
@@ -415,16 +362,17 @@ class PgConn:
             self.trace(sql)
         self._sendable()
         self.trips += 1
-        if self._deferred or self._opening is not None:
+        if self._has_pending():
             sql = "; ".join([*self._pending(), sql])
         return self._send(sql)
 
     @property
     def in_transaction(self) -> bool:
-        """Whether a transaction is open (or failed and not yet rolled back)."""
+        """Whether a transaction is open (or failed and not yet rolled back): not a read that ended
+        (:meth:`end_read`) and is only waiting for its ``ROLLBACK`` to go with the next statement."""
         from psycopg.pq import TransactionStatus
 
-        return self.raw.info.transaction_status != TransactionStatus.IDLE
+        return not self._closing and self.raw.info.transaction_status != TransactionStatus.IDLE
 
     def close(self) -> None:
         """Close the connection."""

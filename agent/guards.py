@@ -23,7 +23,7 @@ from agent.tx import Tx
 def create_guard(tx: Tx, limits: Limits, guard_id: GuardId | None = None) -> GuardId:
     """Insert a spend guard row."""
     gid = guard_id or GuardId.new()
-    tx.execute(
+    tx.write(
         "INSERT INTO guards(id, max_tokens, max_cost, deadline, max_wall_seconds, wall_started_at, created_at)"
         " VALUES (?,?,?,?,?,?,?)",
         (

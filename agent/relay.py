@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from agent.db import Conn, database_errors, pg_errors
+from agent.db import Conn, PgConn, database_errors, pg_errors
 from agent.eventlog import read_events
 from agent.events import Event
 
@@ -171,7 +171,8 @@ class Marks:
                 return  # nothing of use here: no transaction
             try:
                 conn = conn_of()
-                conn.execute(begin_read)
+                assert isinstance(conn, PgConn)
+                conn.open_later(begin_read)  # with the first read, in its round trip
                 try:
                     events = (
                         catch_up(conn, self.published, interest)
@@ -179,7 +180,7 @@ class Marks:
                         else relay(conn, self.published, spans, interest)
                     )
                 finally:
-                    conn.execute("ROLLBACK")
+                    conn.end_read()  # with the connection's next statement
             except database_errors() as exc:
                 logger.debug("could not read other nodes' events now (the next notification or poll will): {}", exc)
                 return

@@ -71,13 +71,18 @@ def create_session(
         if parent is None:
             raise NotFound(f"no parent session {parent_session_id}")
         depth = int(parent["depth"]) + 1
-    if guard_id is not None and tx.one("SELECT 1 FROM guards WHERE id=?", (guard_id,)) is None:
-        raise NotFound(f"no spend guard {guard_id}")
-    tx.execute(
-        "INSERT INTO sessions(id, parent_session_id, depth, model, workdir, guard_id, config, created_at)"
-        " VALUES (?,?,?,?,?,?,?,?)",
-        (sid, parent_session_id, depth, model, workdir, guard_id, json.dumps(config or {}), tx.now),
-    )
+    columns = "INSERT INTO sessions(id, parent_session_id, depth, model, workdir, guard_id, config, created_at)"
+    values = (sid, parent_session_id, depth, model, workdir, guard_id, json.dumps(config or {}), tx.now)
+    if guard_id is None:
+        tx.write(f"{columns} VALUES (?,?,?,?,?,?,?,?)", values)
+    else:
+        # Only if the guard exists, checked where the insert runs (no round trip of its own).
+        tx.write(
+            f"{columns} SELECT ?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM guards WHERE id=?)",
+            (*values, guard_id),
+            one_row=lambda: NotFound(f"no spend guard {guard_id}"),
+        )
+    tx.born(sid)
     data: dict[str, Any] = {"model": model, "workdir": workdir, "depth": depth}
     if parent_session_id is not None:
         data["parentSessionId"] = parent_session_id
@@ -122,16 +127,22 @@ def update_session(
 def sessions_with_workdir(tx_or_conn: Tx | Conn, exact: list[str], low: str, high: str) -> list[SessionRow]:
     """Sessions whose work directory is one of ``exact`` or sorts in ``[low, high)`` (a directory
     and everything under it: ``low = path + "/"``, ``high = path + "0"``), oldest first."""
+    return session_rows(_conn(tx_or_conn).execute(*sessions_near_query(exact, low, high)).fetchall())
+
+
+def sessions_near_query(exact: list[str], low: str, high: str) -> tuple[str, tuple[str, ...]]:
+    """The read of :func:`sessions_with_workdir` and its parameters, to send with other reads
+    (:meth:`agent.tx.Tx.reads`); :func:`session_rows` reads its rows."""
     marks = ", ".join("?" * len(exact))
-    rows = (
-        _conn(tx_or_conn)
-        .execute(
-            f"SELECT * FROM sessions WHERE workdir IS NOT NULL"
-            f" AND (workdir IN ({marks}) OR (workdir >= ? AND workdir < ?)) ORDER BY id",
-            (*exact, low, high),
-        )
-        .fetchall()
+    sql = (
+        f"SELECT * FROM sessions WHERE workdir IS NOT NULL"
+        f" AND (workdir IN ({marks}) OR (workdir >= ? AND workdir < ?)) ORDER BY id"
     )
+    return sql, (*exact, low, high)
+
+
+def session_rows(rows: list[Any]) -> list[SessionRow]:
+    """Stored sessions from rows of the ``sessions`` table."""
     return [_row(r) for r in rows]
 
 

@@ -379,12 +379,11 @@ class Store:
         def run() -> T:
             try:
                 conn = self._raw()
-                conn.execute(self._backend.begin_read)
+                self._backend.open_read(conn)
                 try:
                     result = fn(conn)
                 finally:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK" if self.kind == "postgresql" else "COMMIT")
+                    self._backend.end_read(conn)
             except database_errors() as exc:
                 failure = self._failure_of(exc) if self.kind == "postgresql" else None
                 if failure is None:

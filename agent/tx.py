@@ -152,6 +152,13 @@ class Tx:
 
         self._committed.append(forgotten)
 
+    def born(self, session_id: str) -> None:
+        """``session_id`` is created by this transaction: its state is known without a read (no event,
+        no status, no turn, nothing queued), and its lock is not needed: no other writer can see the
+        session before this transaction commits."""
+        self._locked.add(session_id)
+        self._states[session_id] = SessionState(0, AgentStatus.IDLE, 0, None, queue=())
+
     def preload(self, session_id: str, state: SessionState) -> None:
         """``session_id``'s state as read right after its lock was taken (with ``BEGIN``)."""
         self._states[session_id] = state

@@ -20,8 +20,9 @@ subagents, two editor sessions on one project): neither can swap the directory b
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from agent import Tx, sessions_with_workdir
+from agent import Tx, session_rows, sessions_near_query
 from goals.errors import GoalConflict
 from goals.model import LIVE_SQL, Goal
 from goals.rows import goal_from_row
@@ -47,12 +48,17 @@ def _near(path: Path) -> tuple[str, list[str], str, str]:
 def workdir_holder(tx: Tx, workdir: str, goal_id: str) -> Goal | None:
     """The live goal other than ``goal_id`` whose work directory is ``workdir``, inside it or around it."""
     path = _canonical(workdir)
+    return _holder(path, tx.all(*_holder_query(path, goal_id)))
+
+
+def _holder_query(path: Path, goal_id: str) -> tuple[str, tuple[str, ...]]:
     condition, ancestors, low, high = _near(path)
-    rows = tx.all(
-        f"SELECT * FROM goals WHERE status IN {LIVE_SQL} AND workdir IS NOT NULL AND id != ?"
-        f" AND {condition} ORDER BY id",
-        (goal_id, *ancestors, low, high),
-    )
+    live = f"status IN {LIVE_SQL} AND workdir IS NOT NULL"
+    sql = f"SELECT * FROM goals WHERE {live} AND id != ? AND {condition} ORDER BY id"
+    return sql, (goal_id, *ancestors, low, high)
+
+
+def _holder(path: Path, rows: list[Any]) -> Goal | None:
     for row in rows:
         other = _canonical(row["workdir"])
         if path == other or path.is_relative_to(other) or other.is_relative_to(path):
@@ -72,15 +78,21 @@ def check_nesting(tx: Tx, workdir: str) -> None:
         GoalConflict: naming the session or goal in the way.
     """
     mine = _canonical(workdir)
+    _refuse_nested(mine, *tx.reads(*_nesting_queries(mine)))
+
+
+def _nesting_queries(mine: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """The stored sessions' and the live goals' work directories near ``mine`` (two reads)."""
     condition, ancestors, low, high = _near(mine)
-    for session in sessions_with_workdir(tx, ancestors, low, high):
+    goals = f"SELECT id, workdir FROM goals WHERE status IN {LIVE_SQL} AND workdir IS NOT NULL AND {condition}"
+    return [sessions_near_query(ancestors, low, high), (goals, (*ancestors, low, high))]
+
+
+def _refuse_nested(mine: Path, sessions: list[Any], goals: list[Any]) -> None:
+    for session in session_rows(sessions):
         if session.workdir is not None and _strictly_nested(mine, other := _canonical(session.workdir)):
             raise GoalConflict(_nested_message(mine, other, f"session {session.id}"))
-    rows = tx.all(
-        f"SELECT id, workdir FROM goals WHERE status IN {LIVE_SQL} AND workdir IS NOT NULL AND {condition}",
-        (*ancestors, low, high),
-    )
-    for row in rows:
+    for row in goals:
         if _strictly_nested(mine, other := _canonical(row["workdir"])):
             raise GoalConflict(_nested_message(mine, other, f"goal {row['id']}"))
 
@@ -101,11 +113,14 @@ def claim_workdir(tx: Tx, goal: Goal) -> None:
     """
     if goal.workdir is None:
         return
-    other = workdir_holder(tx, goal.workdir, goal.id)
+    path = _canonical(goal.workdir)
+    # The holder and what lies near, read together (one round trip on PostgreSQL).
+    holders, sessions, goals = tx.reads(_holder_query(path, goal.id), *_nesting_queries(path))
+    other = _holder(path, holders)
     if other is None:
-        check_nesting(tx, goal.workdir)
+        _refuse_nested(path, sessions, goals)
         return
-    mine, theirs = _canonical(goal.workdir), _canonical(other.workdir or "")
+    mine, theirs = path, _canonical(other.workdir or "")
     if mine == theirs:
         where = f"work directory {mine}"
     elif mine.is_relative_to(theirs):
