@@ -124,12 +124,22 @@ def commit_assistant(
 
 def usage_of_guard(tx: Tx, guard_id: str) -> tuple[int, float]:
     """Tokens and cost charged to a guard so far (settled usage; reservations charged in full)."""
-    row = tx.one(
+    return usage_of_row(tx.one(*guard_usage_query(guard_id)))
+
+
+def guard_usage_query(guard_id: str) -> tuple[str, tuple[str]]:
+    """The read of :func:`usage_of_guard` and its parameters, to send with other reads
+    (:meth:`agent.tx.Tx.reads`); :func:`usage_of_row` reads its row."""
+    sql = (
         "SELECT COALESCE(SUM(CASE state WHEN 'charged_in_full' THEN reserved_tokens"
         " WHEN 'settled' THEN input_tokens + output_tokens + cache_read_tokens + cache_write_tokens"
         " ELSE 0 END), 0) AS tokens, COALESCE(SUM(CASE state WHEN 'reserved' THEN 0 ELSE cost END), 0) AS cost"
-        " FROM model_calls WHERE guard_id=?",
-        (guard_id,),
+        " FROM model_calls WHERE guard_id=?"
     )
+    return sql, (guard_id,)
+
+
+def usage_of_row(row: Any) -> tuple[int, float]:
+    """Tokens and cost from the row of :func:`guard_usage_query` (an aggregate: always one row)."""
     assert row is not None
     return int(row["tokens"]), float(row["cost"])

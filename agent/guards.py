@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from agent.calls import usage_of_guard
+from agent.calls import guard_usage_query, usage_of_row
 from agent.errors import NotFound
 from agent.ids import GuardId
 from agent.spend import Limits, SpendGuard
@@ -61,11 +61,12 @@ def load_guard(tx: Tx, guard_id: str) -> SpendGuard:
     Raises:
         NotFound: no such guard.
     """
-    row = tx.one("SELECT * FROM guards WHERE id=?", (guard_id,))
-    if row is None:
+    tx.last_read()  # the COMMIT goes with the reads: a load writes nothing
+    rows, usage = tx.reads(("SELECT * FROM guards WHERE id=?", (guard_id,)), guard_usage_query(guard_id))
+    if not rows:
         raise NotFound(f"no spend guard {guard_id}")
-    tx.last_read()  # the COMMIT goes with it: a load writes nothing
-    tokens, cost = usage_of_guard(tx, guard_id)
+    row = rows[0]
+    tokens, cost = usage_of_row(usage[0] if usage else None)
     limits = Limits(
         max_tokens=row["max_tokens"],
         max_cost=row["max_cost"],

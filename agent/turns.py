@@ -166,8 +166,18 @@ def repair(tx: Tx, sessions: Sequence[str] | None = None) -> list[str]:
         if not sessions:
             return []
         scope = f" AND session_id IN ({','.join('?' * len(sessions))})"
+    # What needs repair and what has work, read together (one round trip on PostgreSQL): the repairs
+    # change no inbox row, and a session's reservations are charged by whichever repair comes first.
+    open_turns, reserved, queued = tx.reads(
+        ("SELECT id, session_id, start_seq FROM turns WHERE end_reason IS NULL" + scope, params),
+        ("SELECT DISTINCT session_id FROM model_calls WHERE state='reserved'" + scope, params),
+        (
+            "SELECT DISTINCT session_id FROM inbox WHERE fate='queued' AND delivery IN ('followup', 'steer')" + scope,
+            params,
+        ),
+    )
     touched: list[str] = []
-    for row in tx.all("SELECT id, session_id, start_seq FROM turns WHERE end_reason IS NULL" + scope, params):
+    for row in open_turns:
         session_id = row["session_id"]
         closed = close_open_tool_calls(tx, session_id, row["id"], row["start_seq"], OUTCOME_UNKNOWN)
         charged = charge_open_reservations(tx, session_id, row["id"])
@@ -180,15 +190,10 @@ def repair(tx: Tx, sessions: Sequence[str] | None = None) -> list[str]:
         touched.append(session_id)
         del closed, charged
     # Reservations left open outside a turn (never expected) are charged too.
-    for row in tx.all("SELECT DISTINCT session_id FROM model_calls WHERE state='reserved'" + scope, params):
-        charge_open_reservations(tx, row["session_id"], None)
-    with_work = [
-        str(r["session_id"])
-        for r in tx.all(
-            "SELECT DISTINCT session_id FROM inbox WHERE fate='queued' AND delivery IN ('followup', 'steer')" + scope,
-            params,
-        )
-    ]
+    for row in reserved:
+        if row["session_id"] not in touched:  # a repaired turn's session had its reservations charged
+            charge_open_reservations(tx, row["session_id"], None)
+    with_work = [str(r["session_id"]) for r in queued]
     # A session whose status says running with no turn and no waking message goes idle.
     for session_id in touched:
         if tx.state(session_id).status != AgentStatus.IDLE and session_id not in with_work:
