@@ -191,24 +191,21 @@ class PgBackend:
     def begin(
         conn: Conn, session: str | None = None, known: SessionState | None = None, named: str | None = None
     ) -> Any:
-        """Open a write transaction and take the writer lock (the statements in one text: PostgreSQL's
-        simple query protocol), sent first in the transaction's first round trip, its first statement or its
-        ``COMMIT`` (:meth:`agent.db.PgConn.open_later`): every statement runs after the lock. Exclusive: the
-        transaction runs alone in the cluster. With ``session``, for a transaction whose invariants are that
-        session's own: the writer lock shared and the session's lock (:meth:`lock_session`), so that such
-        transactions of different sessions run at once, on every node, while one that needs the cluster to
-        itself still waits for all of them (and they for it); and then, in the same statement (the
-        ``goald_begin`` function, :mod:`agent.schema`'s version 6), the session's state (the columns of
-        :func:`agent.tx.state_query`), whose row is returned (``None``: no such session) — read after the
-        locks, so it is current.
+        """Open a write transaction and take the writer lock, sent first in the transaction's first
+        round trip, its first statement or its ``COMMIT`` (:meth:`agent.db.PgConn.open_later`): every
+        statement runs after the lock. Exclusive: the transaction runs alone in the cluster. With
+        ``session``, for a transaction whose invariants are that session's own: the writer lock shared
+        and the session's lock (:meth:`lock_session`), so that such transactions of different sessions
+        run at once, on every node, while one that needs the cluster to itself still waits for all of
+        them (and they for it); and then, in the same statement (``goald_begin``, :mod:`agent.schema`'s
+        version 6), the session's state (:func:`agent.tx.state_query`'s columns), whose row is returned
+        (``None``: no such session) — read after the locks, so it is current.
 
         With ``known`` (the session's state as this node last committed it), nothing is sent now and
-        ``known`` is returned: the opening goes first in the transaction's next round trip (its first
-        read, or its ``COMMIT``: :meth:`agent.db.PgConn.open_later`), with the same locks and a check
-        that the state is still ``known`` (``goald_check``, :mod:`agent.schema`'s version 7), which
-        fails the transaction otherwise (:meth:`stale`): every statement runs after the locks, and
-        what was decided on ``known`` commits only if it was current. A write whose only statements
-        are deferred is one round trip.
+        ``known`` is returned: the opening goes first in the transaction's next round trip, with the
+        same locks and a check that the state is still ``known`` (``goald_check``, version 7), which
+        fails the transaction otherwise (:meth:`stale`): what was decided on ``known`` commits only if
+        it was current. A write whose only statements are deferred is one round trip (:meth:`commit`).
 
         With ``named`` (and no ``session``): the writer lock shared and that name's lock, for a write
         whose invariants are that name's (the outbox's: notifications sealed once, each delivery
@@ -220,7 +217,7 @@ class PgBackend:
             if named is not None:
                 name = f"{NAMED_LOCKS}, hashtext({quoted(conn, named)})"
                 lock = f"pg_advisory_xact_lock_shared({WRITER_LOCK}), pg_advisory_xact_lock({name})"
-            conn.open_later(f"BEGIN; SELECT {lock}")  # with the first statement: every one after the lock
+            conn.open_later("BEGIN", lock)  # with the first statement: every one after the lock
             return None
         from agent.events import EventType
 
@@ -228,8 +225,9 @@ class PgBackend:
         if known is not None:
             turn = "NULL" if known.open_turn is None else quoted(conn, known.open_turn)
             conn.open_later(
-                f"BEGIN; SELECT goald_check({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status},"
-                f" {known.last_seq}, {known.status_seq}, {turn})"
+                "BEGIN",
+                f"goald_check({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status},"
+                f" {known.last_seq}, {known.status_seq}, {turn})",
             )
             return known
         # Both locks, then the state read after them, in one statement (agent.schema's version 6).
@@ -263,21 +261,25 @@ class PgBackend:
         commit, in one round trip: the fences and the notices are one ``SELECT``, and the payloads
         are quoted as literals (goald's own JSON of session ids and numbers), so the statements
         need no parameters and go as one text (a statement that fails ends the text there, and the
-        transaction is rolled back; a notice is only delivered by the ``COMMIT``)."""
+        transaction is rolled back; a notice is only delivered by the ``COMMIT``). A transaction
+        that sent nothing before (its opening still to send, a state check that must still run
+        even when nothing is written) goes whole as one text with no ``BEGIN`` and no ``COMMIT``:
+        its locks and checks first in the same ``SELECT``."""
         assert isinstance(conn, PgConn)
         if conn.ended:  # committed with its last read (agent.tx.Tx.last_read): nothing was written after
             conn.ended = False
             return
         deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
-        if not notes and not first and not deferred:
+        locks = conn.unsent_locks()  # nothing sent yet: one text, its own transaction, no BEGIN/COMMIT
+        if not notes and not first and not deferred and locks is None:
             conn.execute("COMMIT")
             return
         from agent.relay import CHANNEL
 
         channel = quoted(conn, CHANNEL)
-        checks = [*first, *(f"pg_notify({channel}, {quoted(conn, note)})" for note in notes)]
+        checks = [*([locks] if locks else []), *first, *(f"pg_notify({channel}, {quoted(conn, n)})" for n in notes)]
         select = ["SELECT " + ", ".join(checks)] if checks else []
-        conn.script("; ".join([*select, *deferred, "COMMIT"]))
+        conn.script("; ".join([*select, *deferred, *([] if locks else ["COMMIT"])]))
 
     def __init__(self, dsn: str, connections: int = DEFAULT_CONNECTIONS) -> None:
         self.dsn = dsn

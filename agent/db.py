@@ -176,6 +176,7 @@ class PgConn:
         self._deferred: list[tuple[str | None, str]] = []
         #: A transaction's opening not sent yet (:meth:`open_later`): it goes first in the next text.
         self._opening: str | None = None
+        self._locks: str | None = None  # the opening's SELECT of locks and checks (open_later)
         #: A read ended whose ``ROLLBACK`` is not sent yet (:meth:`end_read`): it goes first in the
         #: next text, or alone when the connection's lane waits for work (:meth:`flush`).
         self._closing = False
@@ -226,12 +227,24 @@ class PgConn:
         else:
             self._deferred.append((None, self._literal(sql, parameters)))
 
-    def open_later(self, text: str) -> None:
-        """Send ``text`` (a transaction's ``BEGIN`` and its locks, statements of no parameters) first
-        in the next round trip: the transaction's first statement or its ``COMMIT``."""
+    def open_later(self, text: str, locks: str | None = None) -> None:
+        """Send ``text`` (a transaction's ``BEGIN``) and ``SELECT locks`` (its locks and checks,
+        expressions of no parameters) first in the next round trip: the transaction's first
+        statement or its ``COMMIT`` (then with no ``BEGIN`` at all: :meth:`unsent_locks`)."""
+        self._opening = text if locks is None else f"{text}; SELECT {locks}"
+        self._locks = locks
         if self.trace is not None:
-            self.trace(text)
-        self._opening = text
+            self.trace(self._opening)
+
+    def unsent_locks(self) -> str | None:
+        """The locks of a write's opening when nothing of the transaction was sent yet (taken: they
+        are the caller's to send now). Its writes and its locks can then go as one text with no
+        ``BEGIN`` and no ``COMMIT``: PostgreSQL runs the statements of one text as one transaction,
+        committed after the last, all rolled back if one fails."""
+        if self._opening is None or self._locks is None:
+            return None
+        locks, self._opening, self._locks = self._locks, None, None
+        return locks
 
     def end_read(self) -> None:
         """A read transaction (opened with :meth:`open_later`) ends: nothing to send if it sent
