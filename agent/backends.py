@@ -175,15 +175,13 @@ class PgBackend:
 
     @staticmethod
     def open_read(conn: Conn) -> None:
-        """Open a read snapshot (:meth:`agent.store.Store.read`) with the read's first statement, in
-        its round trip (:meth:`agent.db.PgConn.open_later`)."""
+        """Open a read snapshot with the read's first statement, in its round trip (``open_later``)."""
         assert isinstance(conn, PgConn)
         conn.open_later(PgBackend.begin_read)
 
     @staticmethod
     def end_read(conn: Conn) -> None:
-        """End the read :meth:`open_read` opened: its ``ROLLBACK`` goes with the connection's next
-        statement, or alone before its lane waits for work (:meth:`agent.db.PgConn.end_read`)."""
+        """End the read: its ``ROLLBACK`` goes with the connection's next text (:meth:`PgConn.end_read`)."""
         assert isinstance(conn, PgConn)
         conn.end_read()
 
