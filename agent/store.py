@@ -48,7 +48,7 @@ from agent.pgaccess import check_collation, masked, pg_failure
 from agent.relay import Listener, Marks, payloads, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, storage_failure
-from agent.tx import SessionState, Tx, load_session_state, state_of_row
+from agent.tx import KnownStates, SessionState, Tx, load_session_state, state_of_row
 
 T = TypeVar("T")
 Durability = Literal["normal", "full"]
@@ -84,7 +84,7 @@ class Store:
         self._loop = asyncio.get_running_loop()
         #: Per session, its state as this process last committed it: SQLite's own (agent.tx); on
         #: PostgreSQL what the session's next write is opened on, checked (PgBackend.begin).
-        self._states: dict[str, SessionState] = {}
+        self._states = KnownStates()
         #: Writes run again: their session changed since this process last committed it (PgBackend.begin).
         self.reruns = 0
         self._reruns_lock = threading.Lock()
@@ -346,7 +346,7 @@ class Store:
             raise failure from exc
         if self.health.failure is not None:
             self.health.recovered()
-        self._states.update(tx._states)  # PostgreSQL: what the next write is opened on, and checked
+        self._states.remember(tx._states)  # PostgreSQL: what the next write is opened on, and checked
         for mark in tx._committed:
             mark()
         if tx.events or tx._after:

@@ -18,6 +18,7 @@ checked after its lock, and run again on the state read if another writer change
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -57,6 +58,26 @@ class SessionState:
     #: write opened on a known state whose check holds (no other writer since) finds it as it was
     #: left. Replaced, never changed in place (a copy of the state shares it).
     queue: tuple[dict[str, Any], ...] | None = None
+
+
+class KnownStates(collections.OrderedDict[str, SessionState]):
+    """The sessions' states as this node last committed them (:attr:`agent.store.Store._states`),
+    the most recently written last: at most :attr:`LIMIT` are kept, so a daemon that runs for months
+    over many sessions does not keep one for each. A state forgotten costs its session one read at
+    its next write (a state is only ever a shortcut: a write opened on it is checked)."""
+
+    LIMIT = 10_000
+
+    def remember(self, states: dict[str, SessionState]) -> None:
+        """Keep ``states`` (a transaction's, committed), as the most recently written."""
+        for session_id, state in states.items():
+            self.pop(session_id, None)
+            self[session_id] = state
+        while len(self) > self.LIMIT:
+            try:
+                self.popitem(last=False)
+            except KeyError:  # emptied by another connection's thread meanwhile
+                break
 
 
 def _dumps(data: dict[str, Any]) -> str:
