@@ -113,7 +113,6 @@ if TYPE_CHECKING:
         session_chain,
         session_rows,
         sessions_near_query,
-        sessions_with_workdir,
         update_session,
     )
     from agent.setup import SessionSetup
@@ -260,7 +259,6 @@ _HOMES: dict[str, str] = {
     "session_chain": "agent.sessions",
     "session_rows": "agent.sessions",
     "sessions_near_query": "agent.sessions",
-    "sessions_with_workdir": "agent.sessions",
     "take_or_idle": "agent.turns",
     "transition_fate": "agent.messages",
     "update_guard": "agent.guards",
@@ -397,7 +395,6 @@ __all__ = [
     "session_chain",
     "session_rows",
     "sessions_near_query",
-    "sessions_with_workdir",
     "take_or_idle",
     "transition_fate",
     "update_guard",

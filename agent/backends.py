@@ -45,26 +45,17 @@ from typing import Any
 import aiosqlite
 from loguru import logger
 
+from agent import pgtx
 from agent.db import Conn, PgConn, psycopg_module
 from agent.pgaccess import credential_password, where
-from agent.pgtext import quoted
+from agent.pgtx import NAMED_LOCKS, SESSION_LOCKS, STALE_STATE, WRITER_LOCK
 from agent.storage import owner_only
 from agent.tx import SessionState
 
-#: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII): exclusive,
-#: or shared by a transaction whose invariants are its sessions' own (:meth:`PgBackend.begin`).
-WRITER_LOCK = 0x676F616C64
 #: The connections a PostgreSQL store works over unless told otherwise (setting ``store_connections``).
 DEFAULT_CONNECTIONS = 8
 #: The key of the work bound to no session that writes (:meth:`PgBackend.submit`): one unit at a time.
 NO_SESSION = ""
-#: The first key of a session's advisory lock (``goal`` in ASCII); the second is the hash of its id.
-SESSION_LOCKS = 0x676F616C
-#: The first key of a named lock (``goan`` in ASCII; the second is the hash of its name): a write bound
-#: to no session whose invariants are that name's holds it and the writer lock shared (:meth:`PgBackend.begin`).
-NAMED_LOCKS = 0x676F616E
-#: The SQLSTATE of a session's write opened on a state another writer changed since (``goald_check``).
-STALE_STATE = "GD002"
 
 
 class SqliteBackend:
@@ -171,113 +162,14 @@ class PgBackend:
     """psycopg connections, each on a thread of its own (see the module docstring)."""
 
     kind = "postgresql"
-    begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    begin_read = pgtx.BEGIN_READ
 
-    @staticmethod
-    def open_read(conn: Conn) -> None:
-        """Open a read snapshot with the read's first statement, in its round trip (``open_later``)."""
-        assert isinstance(conn, PgConn)
-        conn.open_later(PgBackend.begin_read)
-
-    @staticmethod
-    def end_read(conn: Conn) -> None:
-        """End the read: its ``ROLLBACK`` goes with the connection's next text (:meth:`PgConn.end_read`)."""
-        assert isinstance(conn, PgConn)
-        conn.end_read()
-
-    @staticmethod
-    def begin(
-        conn: Conn, session: str | None = None, known: SessionState | None = None, named: str | None = None
-    ) -> Any:
-        """Open a write transaction and take the writer lock, sent first in the transaction's first
-        round trip, its first statement or its ``COMMIT`` (:meth:`agent.db.PgConn.open_later`): every
-        statement runs after the lock. Exclusive: the transaction runs alone in the cluster. With
-        ``session``, for a transaction whose invariants are that session's own: the writer lock shared
-        and the session's lock (:meth:`lock_session`), so that such transactions of different sessions
-        run at once, on every node, while one that needs the cluster to itself still waits for all of
-        them (and they for it); and then, in the same statement (``goald_begin``, :mod:`agent.schema`'s
-        version 6), the session's state (:func:`agent.tx.state_query`'s columns), whose row is returned
-        (``None``: no such session) — read after the locks, so it is current.
-
-        With ``known`` (the session's state as this node last committed it), nothing is sent now and
-        ``known`` is returned: the opening goes first in the transaction's next round trip, with the
-        same locks and a check that the state is still ``known`` (``goald_check``, version 7), which
-        fails the transaction otherwise (:meth:`stale`): what was decided on ``known`` commits only if
-        it was current. A write whose only statements are deferred is one round trip (:meth:`commit`).
-
-        With ``named`` (and no ``session``): the writer lock shared and that name's lock, for a write
-        whose invariants are that name's (the outbox's: notifications sealed once, each delivery
-        recorded once): such writes run one at a time, and sessions' writes go on meanwhile."""
-        assert isinstance(conn, PgConn)
-        conn.drop_pending()  # nothing of an earlier transaction goes with this one
-        if session is None:
-            lock = f"pg_advisory_xact_lock({WRITER_LOCK})"
-            if named is not None:
-                name = f"{NAMED_LOCKS}, hashtext({quoted(conn, named)})"
-                lock = f"pg_advisory_xact_lock_shared({WRITER_LOCK}), pg_advisory_xact_lock({name})"
-            conn.open_later("BEGIN", lock)  # with the first statement: every one after the lock
-            return None
-        from agent.events import EventType
-
-        status = quoted(conn, EventType.STATUS.value)
-        if known is not None:
-            turn = "NULL" if known.open_turn is None else quoted(conn, known.open_turn)
-            conn.open_later(
-                "BEGIN",
-                f"goald_check({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status},"
-                f" {known.last_seq}, {known.status_seq}, {turn})",
-            )
-            return known
-        # Both locks, then the state read after them, in one statement (agent.schema's version 6).
-        text = f"BEGIN; SELECT * FROM goald_begin({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status})"
-        cursor = conn.script(text)
-        while cursor.nextset():  # to the last statement's result: the state
-            pass
-        return cursor.fetchone()
-
-    @staticmethod
-    def stale(exc: BaseException) -> bool:
-        """Whether ``exc``, or an error it was raised while handling, is a write's opening that found
-        its session changed (:meth:`begin`'s ``known``): then the transaction failed there."""
-        seen: BaseException | None = exc
-        while seen is not None and getattr(seen, "sqlstate", None) != STALE_STATE:
-            seen = seen.__context__
-        return seen is not None
-
-    @staticmethod
-    def lock_session(conn: Conn, session_id: str) -> None:
-        """Take ``session_id``'s lock until the transaction ends (two ids of the same hash share one:
-        they only wait for each other). Taken before the session's state is read: in PostgreSQL's
-        READ COMMITTED each statement sees what was committed before it began, so the read after
-        the lock sees every commit of the previous holder."""
-        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (SESSION_LOCKS, session_id))
-
-    @staticmethod
-    def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
-        """Check ``first`` (expressions of no parameters: a lease fence, which fails the transaction),
-        send ``notes`` on :data:`agent.relay.CHANNEL`, send the transaction's deferred inserts and
-        commit, in one round trip: the fences and the notices are one ``SELECT``, and the payloads
-        are quoted as literals (goald's own JSON of session ids and numbers), so the statements
-        need no parameters and go as one text (a statement that fails ends the text there, and the
-        transaction is rolled back; a notice is only delivered by the ``COMMIT``). A transaction
-        that sent nothing before (its opening still to send, a state check that must still run
-        even when nothing is written) goes whole as one text with no ``BEGIN`` and no ``COMMIT``:
-        its locks and checks first in the same ``SELECT``."""
-        assert isinstance(conn, PgConn)
-        if conn.ended:  # committed with its last read (agent.tx.Tx.last_read): nothing was written after
-            conn.ended = False
-            return
-        deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
-        locks = conn.unsent_locks()  # nothing sent yet: one text, its own transaction, no BEGIN/COMMIT
-        if not notes and not first and not deferred and locks is None:
-            conn.execute("COMMIT")
-            return
-        from agent.relay import CHANNEL
-
-        channel = quoted(conn, CHANNEL)
-        checks = [*([locks] if locks else []), *first, *(f"pg_notify({channel}, {quoted(conn, n)})" for n in notes)]
-        select = ["SELECT " + ", ".join(checks)] if checks else []
-        conn.script("; ".join([*select, *deferred, *([] if locks else ["COMMIT"])]))
+    open_read = staticmethod(pgtx.open_read)
+    end_read = staticmethod(pgtx.end_read)
+    begin = staticmethod(pgtx.begin)
+    stale = staticmethod(pgtx.stale)
+    lock_session = staticmethod(pgtx.lock_session)
+    commit = staticmethod(pgtx.commit)
 
     def __init__(self, dsn: str, connections: int = DEFAULT_CONNECTIONS) -> None:
         self.dsn = dsn

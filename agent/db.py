@@ -43,6 +43,7 @@ same one, :mod:`agent.backends`) and a listener.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sqlite3
 import sys
@@ -148,6 +149,10 @@ def savepoint(conn: Conn, name: str = "goald_sp") -> Iterator[None]:
 
 # -- PostgreSQL ------------------------------------------------------------------------------------
 
+#: The head of an event row's insert (agent.tx.Tx.emit), and its row: deferred with its values, which
+#: go as literals with the next statement or, with a write's check, as ``goald_events``' JSON.
+EVENTS_INSERT = "INSERT INTO events(session_id, seq, type, data, at)"
+_EVENT_ROW = "(?,?,?,?,?)"
 #: A deferred ``INSERT`` of one row (its head, its row of parameters), which rows of the same head
 #: join (:meth:`PgConn.take_deferred`).
 _INSERT_ROW = re.compile(r"(INSERT INTO \w+\([\w, ]+\)) VALUES (\([?, ]+\))")
@@ -173,7 +178,7 @@ class PgConn:
         #: Statements whose results nobody reads (a transaction's event inserts: :meth:`defer`),
         #: sent with the next statement or the ``COMMIT``, in its round trip: each an ``INSERT``'s
         #: head and its row (rows of one head in a row go as one statement), or ``None`` and the text.
-        self._deferred: list[tuple[str | None, str]] = []
+        self._deferred: list[tuple[str | None, str | tuple[Any, ...]]] = []
         #: A transaction's opening not sent yet (:meth:`open_later`): it goes first in the next text.
         self._opening: str | None = None
         self._locks: str | None = None  # the opening's SELECT of locks and checks (open_later)
@@ -222,7 +227,9 @@ class PgConn:
             self.trace(sql)
         self._sendable()
         insert = _INSERT_ROW.fullmatch(sql)
-        if insert is not None:
+        if insert is not None and insert[1] == EVENTS_INSERT and refused is None and isinstance(parameters, tuple):
+            self._deferred.append((insert[1], parameters))  # rendered when sent (take_events, take_deferred)
+        elif insert is not None:
             self._deferred.append((insert[1], self._literal(insert[2], parameters)))
         else:
             self._deferred.append((None, self._literal(sql, parameters)))
@@ -289,12 +296,22 @@ class PgConn:
     def _has_pending(self) -> bool:
         return bool(self._deferred) or self._opening is not None or self._closing
 
+    def take_events(self) -> str | None:
+        """The deferred event rows, as the JSON array ``goald_events`` takes (``None``: none), taken
+        out of what is deferred (:func:`agent.pgtx.commit` sends them with the write's check)."""
+        rows = [list(values) for head, values in self._deferred if head == EVENTS_INSERT and isinstance(values, tuple)]
+        if not rows:
+            return None
+        self._deferred = [d for d in self._deferred if not (d[0] == EVENTS_INSERT and isinstance(d[1], tuple))]
+        return json.dumps(rows, separators=(",", ":"))
+
     def take_deferred(self) -> list[str]:
         """The deferred statements, to send now (with the ``COMMIT``); none are left deferred. Rows
         inserted one after another into the same columns go as one ``INSERT`` of several rows."""
         out: list[str] = []
         last: str | None = None
-        for head, text in self._deferred:
+        for head, values in self._deferred:
+            text = values if isinstance(values, str) else self._literal(_EVENT_ROW, values)
             if head is not None and head == last:
                 out[-1] += ", " + text
             else:

@@ -124,15 +124,11 @@ def update_session(
     return row.model_copy(update={"guard_id": guard_id or row.guard_id, "config": merged})
 
 
-def sessions_with_workdir(tx_or_conn: Tx | Conn, exact: list[str], low: str, high: str) -> list[SessionRow]:
-    """Sessions whose work directory is one of ``exact`` or sorts in ``[low, high)`` (a directory
-    and everything under it: ``low = path + "/"``, ``high = path + "0"``), oldest first."""
-    return session_rows(_conn(tx_or_conn).execute(*sessions_near_query(exact, low, high)).fetchall())
-
-
 def sessions_near_query(exact: list[str], low: str, high: str) -> tuple[str, tuple[str, ...]]:
-    """The read of :func:`sessions_with_workdir` and its parameters, to send with other reads
-    (:meth:`agent.tx.Tx.reads`); :func:`session_rows` reads its rows."""
+    """The read of the sessions whose work directory is one of ``exact`` or sorts in ``[low, high)``
+    (a directory and everything under it: ``low = path + "/"``, ``high = path + "0"``), oldest first,
+    and its parameters, to send with other reads (:meth:`agent.tx.Tx.reads`); :func:`session_rows`
+    reads its rows."""
     marks = ", ".join("?" * len(exact))
     sql = (
         f"SELECT * FROM sessions WHERE workdir IS NOT NULL"

@@ -92,7 +92,7 @@ async def test_a_rolled_back_transaction_leaves_nothing_for_the_next(store: Stor
 async def test_a_write_s_own_literals_are_quoted_as_the_server_reads_them(store: Store) -> None:
     """``BEGIN`` and ``COMMIT`` texts quote their ids and payloads by hand when they are plain, and
     by psycopg otherwise: either way the server reads back exactly the text."""
-    from agent.backends import quoted
+    from agent.pgtext import quoted
 
     texts = ['{"n":"abc","s":{"ses_1":[1,2]}}', "goald_events", "it's", "back\\slash", "line\nbreak", "100%"]
 

@@ -13,7 +13,9 @@ the ``SELECT`` of the fences and notices. Pins, on a real PostgreSQL database:
 * it is atomic: a statement of it that fails takes every earlier one back, and the session's next
   write commits;
 * a write that writes nothing still sends its check (what it decided on the known state counts
-  only if that state was current), and a write that reads first keeps its ``BEGIN`` and ``COMMIT``.
+  only if that state was current), and a write that reads first keeps its ``BEGIN`` and ``COMMIT``;
+* its events go in the same statement as its check, after it (``goald_events``, agent schema
+  version 9), stored exactly (quotes, backslashes, newlines, any character) and numbered gap-free.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ async def test_a_write_sent_whole_has_no_begin_and_no_commit(one_lane: Store, se
     await store.transact(lambda tx: tx.emit(sid, "test/whole", {}), session=sid)
     assert len(sent) == 1
     text = without_rollback(sent[0])
-    assert text.startswith("SELECT goald_check(") and "pg_notify(" in text and "INSERT INTO events" in text
+    assert text.startswith("SELECT CASE WHEN goald_check(") and "THEN goald_events(" in text and "pg_notify(" in text
+    assert "INSERT INTO events" not in text, "its event went with its check"
     assert "BEGIN" not in text and "COMMIT" not in text
     assert (await types_of(store, sid))[-1] == "test/whole"
     in_tx = await store.read(
@@ -115,3 +118,21 @@ async def test_a_write_of_nothing_still_checks_and_one_that_reads_keeps_begin(on
     await store.transact(read_then_write, session=sid)
     assert without_rollback(sent[0]).startswith("BEGIN; SELECT goald_check(") and sent[-1].endswith("COMMIT")
     assert (await types_of(store, sid))[-1] == "test/after-read"
+
+
+async def test_events_sent_with_the_check_are_stored_exactly(one_lane: Store, sent: list[str]) -> None:
+    store = one_lane
+    sid = await store.transact(lambda tx: create_session(tx))
+    await store.transact(lambda tx: tx.emit(sid, "test/first", {}), session=sid)
+    data = {"text": 'it\'s a \\ back\nslash, "quoted", ünïcode 🙂, 100%', "n": [1, 2.5, None, True]}
+
+    def two(tx: Tx) -> None:
+        tx.emit(sid, "test/a", data)
+        tx.emit(sid, "test/b", {"plain": "x"})
+
+    sent.clear()
+    await store.transact(two, session=sid)
+    assert len(sent) == 1 and "goald_events(" in sent[0] and "INSERT INTO events" not in sent[0]
+    events = await store.events_after(sid, 0)
+    assert [(e.type, e.data) for e in events[-2:]] == [("test/a", data), ("test/b", {"plain": "x"})]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
