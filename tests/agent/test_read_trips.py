@@ -21,6 +21,7 @@ import time
 
 import psycopg
 import pytest
+from storekit import scalar
 
 from agent import NotFound, create_session
 from agent.db import Conn
@@ -29,16 +30,11 @@ from agent.store import Store
 
 async def in_transaction(dsn: str) -> int:
     """goald's connections that the server sees inside a transaction."""
-
-    def run() -> int:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'goald'"
-                " AND datname = current_database() AND state LIKE 'idle in transaction%'"
-            ).fetchone()
-            return int(row[0]) if row else 0
-
-    return await asyncio.to_thread(run)
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'goald'"
+        " AND datname = current_database() AND state LIKE 'idle in transaction%'"
+    )
+    return int(await asyncio.to_thread(scalar, dsn, query))
 
 
 async def until_none_in_transaction(dsn: str, limit: float = 10.0) -> None:
