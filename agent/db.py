@@ -259,7 +259,7 @@ class PgConn:
         its lane has nothing to do (:meth:`flush`), so that a read costs no round trip of its own to
         end and no snapshot is held while the connection waits."""
         if self._opening is not None:
-            self._opening = None  # never opened
+            self._opening, self._locks = None, None  # never opened
             return
         self._closing = True
 
@@ -277,7 +277,7 @@ class PgConn:
 
     def drop_pending(self) -> None:
         """Forget what was to go with the next statement (a transaction that failed before sending it)."""
-        self._deferred, self._opening, self._ending, self.ended = [], None, False, False
+        self._deferred, self._opening, self._locks, self._ending, self.ended = [], None, None, False, False
         self._refused, self._failed = [], None
 
     def end_with_next(self) -> None:
@@ -290,7 +290,7 @@ class PgConn:
         """What goes first in this round trip: the end of the read before, the transaction's opening,
         then what was deferred."""
         closing, self._closing = ["ROLLBACK"] if self._closing else [], False
-        opening, self._opening = self._opening, None
+        opening, self._opening, self._locks = self._opening, None, None
         return [*closing, *([opening] if opening is not None else []), *self.take_deferred()]
 
     def _has_pending(self) -> bool:
