@@ -11,7 +11,8 @@ the ``SELECT`` of the fences and notices. Pins, on a real PostgreSQL database:
 * such a write is one text, starting with the check, with neither ``BEGIN`` nor ``COMMIT``, and it
   commits (its event stored, its connection not left in a transaction);
 * it is atomic: a statement of it that fails takes every earlier one back, and the session's next
-  write commits;
+  write commits; so too when a read's ``ROLLBACK`` goes first in its text (the read ends, and the
+  statements after it are a transaction of their own);
 * a write that writes nothing still sends its check (what it decided on the known state counts
   only if that state was current), and a write that reads first keeps its ``BEGIN`` and ``COMMIT``;
 * its events go in the same statement as its check, after it (``goald_events``, agent schema
@@ -20,6 +21,8 @@ the ``SELECT`` of the fences and notices. Pins, on a real PostgreSQL database:
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -136,3 +139,28 @@ async def test_events_sent_with_the_check_are_stored_exactly(one_lane: Store, se
     events = await store.events_after(sid, 0)
     assert [(e.type, e.data) for e in events[-2:]] == [("test/a", data), ("test/b", {"plain": "x"})]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+async def test_a_write_sent_after_a_read_is_its_own_transaction(one_lane: Store, sent: list[str]) -> None:
+    """The read's ``ROLLBACK`` goes first in the write's text: it ends the read, and the statements
+    after it are a transaction of their own, still rolled back whole when one fails."""
+    store = one_lane
+    sid = await store.transact(lambda tx: create_session(tx))
+    await store.transact(lambda tx: tx.emit(sid, "test/first", {}), session=sid)
+
+    def half(tx: Tx) -> None:
+        tx.emit(sid, "test/lost", {})
+        tx.write("INSERT INTO no_such_table(id) VALUES (?)", (1,))
+
+    gate = threading.Event()
+    held = asyncio.ensure_future(store.read(lambda conn: (conn.execute("SELECT 1").fetchone(), gate.wait(10))))
+    failing = asyncio.ensure_future(store.transact(half, session=sid))
+    await asyncio.sleep(0)  # the write is queued behind the read on the one connection
+    gate.set()
+    await held
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        await failing
+    assert sent[-1].startswith("ROLLBACK; SELECT CASE WHEN goald_check("), "the read's end went first"
+    assert "test/lost" not in await types_of(store, sid), "the write's statements were one transaction"
+    await store.transact(lambda tx: tx.emit(sid, "test/next", {}), session=sid)
+    assert (await types_of(store, sid))[-2:] == ["test/first", "test/next"]
