@@ -62,7 +62,6 @@ class SqliteBackend:
     """aiosqlite's connection thread and its ``sqlite3`` connection."""
 
     kind = "sqlite"
-    begin_read = "BEGIN"
 
     @staticmethod
     def open_read(conn: Conn) -> None:
@@ -162,7 +161,6 @@ class PgBackend:
     """psycopg connections, each on a thread of its own (see the module docstring)."""
 
     kind = "postgresql"
-    begin_read = pgtx.BEGIN_READ
 
     open_read = staticmethod(pgtx.open_read)
     end_read = staticmethod(pgtx.end_read)
@@ -265,7 +263,7 @@ class PgBackend:
                 if self._closed and not self._waiting:
                     return None
                 if lane.conn is not None and lane.conn.closing:
-                    return lane.end_read, None
+                    return lane.flush_read, None
                 self._ready_cv.wait()
             return self._ready.popleft()
 
@@ -316,7 +314,7 @@ class _Lane:
             finally:
                 backend._done(unit[1])
 
-    def end_read(self) -> None:
+    def flush_read(self) -> None:
         """Send the ``ROLLBACK`` of this lane's last read, which waited for a statement to go with:
         the lane has no work now. A connection that fails is made again before its next use."""
         if self.conn is not None:

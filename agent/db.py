@@ -253,8 +253,12 @@ class PgConn:
         locks, self._opening, self._locks = self._locks, None, None
         return locks
 
+    def open_read(self) -> None:
+        """Open a read transaction (one snapshot, no lock) with its first statement, in its round trip."""
+        self.open_later("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
     def end_read(self) -> None:
-        """A read transaction (opened with :meth:`open_later`) ends: nothing to send if it sent
+        """A read transaction (opened with :meth:`open_read`) ends: nothing to send if it sent
         nothing; else its ``ROLLBACK`` goes first in the connection's next round trip, or alone once
         its lane has nothing to do (:meth:`flush`), so that a read costs no round trip of its own to
         end and no snapshot is held while the connection waits."""

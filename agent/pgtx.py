@@ -27,14 +27,15 @@ SESSION_LOCKS = 0x676F616C
 NAMED_LOCKS = 0x676F616E
 #: The SQLSTATE of a session's write opened on a state another writer changed since (``goald_check``).
 STALE_STATE = "GD002"
-#: A read's opening: one snapshot, no lock.
-BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+#: The opening of a session's write on the state this node knows: the locks, then the state checked
+#: (``goald_check``, agent schema version 7); such a write's events may go in the same statement (:func:`commit`).
+CHECK = "goald_check("
 
 
 def open_read(conn: Conn) -> None:
     """Open a read snapshot with the read's first statement, in its round trip (``open_later``)."""
     assert isinstance(conn, PgConn)
-    conn.open_later(BEGIN_READ)
+    conn.open_read()
 
 
 def end_read(conn: Conn) -> None:
@@ -79,7 +80,7 @@ def begin(conn: Conn, session: str | None = None, known: SessionState | None = N
         turn = "NULL" if known.open_turn is None else quoted(conn, known.open_turn)
         conn.open_later(
             "BEGIN",
-            f"goald_check({WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status},"
+            f"{CHECK}{WRITER_LOCK}, {SESSION_LOCKS}, {quoted(conn, session)}, {status},"
             f" {known.last_seq}, {known.status_seq}, {turn})",
         )
         return known
@@ -124,7 +125,7 @@ def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
         conn.ended = False
         return
     locks = conn.unsent_locks()  # nothing sent yet: one text, its own transaction, no BEGIN/COMMIT
-    if locks is not None and locks.startswith("goald_check(") and (rows := conn.take_events()) is not None:
+    if locks is not None and locks.startswith(CHECK) and (rows := conn.take_events()) is not None:
         # Its events inserted after its check, in the same statement (agent.schema's version 9).
         locks = f"CASE WHEN {locks} THEN goald_events({quoted(conn, rows)}) END"
     deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
@@ -140,7 +141,6 @@ def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
 
 
 __all__ = [
-    "BEGIN_READ",
     "NAMED_LOCKS",
     "SESSION_LOCKS",
     "STALE_STATE",

@@ -158,7 +158,6 @@ class Marks:
     def relay(
         self,
         conn_of: Callable[[], Conn],
-        begin_read: str,
         spans: dict[str, tuple[int, int]] | None,
         interest: Callable[[str], bool] | None,
         deliver: Callable[[list[Event]], None],
@@ -172,7 +171,7 @@ class Marks:
             try:
                 conn = conn_of()
                 assert isinstance(conn, PgConn)
-                conn.open_later(begin_read)  # with the first read, in its round trip
+                conn.open_read()  # with the first read, in its round trip
                 try:
                     events = (
                         catch_up(conn, self.published, interest)

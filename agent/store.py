@@ -150,7 +150,7 @@ class Store:
         def deliver(events: list[Event]) -> None:
             self._loop.call_soon_threadsafe(self._deliver_relayed, events)
 
-        self._marks.relay(self._raw, self._backend.begin_read, spans, self.interest, deliver)
+        self._marks.relay(self._raw, spans, self.interest, deliver)
 
     def _deliver_relayed(self, events: list[Event]) -> None:
         self.relaying = True

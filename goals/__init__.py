@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from goals.errors import GoalConflict, GoalError, GoalNotFound, InvalidGoal, InvalidGoalTransition, StaleDecision
     from goals.facts import interval_facts
     from goals.fingerprint_limits import FingerprintLimits, size_text
-    from goals.locks import check_nesting, claim_workdir, workdir_holder
+    from goals.locks import check_nesting, claim_workdir
     from goals.model import (
         Budgets,
         Goal,
@@ -190,7 +190,6 @@ _HOMES: dict[str, str] = {
     "tools_for_goal_sessions": "goals.tools",
     "approver_for_session": "goals.tools",
     "transition": "goals.model",
-    "workdir_holder": "goals.locks",
 }
 
 if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__`` would make every name Any)
@@ -281,5 +280,4 @@ __all__ = [
     "stable_part",
     "tools_for_goal_sessions",
     "transition",
-    "workdir_holder",
 ]

@@ -45,12 +45,6 @@ def _near(path: Path) -> tuple[str, list[str], str, str]:
     return condition, ancestors, inside, inside[:-1] + "0"
 
 
-def workdir_holder(tx: Tx, workdir: str, goal_id: str) -> Goal | None:
-    """The live goal other than ``goal_id`` whose work directory is ``workdir``, inside it or around it."""
-    path = _canonical(workdir)
-    return _holder(path, tx.all(*_holder_query(path, goal_id)))
-
-
 def _holder_query(path: Path, goal_id: str) -> tuple[str, tuple[str, ...]]:
     condition, ancestors, low, high = _near(path)
     live = f"status IN {LIVE_SQL} AND workdir IS NOT NULL"

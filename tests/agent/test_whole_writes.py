@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from functools import partial
 
 import psycopg
 import pytest
@@ -61,6 +62,12 @@ async def types_of(store: Store, sid: str) -> list[str]:
     return [e.type for e in await store.events_after(sid, 0)]
 
 
+def half_written(sid: str, tx: Tx) -> None:
+    """An event, then a statement that fails: the write's text fails after its event's insert."""
+    tx.emit(sid, "test/lost", {})
+    tx.write("INSERT INTO no_such_table(id) VALUES (?)", (1,))
+
+
 def without_rollback(text: str) -> str:
     """The text without the ``ROLLBACK`` of a read before it on the connection (agent.db.PgConn.end_read)."""
     return text.removeprefix("ROLLBACK; ")
@@ -91,12 +98,8 @@ async def test_a_write_sent_whole_is_atomic(one_lane: Store, sent: list[str]) ->
     sid = await store.transact(lambda tx: create_session(tx))
     await store.transact(lambda tx: tx.emit(sid, "test/first", {}), session=sid)
 
-    def half(tx: Tx) -> None:
-        tx.emit(sid, "test/lost", {})
-        tx.write("INSERT INTO no_such_table(id) VALUES (?)", (1,))
-
     with pytest.raises(psycopg.errors.UndefinedTable):
-        await store.transact(half, session=sid)
+        await store.transact(partial(half_written, sid), session=sid)
     assert "BEGIN" not in without_rollback(sent[-1]), "it went whole"
     assert "test/lost" not in await types_of(store, sid), "the event before the failure was taken back"
     await store.transact(lambda tx: tx.emit(sid, "test/next", {}), session=sid)
@@ -148,13 +151,9 @@ async def test_a_write_sent_after_a_read_is_its_own_transaction(one_lane: Store,
     sid = await store.transact(lambda tx: create_session(tx))
     await store.transact(lambda tx: tx.emit(sid, "test/first", {}), session=sid)
 
-    def half(tx: Tx) -> None:
-        tx.emit(sid, "test/lost", {})
-        tx.write("INSERT INTO no_such_table(id) VALUES (?)", (1,))
-
     gate = threading.Event()
     held = asyncio.ensure_future(store.read(lambda conn: (conn.execute("SELECT 1").fetchone(), gate.wait(10))))
-    failing = asyncio.ensure_future(store.transact(half, session=sid))
+    failing = asyncio.ensure_future(store.transact(partial(half_written, sid), session=sid))
     await asyncio.sleep(0)  # the write is queued behind the read on the one connection
     gate.set()
     await held
