@@ -30,6 +30,16 @@ Decisions, and why:
   driver's next write, with nothing awaited before it (:meth:`agent.writer.DriverWriter.defer`):
   one transaction less per turn. A crash between the two leaves what a crash before the answer's
   commit left: a call without an outcome, charged its reservation.
+* **An answer whose calls are all safe to make again** (each tool declares it: reading or writing
+  a file, a goal's note, an idempotent MCP tool; :meth:`agent.tools.base.ToolRegistry.repeat_safe`)
+  is deferred the same way: its calls run, and it commits with the driver's next write (a result, the
+  next call's reservation) or first in what a call records itself (:meth:`agent.tools.base.
+  ToolContext.transact`: a goal's note never precedes the answer that made it). One transaction
+  less per such step. A crash while its calls run leaves the same call without an outcome, charged
+  its reservation, and calls that may run again: harmless, by their declaration. An answer with a
+  call that is not (a command, a subagent) is durable before that call runs. The spend guard
+  counts such an answer's call settled at once (what it spent is known when it answers), so the
+  next reservation binds on it, not on the reservation's bound.
 """
 
 from __future__ import annotations
@@ -258,10 +268,17 @@ class ModelStep:
             usage=usage,
             cost=cost,
         )
-        if any(isinstance(b, ToolUseBlock) for b in content):
-            await calls.write(commit)
+        uses = [b.name for b in content if isinstance(b, ToolUseBlock)]
+        if uses and not calls.agent.tools.repeat_safe(uses):
+            await calls.write(commit)  # durable before its calls run (the module docstring)
         else:
-            calls.writer.defer(commit)  # the turn ends: committed with its end (the module docstring)
+            # The turn ends, or only calls safe to make again follow: committed with the next write
+            # (the turn's end; the calls' results or what one of them records first).
+            calls.writer.defer(commit)
+            if uses:
+                # Settled in the guard now, as at the commit: the next call's reservation, checked
+                # before the write that carries this answer, binds on what this call really spent.
+                calls.agent.guard.settle(attempt.call_id, usage.total, cost)
         prompt_bytes = attempt.request.prompt_bytes
         if not response.estimated:  # an estimate of goald's own would calibrate nothing
             calls.history.estimator.observe(prompt_bytes, usage.prompt_tokens)

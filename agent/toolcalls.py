@@ -73,6 +73,7 @@ class ToolCalls:
             workdir=owner.workdir,
             store=owner.store,
             extra=dict(owner.tool_extra),
+            write=self._writer.write,
         )
         out = await owner.tools.call(use.name, use.input, ctx)
 

@@ -258,6 +258,21 @@ class Tx:
             self._refusal = one_row()
             raise self._refusal
 
+    def expect_one(self, sql: str, params: Sequence[Any] = (), *, error: Callable[[], BaseException]) -> None:
+        """Check that a query finds exactly one row (a row still at the revision this process wrote,
+        say), else fail the transaction with ``error``; as :meth:`write`'s ``one_row``, on PostgreSQL
+        by the server where the statement runs, sent with the next statement or the ``COMMIT`` (no
+        round trip of its own), and nothing of the transaction is written."""
+        if isinstance(self.conn, PgConn):
+            self._checks += 1
+            token = f"goald_one_row_{self._checks}"
+            check = f"SELECT goald_one_row(count(*), '{token}') FROM ({sql}) AS goald_found"
+            self.conn.defer(check, params, _one_row_refusal(token, error, None))
+            return
+        if len(self.conn.execute(sql, params).fetchall()) != 1:
+            self._refusal = error()
+            raise self._refusal
+
     def reads(self, *queries: tuple[str, Sequence[Any] | dict[str, Any]]) -> list[list[Any]]:
         """Run several reads that do not depend on each other's rows: on PostgreSQL in one round
         trip (with the ``COMMIT`` after :meth:`last_read`); each one's rows."""

@@ -79,7 +79,7 @@ async def approve_for_goal(ask: Ask, ctx: ToolContext) -> ToolOutput | None:
             True,
         )
 
-    return await ctx.store.transact(run, session=ctx.session_id)
+    return await ctx.transact(run)
 
 
 def granted(goal: Goal, subject: str | None, answer: str | None) -> Goal:

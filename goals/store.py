@@ -19,6 +19,7 @@ from agent import Source, SourceKind, Tx, cancel_pending, enqueue, is_pending, p
 from agent.db import Conn, integrity_errors
 from goals.budgets import with_status
 from goals.errors import GoalConflict, InvalidGoal, StaleDecision
+from goals.known import remember
 from goals.model import Goal, GoalStatus, transition
 from goals.notices import notify_status
 from goals.payloads import Caller
@@ -106,6 +107,7 @@ def insert_goal(tx: Tx, goal: Goal) -> None:
         [values[c] for c in COLUMNS],
         refused=refused,
     )
+    remember(tx, goal)
 
 
 def _workdir_held(goal: Goal, exc: Exception) -> GoalConflict | None:
@@ -135,6 +137,7 @@ def save_goal(tx: Tx, goal: Goal, expected_revision: int) -> Goal:
         refused=lambda exc: _workdir_held(goal, exc),
         one_row=lambda: StaleDecision(f"goal {goal.id} changed since it was read"),
     )
+    remember(tx, saved)
     return saved
 
 

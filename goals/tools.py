@@ -4,6 +4,9 @@ Each records a durable event in the goal's session; the engine reads those event
 whole-agent idle. None of them changes the goal's status by itself: a completion claim is only a
 claim until the verification commands pass, and a question (``ask_operator``) is asked when the
 engine decides the turn's idle (its row and the goal's ``waiting`` status commit together there).
+Each records through the running driver (:meth:`agent.tools.base.ToolContext.transact`: after the
+answer that made the call, fenced by the session's lease), and the first three on the goal as this
+process last wrote it, checked in the same write (:mod:`goals.known`).
 
 The tool policy of a goal's session lives here too (:func:`goal_policy`, :func:`policy_for_session`):
 whatever a goal's allowlist or the daemon's default says, the goal tools stay allowed, since
@@ -19,7 +22,8 @@ from pydantic import BaseModel, Field, model_validator
 from agent import Tool, ToolContext, ToolOutput, ToolPolicy, Tx
 from agent.tools.base import Approver
 from goals.approvals import approve_for_goal
-from goals.errors import InvalidGoal
+from goals.errors import InvalidGoal, StaleDecision
+from goals.known import forget, known_goal, remember, still_at
 from goals.model import GoalStatus, QuestionId
 from goals.store import GOAL_BLOCKED, GOAL_CLAIM, GOAL_PROGRESS, GOAL_QUESTION, live_goal_of_session
 
@@ -79,19 +83,32 @@ class _GoalTool:
         self, ctx: ToolContext, event_type: str, data: dict[str, str]
     ) -> tuple[str, int, int, bool] | None:
         """Emit the call's event for the session's live goal: ``(goal id, blocked streak, blocked
-        rounds, paused)``; ``None`` when the session has no live goal."""
+        rounds, paused)``; ``None`` when the session has no live goal. On the goal as this process
+        last wrote it, checked in the same write (:mod:`goals.known`), else read."""
+        if ctx.store is None:
+            return None
+        store = ctx.store
+        known = known_goal(store, ctx.session_id)
 
         def run(tx: Tx) -> tuple[str, int, int, bool] | None:
-            goal = live_goal_of_session(tx, ctx.session_id)
+            if known is not None:
+                still_at(tx, known, StaleDecision)
+            goal = known or live_goal_of_session(tx, ctx.session_id)
             if goal is None:
                 return None
+            if known is None:
+                remember(tx, goal)  # the next record goes without the read
             tx.emit(ctx.session_id, event_type, {"goalId": goal.id, "turnId": ctx.turn_id, **data})
             return goal.id, goal.blocked_streak, goal.rules.blocked_rounds, goal.status is GoalStatus.PAUSED
 
-        if ctx.store is None:
-            return None
-        # The session's goal row and events only: the session's own lock (agent.store.Store.transact).
-        return await ctx.store.transact(run, session=ctx.session_id)
+        # The session's goal row and events only: the session's own lock (agent.store.Store.transact);
+        # after the answer that made the call, if the driver deferred it (ToolContext.transact).
+        try:
+            return await ctx.transact(run)
+        except StaleDecision:  # changed elsewhere since: nothing was written; read it this time
+            forget(store, ctx.session_id)
+            known = None
+            return await ctx.transact(run)
 
 
 class GoalProgress(_GoalTool, Tool[ProgressArgs]):
@@ -186,7 +203,7 @@ class AskOperator(Tool[AskArgs]):
 
         if ctx.store is None:
             return ToolOutput("this session has no active goal", True)
-        refused = await ctx.store.transact(run, session=ctx.session_id)
+        refused = await ctx.transact(run)
         if refused is not None:
             return ToolOutput(refused, True)
         return ToolOutput(

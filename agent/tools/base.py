@@ -12,7 +12,7 @@ import asyncio
 import functools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -27,11 +27,13 @@ from agent.tools.policy import DENIED_PREFIX, Ask, ToolPolicy
 if TYPE_CHECKING:
     from agent.spend import SpendGuard
     from agent.store import Store
+    from agent.tx import Tx
 
 #: The key of :attr:`ToolContext.extra` under which the runtime passes the session's spend guard.
 GUARD_KEY = "guard"
 
 A = TypeVar("A", bound=BaseModel)
+T = TypeVar("T")
 
 
 @dataclass
@@ -42,9 +44,29 @@ class ToolContext:
     turn_id: str
     call_id: str
     workdir: Path | None = None
-    #: The store, for tools that record durable facts in their own transaction.
+    #: The store, for tools that record durable facts in their own transaction (:meth:`transact`).
     store: Store | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The running driver's write (:meth:`agent.writer.DriverWriter.write`), when a driver runs the call.
+    write: Callable[[Callable[[Tx], Any]], Awaitable[Any]] | None = None
+
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a transaction on the call's session: the running driver's write when there is
+        one — fenced by the session's lease, and after what the driver deferred, so the answer that
+        asked for this call is durable before what the call records (:mod:`agent.step` defers an
+        answer whose calls are all safe to repeat) —, else the store's."""
+        if self.write is not None:
+            result: T = await self.write(fn)
+            return result
+        if self.store is None:
+            raise RuntimeError("a tool context without a store cannot write")
+        return await self.store.transact(fn, session=self.session_id)
+
+    async def settle(self) -> None:
+        """Make what the driver deferred durable now (the answer that asked for this call): before
+        someone is asked about the call, who must have heard of it first."""
+        if self.write is not None:
+            await self.write(_nothing)
 
     def time_left(self) -> float | None:
         """The seconds left before the session's spend guard's time runs out (its deadline or the end
@@ -53,6 +75,10 @@ class ToolContext:
         outlive the time its session has (the guard binds model calls; tools bind their own waits)."""
         guard: SpendGuard | None = self.extra.get(GUARD_KEY)
         return guard.time_left() if guard is not None else None
+
+
+def _nothing(tx: Tx) -> None:
+    """A write of nothing (what was deferred goes with it: :meth:`ToolContext.settle`)."""
 
 
 @dataclass
@@ -177,6 +203,11 @@ class ToolRegistry:
     def get(self, name: str) -> Tool[Any] | None:
         """The tool called ``name``, if any."""
         return self._tools.get(name)
+
+    def repeat_safe(self, names: Iterable[str]) -> bool:
+        """Whether calls of these names are all harmless to make again: each runs a tool declared
+        safe to repeat, or nothing at all (a name with no tool here is answered with an error)."""
+        return all((tool := self._tools.get(name)) is None or tool.repeat_safe for name in names)
 
     @property
     def names(self) -> list[str]:

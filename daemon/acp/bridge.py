@@ -320,7 +320,9 @@ class AcpBridge:
         always = self._always.setdefault(ctx.session_id, set())
         if name in always:
             return True
-        # The editor hears of the call (tool_call) before it is asked about it.
+        # The editor hears of the call (tool_call) before it is asked about it: the answer that made
+        # the call committed (the driver may have deferred it: agent.step), then projected.
+        await ctx.settle()
         await view.reached((await view.store.session_state(ctx.session_id)).last_seq)
         call = ToolCallUpdate(
             tool_call_id=ctx.call_id,

@@ -1,0 +1,248 @@
+"""An answer whose calls are all safe to make again commits with what follows it (issue 30: fewer
+round trips per round), on both stores.
+
+Pins: such an answer is not durable while its calls run and commits with the next write — one
+transaction fewer per step than an answer with a call that is not safe to repeat, which is durable
+before its calls run (also when only one of a step's calls is not); what a call records through
+its context comes after the answer that made it; an interrupt while such a call runs keeps the
+answer and cancels the call; and a ``kill -9`` while it runs leaves a turn repaired as
+"interrupted" with its reservation charged in full, no answer and no call without a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import storekit
+from pydantic import BaseModel
+from storekit import Location
+
+from agent import (
+    EventType,
+    FunctionTool,
+    ModelRegistry,
+    Reply,
+    Runtime,
+    ScriptedModel,
+    ToolCall,
+    ToolContext,
+    ToolOutput,
+    ToolRegistry,
+)
+from agent.turns import CANCELLED_TOOL_TEXT
+from agent.tx import Tx
+
+pytestmark = pytest.mark.both_stores
+
+WAIT = 10.0
+
+
+class NoArgs(BaseModel):
+    """No arguments."""
+
+
+def tool(name: str, fn: Any, *, repeat_safe: bool) -> FunctionTool[NoArgs]:
+    async def run(args: NoArgs, ctx: ToolContext) -> ToolOutput | str:
+        result: ToolOutput | str = await fn(ctx)
+        return result
+
+    return FunctionTool(name, f"test tool {name}", NoArgs, run, repeat_safe=repeat_safe)
+
+
+def answer_committed(db_path: Location, ctx: ToolContext) -> bool:
+    """Whether the answer that asked for this call is in the store, read through another connection."""
+    with closing(storekit.connect(db_path)) as conn:
+        rows = conn.execute(
+            "SELECT data FROM events WHERE session_id=? AND type=?",
+            (ctx.session_id, EventType.ASSISTANT_MESSAGE.value),
+        ).fetchall()
+    return any(b.get("id") == ctx.call_id for (data,) in rows for b in json.loads(data)["content"])
+
+
+async def run_turn(open_runtime: Any, model: ScriptedModel, tools: list[Any]) -> tuple[Runtime, str, int]:
+    """Run one turn to idle; the runtime (closed), the session and the turn's transactions on it."""
+    async with open_runtime(model, tools=tools) as rt:
+        sid = await rt.create_session()
+        agent = await rt.agent(sid)
+        count = 0
+        transact = rt.store.transact
+
+        async def counting(fn: Any, session: str | None = None, **kw: Any) -> Any:
+            nonlocal count
+            count += session == sid
+            return await transact(fn, session=session, **kw)
+
+        rt.store.transact = counting  # type: ignore[method-assign]
+        await agent.followup("go")
+        async with asyncio.timeout(WAIT):
+            await agent.when_idle()
+        rt.store.transact = transact  # type: ignore[method-assign]
+        return rt, sid, count
+
+
+async def test_an_answer_whose_calls_are_safe_to_repeat_commits_with_what_follows(open_runtime, db_path) -> None:
+    seen: dict[str, bool] = {}
+
+    async def look(ctx: ToolContext) -> str:
+        seen[ctx.call_id] = answer_committed(db_path, ctx)
+        return "looked"
+
+    counts, sessions = {}, []
+    for safe in (True, False):
+        model = ScriptedModel([Reply.call("look"), Reply.say("done")])
+        _, sid, counts[safe] = await run_turn(open_runtime, model, [tool("look", look, repeat_safe=safe)])
+        model.assert_done()
+        sessions.append(sid)
+    async with open_runtime(ScriptedModel([])) as rt:
+        orders = [[e.type for e in await rt.store.events_after(sid, 0)] for sid in sessions]
+    assert list(seen.values()) == [False, True]  # safe: not yet durable while it runs; unsafe: durable
+    assert counts[True] == counts[False] - 1
+    # Both sessions hold the same history, in the same order: the answer, its result, the last answer.
+    kinds = [[t for t in order if t in ("assistant/message", "tool/result")] for order in orders]
+    assert kinds == [["assistant/message", "tool/result", "assistant/message"]] * 2
+
+
+async def test_one_call_not_safe_to_repeat_makes_the_answer_durable_before_every_call(open_runtime, db_path) -> None:
+    seen: dict[str, bool] = {}
+
+    def looker(name: str) -> Any:
+        async def look(ctx: ToolContext) -> str:
+            seen[name] = answer_committed(db_path, ctx)
+            return "looked"
+
+        return look
+
+    model = ScriptedModel([Reply(tool_calls=[ToolCall("safe", {}), ToolCall("unsafe", {})]), Reply.say("done")])
+    await run_turn(
+        open_runtime,
+        model,
+        [tool("safe", looker("safe"), repeat_safe=True), tool("unsafe", looker("unsafe"), repeat_safe=False)],
+    )
+    model.assert_done()
+    assert seen == {"safe": True, "unsafe": True}
+
+
+async def test_what_a_call_records_comes_after_the_answer_that_made_it(open_runtime, db_path) -> None:
+    seen: list[bool] = []
+
+    async def note(ctx: ToolContext) -> str:
+        seen.append(answer_committed(db_path, ctx))
+
+        def run(tx: Tx) -> None:
+            tx.emit(ctx.session_id, "test/noted", {"callId": ctx.call_id})
+
+        await ctx.transact(run)
+        seen.append(answer_committed(db_path, ctx))
+        return "noted"
+
+    model = ScriptedModel([Reply.call("note"), Reply.say("done")])
+    _, sid, _ = await run_turn(open_runtime, model, [tool("note", note, repeat_safe=True)])
+    model.assert_done()
+    async with open_runtime(ScriptedModel([])) as rt:
+        types = [e.type for e in await rt.store.events_after(sid, 0)]
+    assert seen == [False, True]
+    answer, noted, result = (types.index(t) for t in ("assistant/message", "test/noted", "tool/result"))
+    assert answer < noted < result
+
+
+async def test_an_interrupt_while_a_safe_call_runs_keeps_the_answer_and_cancels_the_call(open_runtime) -> None:
+    started = asyncio.Event()
+
+    async def hang(ctx: ToolContext) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    model = ScriptedModel([Reply.call("hang")])
+    async with open_runtime(model, tools=[tool("hang", hang, repeat_safe=True)]) as rt:
+        sid = await rt.create_session()
+        agent = await rt.agent(sid)
+        await agent.followup("run the tool")
+        async with asyncio.timeout(WAIT):
+            await started.wait()
+            await agent.interrupt()
+            await agent.when_idle()
+        events = await rt.store.events_after(sid, 0)
+    model.assert_done()
+    answers = [e for e in events if e.type == EventType.ASSISTANT_MESSAGE]
+    results = [e for e in events if e.type == EventType.TOOL_RESULT]
+    uses = [b["id"] for b in answers[0].data["content"] if b["type"] == "tool_use"]
+    assert len(answers) == 1 and len(uses) == 1
+    assert [(r.data["toolUseId"], r.data["content"], r.data["isError"]) for r in results] == [
+        (uses[0], CANCELLED_TOOL_TEXT, True)
+    ]
+    assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["cancelled"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = """
+import asyncio, sys
+from pathlib import Path
+from pydantic import BaseModel
+from agent import FunctionTool, ModelRegistry, Reply, Runtime, ScriptedModel, ToolRegistry
+
+class NoArgs(BaseModel):
+    pass
+
+async def main(location, marker):
+    async def touch(args, ctx):
+        Path(marker).write_text(ctx.call_id)  # the call's effect, then it runs on until killed
+        print(ctx.call_id, flush=True)
+        await asyncio.Event().wait()
+
+    model = ScriptedModel([Reply.call("touch")], name="child")
+    registry = ModelRegistry()
+    registry.add(model)
+    registry.default = model.spec
+    tools = [FunctionTool("touch", "touch a file", NoArgs, touch, repeat_safe=True)]
+    async with Runtime.open(location, models=registry, tools=lambda row: ToolRegistry(list(tools))) as rt:
+        sid = await rt.create_session()
+        print(sid, flush=True)
+        await (await rt.agent(sid)).followup("touch it")
+        await asyncio.Event().wait()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_a_kill_while_a_safe_call_runs_is_repaired_as_an_interrupted_turn(tmp_path: Path, db_path) -> None:
+    marker = tmp_path / "touched"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        str(db_path),
+        str(marker),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        assert child.stdout is not None
+        sid = (await asyncio.wait_for(child.stdout.readline(), 60)).decode().strip()
+        running = (await asyncio.wait_for(child.stdout.readline(), 60)).decode().strip()  # the call runs
+    finally:
+        child.send_signal(signal.SIGKILL)
+        await child.wait()
+    call_id = marker.read_text()
+    assert call_id == running
+    registry = ModelRegistry()
+    model = ScriptedModel([], name="child")
+    registry.add(model)
+    registry.default = model.spec
+    async with Runtime.open(db_path, models=registry, tools=lambda row: ToolRegistry()) as rt:
+        events = await rt.store.events_after(sid, 0)
+        calls = await rt.store.read(
+            lambda conn: [dict(r) for r in conn.execute("SELECT state FROM model_calls WHERE session_id=?", (sid,))]
+        )
+    types = [e.type for e in events]
+    assert EventType.ASSISTANT_MESSAGE not in types and EventType.TOOL_RESULT not in types
+    assert not any(call_id in json.dumps(e.data) for e in events)
+    assert [e.data["reason"] for e in events if e.type == EventType.TURN_END] == ["interrupted"]
+    assert [c["state"] for c in calls] == ["charged_in_full"]
