@@ -60,11 +60,23 @@ class Row(tuple[Any, ...]):
         return list(self._names)
 
 
+#: A result's column names as their positions, by the names' raw bytes: a daemon's statements have
+#: few shapes, and building psycopg's ``description`` (an object per column) for each result set was
+#: a few per cent of the daemon's CPU under load. Bounded: cleared when it grows past this.
+_SHAPES: dict[tuple[bytes, ...], dict[str, int]] = {}
+_SHAPES_MAX = 4096
+
+
 def _row_factory(cursor: Any) -> Any:
-    desc = cursor.description
-    if desc is None:
+    res = cursor.pgresult
+    if res is None or not res.nfields:  # no result set, or one without columns (an UPDATE's, say)
         return tuple
-    names = {c.name: i for i, c in enumerate(desc)}
+    raw = tuple(res.fname(i) for i in range(res.nfields))
+    names = _SHAPES.get(raw)
+    if names is None:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        names = _SHAPES[raw] = {name.decode(): i for i, name in enumerate(raw)}
 
     def make(values: Sequence[Any]) -> Row:
         return Row(values, names)
