@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from goals.errors import GoalConflict, GoalError, GoalNotFound, InvalidGoal, InvalidGoalTransition, StaleDecision
     from goals.facts import interval_facts
     from goals.fingerprint_limits import FingerprintLimits, size_text
-    from goals.locks import check_nesting, claim_workdir
+    from goals.locks import CLAIMS, check_nesting, claim_workdir
     from goals.model import (
         Budgets,
         Goal,
@@ -158,6 +158,7 @@ _HOMES: dict[str, str] = {
     "VerifyCommand": "goals.model",
     "VerifyResult": "goals.model",
     "budget_spent": "goals.policy",
+    "CLAIMS": "goals.locks",
     "check_nesting": "goals.locks",
     "claim_workdir": "goals.locks",
     "decide": "goals.policy",
@@ -199,6 +200,7 @@ if not TYPE_CHECKING:  # (mypy reads the imports above; a module ``__getattr__``
 
 
 __all__ = [
+    "CLAIMS",
     "GOAL_BLOCKED",
     "GOAL_CHANGED",
     "GOAL_CLAIM",

@@ -103,6 +103,7 @@ def _bind_session(
     if spec.session_id is not None:
         sid = SessionId.parse(spec.session_id)
         srow = load_session(tx, sid)
+        tx.state(sid)  # the session's lock before it changes (a creation holds goals.locks.CLAIMS only)
         if draft.workdir is None and srow.workdir:
             # The goal works where its session works (its verification runs there too).
             draft = draft.model_copy(update={"workdir": srow.workdir})

@@ -6,8 +6,9 @@ is live (``active`` or ``paused``) and lets go when it ends (completed, failed, 
 exhausted); resuming an exhausted goal takes the lock again, so it may be refused.
 
 The check runs in the transaction that creates (or revives) the goal, so it is exactly as durable
-as the goal row, and it names the goal in the way. The ``goals`` schema (migration 2) holds the
-same rule as triggers, a backstop against any writer that skips this module.
+as the goal row, and it names the goal in the way; those transactions run one at a time
+(:data:`CLAIMS`). The ``goals`` schema (migration 2) holds the same rule as triggers, a backstop
+against any writer that skips this module.
 
 Sessions: a directory inside (or around) another's would let the outer one's model swap the inner
 directory for a symlink (``rm -rf inner; ln -s / inner``), and the inner session's next command
@@ -26,6 +27,13 @@ from agent import Tx, session_rows, sessions_near_query
 from goals.errors import GoalConflict
 from goals.model import LIVE_SQL, Goal
 from goals.rows import goal_from_row
+
+#: The lock (``Store.transact``'s ``named``) of the transactions that claim a work directory — a
+#: goal's creation, a session's — on PostgreSQL: nesting is a rule over every goal and session, so
+#: such claims run one at a time, while sessions' writes go on meanwhile (they hold the writer lock
+#: shared, as these do). A claim that also changes a session takes that session's lock as it goes.
+#: A goal's resume, rarer, still holds the writer lock alone (which excludes these as well).
+CLAIMS = "workdir-claims"
 
 
 def _canonical(raw: str) -> Path:

@@ -20,6 +20,7 @@ from goals.approvals import approve_for_goal, revoke_approval
 from goals.budgets import guard_limits
 from goals.creation import check_workdir, create_goal
 from goals.errors import GoalError, InvalidGoal
+from goals.locks import CLAIMS
 from goals.measure import Fingerprinter
 from goals.model import Budgets, Goal, GoalId, GoalSpec, GoalStatus, StopReason, VerifyCommand
 from goals.operations import (
@@ -105,7 +106,8 @@ class GoalRequests:
                 also(tx, made[0])
             return made
 
-        goal, created = await self.store.transact(run)
+        # One claim of a work directory at a time, the sessions' writes going on (goals.locks.CLAIMS).
+        goal, created = await self.store.transact(run, named=CLAIMS)
         if created:
             log_change(None, goal)
             self._track(goal)

@@ -48,7 +48,7 @@ from daemon.rpc.params import (
 )
 from daemon.rpc.protocol import Dispatcher, ErrorCode, Peer, RpcError
 from daemon.rpc.views import Empty, JsonObject, event_view
-from goals import Goal, GoalStatus, check_nesting, latest_goal_of_session
+from goals import CLAIMS, Goal, GoalStatus, check_nesting, latest_goal_of_session
 
 
 class SessionCreated(TypedDict):
@@ -123,7 +123,7 @@ async def new_session(host: HostPort, p: SessionNew) -> SessionCreated:
         check_nesting(tx, str(workdir))  # no session in (or around) another's work directory
         create_session(tx, model=p.model, workdir=str(workdir), session_id=sid)
 
-    await rt.store.transact(create)
+    await rt.store.transact(create, named=CLAIMS)  # one claim of a work directory at a time
     return {"sessionId": sid, "workdir": str(workdir)}
 
 

@@ -4,7 +4,8 @@ round trips per round), on both stores.
 Pins: such an answer is not durable while its calls run and commits with the next write — one
 transaction fewer per step than an answer with a call that is not safe to repeat, which is durable
 before its calls run (also when only one of a step's calls is not); what a call records through
-its context comes after the answer that made it; an interrupt while such a call runs keeps the
+its context comes after the answer that made it; calls run in parallel commit their answer once,
+before their results; an interrupt while such a call runs keeps the
 answer and cancels the call; and a ``kill -9`` while it runs leaves a turn repaired as
 "interrupted" with its reservation charged in full, no answer and no call without a result.
 """
@@ -127,6 +128,22 @@ async def test_one_call_not_safe_to_repeat_makes_the_answer_durable_before_every
     )
     model.assert_done()
     assert seen == {"safe": True, "unsafe": True}
+
+
+async def test_parallel_safe_calls_commit_their_answer_once_before_their_results(open_runtime) -> None:
+    async def look(ctx: ToolContext) -> str:
+        return "looked"
+
+    model = ScriptedModel([Reply(tool_calls=[ToolCall("look", {}), ToolCall("look", {})]), Reply.say("done")])
+    _, sid, _ = await run_turn(open_runtime, model, [tool("look", look, repeat_safe=True)])
+    model.assert_done()
+    async with open_runtime(ScriptedModel([])) as rt:
+        events = await rt.store.events_after(sid, 0)
+    kinds = [e.type for e in events if e.type in ("assistant/message", "tool/result")]
+    uses = [b["id"] for b in events[[e.type for e in events].index("assistant/message")].data["content"] if "id" in b]
+    results = [e.data["toolUseId"] for e in events if e.type == "tool/result"]
+    assert kinds == ["assistant/message", "tool/result", "tool/result", "assistant/message"]
+    assert len(uses) == 2 and sorted(results) == sorted(uses)
 
 
 async def test_what_a_call_records_comes_after_the_answer_that_made_it(open_runtime, db_path) -> None:
