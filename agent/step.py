@@ -30,16 +30,17 @@ Decisions, and why:
   driver's next write, with nothing awaited before it (:meth:`agent.writer.DriverWriter.defer`):
   one transaction less per turn. A crash between the two leaves what a crash before the answer's
   commit left: a call without an outcome, charged its reservation.
-* **An answer whose calls are all safe to make again** (each tool declares it: reading or writing
-  a file, a goal's note, an idempotent MCP tool; :meth:`agent.tools.base.ToolRegistry.repeat_safe`)
-  is deferred the same way: its calls run, and it commits with the driver's next write (a result, the
-  next call's reservation) or first in what a call records itself (:meth:`agent.tools.base.
-  ToolContext.transact`: a goal's note never precedes the answer that made it). One transaction
-  less per such step. A crash while its calls run leaves the same call without an outcome, charged
-  its reservation, and calls that may run again: harmless, by their declaration. An answer with a
-  call that is not (a command, a subagent) is durable before that call runs. The spend guard
-  counts such an answer's call settled at once (what it spent is known when it answers), so the
-  next reservation binds on it, not on the reservation's bound.
+* **An answer whose calls change nothing but through the driver** (each tool declares it,
+  :attr:`agent.tools.base.Tool.effects_in_store`: reading a file, listing a directory, a goal's
+  note, claim or question) is deferred the same way: its calls run, and it commits with the
+  driver's next write (a result, the next call's reservation) or first in the transaction in which
+  a call records its change (:meth:`agent.tools.base.ToolContext.transact`). So the rule of
+  ``docs/architecture.md``'s invariant 12 holds in its purpose: no effect of a call is ever durable
+  before the answer that asked for it. One transaction less per such step. A crash while its
+  calls run leaves a call without an outcome, charged its reservation, and nothing it changed. An
+  answer with any other call (a file written, a command, a subagent, an MCP tool) is durable
+  before its calls run. The spend guard counts a deferred answer's call settled at once (what it
+  spent is known when it answers), so the next reservation binds on it, not on its bound.
 """
 
 from __future__ import annotations
@@ -269,11 +270,12 @@ class ModelStep:
             cost=cost,
         )
         uses = [b.name for b in content if isinstance(b, ToolUseBlock)]
-        if uses and not calls.agent.tools.repeat_safe(uses):
+        if uses and not calls.agent.tools.effects_in_store(uses):
             await calls.write(commit)  # durable before its calls run (the module docstring)
         else:
-            # The turn ends, or only calls safe to make again follow: committed with the next write
-            # (the turn's end; the calls' results or what one of them records first).
+            # The turn ends, or only calls that change nothing but through the driver follow:
+            # committed with the next write (the turn's end; the calls' results or what one of them
+            # records first, in the same transaction).
             calls.writer.defer(commit)
             if uses:
                 # Settled in the guard now, as at the commit: the next call's reservation, checked

@@ -14,9 +14,9 @@ two commits (the assistant message; its tool result with the next reservation) a
 the tool's end and that commit leaves what a crash just before the result's own commit left: a
 call without a result, repaired as "outcome unknown". Several tool calls of one step run in
 parallel and each result is committed as it comes. The turn's last answer (no tool call) goes the
-same way, with the turn's end, and so does an answer whose calls are all safe to make again, with
-the first write after it: a result, the next reservation, or what one of its calls records through
-the driver (:meth:`agent.tools.base.ToolContext.transact`) — a step of such calls costs one commit
+same way, with the turn's end, and so does an answer whose calls change nothing but through the
+driver, with the first write after it: a result, the next reservation, or what one of its calls
+records (:meth:`agent.tools.base.ToolContext.transact`) — a step of such calls costs one commit
 (:mod:`agent.step`).
 """
 
@@ -78,8 +78,8 @@ class DriverWriter:
 
     def defer(self, write: Callable[[Tx], None]) -> None:
         """Commit ``write`` with the next :meth:`write` (a step's only tool result; the turn's last
-        answer, committed with the turn's end, and an answer whose calls are safe to repeat:
-        :mod:`agent.step`)."""
+        answer, committed with the turn's end, and an answer whose calls change nothing but through
+        the driver: :mod:`agent.step`)."""
         self._deferred.append(_Deferred(write))
 
     async def write(self, fn: Callable[[Tx], _T]) -> _T:

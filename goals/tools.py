@@ -118,6 +118,7 @@ class GoalProgress(_GoalTool, Tool[ProgressArgs]):
     description = "Record a short note of the progress made toward the goal."
     Args = ProgressArgs
     repeat_safe = True
+    effects_in_store = True  # its record, through ToolContext.transact
 
     async def run(self, args: ProgressArgs, ctx: ToolContext) -> ToolOutput:
         found = await self._record(ctx, GOAL_PROGRESS, {"note": args.note})
@@ -136,6 +137,7 @@ class GoalComplete(_GoalTool, Tool[CompleteArgs]):
     )
     Args = CompleteArgs
     repeat_safe = True
+    effects_in_store = True  # its record, through ToolContext.transact
 
     async def run(self, args: CompleteArgs, ctx: ToolContext) -> ToolOutput:
         found = await self._record(ctx, GOAL_CLAIM, {"summary": args.summary, "evidence": args.evidence})
@@ -156,6 +158,7 @@ class GoalBlocked(_GoalTool, Tool[BlockedArgs]):
     description = "Report that you cannot make progress, and why. Repeated in consecutive rounds, it pauses the goal."
     Args = BlockedArgs
     repeat_safe = True
+    effects_in_store = True  # its record, through ToolContext.transact
 
     async def run(self, args: BlockedArgs, ctx: ToolContext) -> ToolOutput:
         found = await self._record(ctx, GOAL_BLOCKED, {"reason": args.reason})
@@ -179,6 +182,7 @@ class AskOperator(Tool[AskArgs]):
     )
     Args = AskArgs
     repeat_safe = True
+    effects_in_store = True  # its record, through ToolContext.transact
     subagent_inherits = False
 
     async def run(self, args: AskArgs, ctx: ToolContext) -> ToolOutput:

@@ -54,7 +54,7 @@ class ToolContext:
         """Run ``fn`` in a transaction on the call's session: the running driver's write when there is
         one — fenced by the session's lease, and after what the driver deferred, so the answer that
         asked for this call is durable before what the call records (:mod:`agent.step` defers an
-        answer whose calls are all safe to repeat) —, else the store's."""
+        answer whose calls change nothing else: :attr:`Tool.effects_in_store`) —, else the store's."""
         if self.write is not None:
             result: T = await self.write(fn)
             return result
@@ -101,6 +101,12 @@ class Tool(ABC, Generic[A]):
     output_cap: int = 64_000
     #: Whether running the call again after an unknown outcome is harmless.
     repeat_safe: bool = False
+    #: Whether the call changes nothing outside goald's store, and what it changes there it changes
+    #: through its context's transaction (:meth:`ToolContext.transact`): reading a file, listing a
+    #: directory, a goal's note. Then the answer that asks for it need not be durable before it runs:
+    #: it commits with that change, or with the driver's next write, never after any effect of the
+    #: call (:mod:`agent.step`). A tool that writes a file, runs a command or calls out does not.
+    effects_in_store: bool = False
 
     @abstractmethod
     async def run(self, args: A, ctx: ToolContext) -> ToolOutput | str:
@@ -124,6 +130,7 @@ class FunctionTool(Tool[A]):
         timeout: float = 60.0,
         output_cap: int = 64_000,
         repeat_safe: bool = False,
+        effects_in_store: bool = False,
     ) -> None:
         self.name = name  # type: ignore[misc]
         self.description = description  # type: ignore[misc]
@@ -132,6 +139,7 @@ class FunctionTool(Tool[A]):
         self.timeout = timeout
         self.output_cap = output_cap
         self.repeat_safe = repeat_safe
+        self.effects_in_store = effects_in_store
 
     async def run(self, args: A, ctx: ToolContext) -> ToolOutput | str:
         return await self._fn(args, ctx)
@@ -204,10 +212,11 @@ class ToolRegistry:
         """The tool called ``name``, if any."""
         return self._tools.get(name)
 
-    def repeat_safe(self, names: Iterable[str]) -> bool:
-        """Whether calls of these names are all harmless to make again: each runs a tool declared
-        safe to repeat, or nothing at all (a name with no tool here is answered with an error)."""
-        return all((tool := self._tools.get(name)) is None or tool.repeat_safe for name in names)
+    def effects_in_store(self, names: Iterable[str]) -> bool:
+        """Whether calls of these names change nothing but through their context's transaction: each
+        runs a tool that declares so (:attr:`Tool.effects_in_store`), or nothing at all (a name with
+        no tool here is answered with an error)."""
+        return all((tool := self._tools.get(name)) is None or tool.effects_in_store for name in names)
 
     @property
     def names(self) -> list[str]:

@@ -182,6 +182,7 @@ class ReadFile(Tool[ReadFileArgs]):
     description = "Read a UTF-8 text file from the work directory."
     Args = ReadFileArgs
     repeat_safe = True
+    effects_in_store = True  # it changes nothing
 
     async def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolOutput:
         try:
@@ -275,6 +276,7 @@ class ListDir(Tool[ListDirArgs]):
     description = "List the entries of a directory of the work directory (directories end with /)."
     Args = ListDirArgs
     repeat_safe = True
+    effects_in_store = True  # it changes nothing
 
     async def run(self, args: ListDirArgs, ctx: ToolContext) -> ToolOutput:
         try:

@@ -114,14 +114,14 @@ class NoArgs(BaseModel):
     """No arguments."""
 
 
-def tool(name: str, fn: Any, *, timeout: float = 60.0) -> FunctionTool[NoArgs]:
+def tool(name: str, fn: Any, *, timeout: float = 60.0, in_store: bool = False) -> FunctionTool[NoArgs]:
     """A no-argument tool from an async function of the context."""
 
     async def run(args: NoArgs, ctx: ToolContext) -> ToolOutput | str:
         result: ToolOutput | str = await fn(ctx)
         return result
 
-    return FunctionTool(name, f"test tool {name}", NoArgs, run, timeout=timeout)
+    return FunctionTool(name, f"test tool {name}", NoArgs, run, timeout=timeout, effects_in_store=in_store)
 
 
 # -- interrupt -------------------------------------------------------------------------------
@@ -205,7 +205,11 @@ async def test_interrupt_with_discard_cancels_queued_messages(open_runtime) -> N
     assert snap.status is AgentStatus.IDLE and last.seq == snap.seq
 
 
-async def test_interrupt_cancels_tool_calls_in_flight(open_runtime) -> None:
+@pytest.mark.parametrize("in_store", [False, True], ids=["durable answer", "deferred answer"])
+async def test_interrupt_cancels_tool_calls_in_flight(open_runtime, in_store: bool) -> None:
+    # A call that changes nothing but through the driver runs before its answer is durable
+    # (agent.step): the interrupt's cleanup
+    # commits the answer first, then the call's cancelled result, as for any other call.
     started = asyncio.Event()
 
     async def hang(ctx: ToolContext) -> str:
@@ -214,17 +218,22 @@ async def test_interrupt_cancels_tool_calls_in_flight(open_runtime) -> None:
         return "never"
 
     model = ScriptedModel([Reply.call("hang")])
-    async with open_runtime(model, tools=[tool("hang", hang)]) as rt:
+    async with open_runtime(model, tools=[tool("hang", hang, in_store=in_store)]) as rt:
         sid = await rt.create_session()
         agent = await rt.agent(sid)
         await agent.followup("run the tool")
         await within(started.wait())
         await within(agent.interrupt())
         await within(agent.when_idle())
+        answers = await events_of(rt, sid, EventType.ASSISTANT_MESSAGE)
         results = await events_of(rt, sid, EventType.TOOL_RESULT)
         ends = await events_of(rt, sid, EventType.TURN_END)
     model.assert_done()
-    assert [(r.data["content"], r.data["isError"]) for r in results] == [(CANCELLED_TOOL_TEXT, True)]
+    uses = [b["id"] for a in answers for b in a.data["content"] if b["type"] == "tool_use"]
+    assert [(r.data["toolUseId"], r.data["content"], r.data["isError"]) for r in results] == [
+        (uses[0], CANCELLED_TOOL_TEXT, True)
+    ]
+    assert len(uses) == 1 and answers[0].seq < results[0].seq
     assert [e.data["reason"] for e in ends] == ["cancelled"]
 
 
