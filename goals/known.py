@@ -10,50 +10,62 @@ changed since fails that check: nothing is written, the goal is forgotten and re
 goal tool's record is one round trip where it was two (issue 30), and what it records is exactly
 what it was: the live goal as it is when the record commits.
 
-Bounded by the live goals whose rows this process wrote (one entry per session).
+Bounded: at most :data:`LIMIT` goals per store, the least recently written forgotten first (a
+goal that moved to another node and ended there is never written here again); a goal forgotten
+only costs its next record one read.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 
 from agent import Store, Tx
 from goals.model import Goal
 
-_lock = threading.Lock()
-_known: weakref.WeakKeyDictionary[Store, dict[str, Goal]] = weakref.WeakKeyDictionary()
+#: The most goals one store's process remembers.
+LIMIT = 10_000
+
+_lock = threading.Lock()  # the store's threads remember, the event loop's tools look up
+_known: weakref.WeakKeyDictionary[Store, OrderedDict[str, Goal]] = weakref.WeakKeyDictionary()
 
 
-def _of(store: Store) -> dict[str, Goal]:
-    with _lock:
-        known = _known.get(store)
-        if known is None:
-            known = _known[store] = {}
-        return known
+def _of(store: Store) -> OrderedDict[str, Goal]:
+    known = _known.get(store)
+    if known is None:
+        known = _known[store] = OrderedDict()
+    return known
 
 
 def remember(tx: Tx, goal: Goal) -> None:
     """Remember ``goal`` as its session's once ``tx`` commits (forget it there if it is not live)."""
-    known = _of(tx.store)
+    store = tx.store
 
     def committed() -> None:
-        if goal.status.live:
-            known[goal.session_id] = goal
-        elif (was := known.get(goal.session_id)) is not None and was.id == goal.id:
-            del known[goal.session_id]
+        with _lock:
+            known = _of(store)
+            if goal.status.live:
+                known[goal.session_id] = goal
+                known.move_to_end(goal.session_id)
+                while len(known) > LIMIT:
+                    known.popitem(last=False)
+            elif (was := known.get(goal.session_id)) is not None and was.id == goal.id:
+                del known[goal.session_id]
 
     tx.on_commit(committed)
 
 
 def known_goal(store: Store, session_id: str) -> Goal | None:
     """The live goal of ``session_id`` as this process last wrote it (``None``: none known)."""
-    return _of(store).get(session_id)
+    with _lock:
+        return _of(store).get(session_id)
 
 
 def forget(store: Store, session_id: str) -> None:
     """Forget the goal known for ``session_id`` (it changed elsewhere: read it again)."""
-    _of(store).pop(session_id, None)
+    with _lock:
+        _of(store).pop(session_id, None)
 
 
 def still_at(tx: Tx, goal: Goal, error: type[Exception]) -> None:

@@ -4,7 +4,8 @@
 Pins: a goal this process wrote is recorded on without reading its row; a goal another process
 changed since is refused by the check, nothing of that write kept, read again, and recorded on
 as it now is (paused: the tool says so); a goal another process ended leaves the tool with no live
-goal and records nothing; and on PostgreSQL the record on a known goal is one round trip.
+goal and records nothing; on PostgreSQL the record on a known goal is one round trip; and a process
+remembers at most ``goals.known.LIMIT`` goals, the least recently written forgotten first.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from goalkit import goal_runtime
 
+import goals.known
 import goals.tools
 from agent import ModelRequest, Reply, Store, ToolContext
 from goals import GoalSpec, GoalStatus
@@ -93,3 +95,27 @@ async def test_a_goal_tool_records_on_the_goal_this_process_wrote(
         (GOAL_CLAIM, goal.id, None),
         (GOAL_PROGRESS, goal.id, "two"),
     ]
+
+
+async def test_a_process_remembers_at_most_its_limit_of_goals(
+    db_path: Path | str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(goals.known, "LIMIT", 2)
+    calling, release = asyncio.Event(), asyncio.Event()
+
+    async def rule(request: ModelRequest) -> Reply:
+        calling.set()
+        await release.wait()
+        return Reply.say("done")
+
+    made = []
+    async with goal_runtime(db_path, rule) as (rt, engine, _):
+        for n in range(3):
+            workdir = tmp_path / f"work{n}"
+            workdir.mkdir()
+            made.append(await engine.create(GoalSpec(objective=f"Goal {n}.", workdir=str(workdir))))
+        known = [goals.known.known_goal(rt.store, g.session_id) for g in made]
+        release.set()
+    # The least recently written is forgotten first; the others are known as written.
+    assert known[0] is None
+    assert [k.id if k else None for k in known[1:]] == [g.id for g in made[1:]]
