@@ -53,7 +53,8 @@ speed-up: the nodes compete with each other and the database for the same cores.
 configuration prints the 1-minute load average at its start, so a reader can tell a noisy figure.
 
 The instruments (the server with ``pg_stat_statements``, the counts, the lock sampler, the relay,
-the floors) are ``benchmarks/pg_measures.py``.
+the floors) are ``benchmarks/pg_measures.py``; the daemons and goals ``benchmarks/cluster_kit.py``;
+the takeover ``benchmarks/cluster_takeover.py``.
 
 Run: ``python benchmarks/bench_cluster.py [--goals N] [--rounds R] [--runs K] [--takeover-goals G]
 [--ttls 3,15] [--skip-takeover] [--rtt-ms 0,2,5] [--model-delay S] [--statements] [--full]``
@@ -66,22 +67,21 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cluster_kit
+from cluster_kit import Cluster, all_completed, at, create_goals, duplicate_continuations, load
+from cluster_takeover import Takeover, all_takeovers, print_takeovers
 from pg_measures import (
     Db,
     Link,
     LockSampler,
     bench_role,
-    load_test_module,
     pct,
     print_probe,
     print_statements,
@@ -94,100 +94,14 @@ from pg_measures import (
     statement_table,
 )
 
-_harness = load_test_module("harness")
-Daemon, TEST_MODELS = _harness.Daemon, _harness.TEST_MODELS
-
-POLL = 0.02
 SOLO_ROUNDS = 20
-
-
-def load() -> float:
-    return os.getloadavg()[0]
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float, step: float = POLL) -> Any:
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit:.0f} s")
-        await asyncio.sleep(step)
 
 
 #: ``--statements``: print each PostgreSQL configuration's statements per round.
 SHOW_STATEMENTS = False
-#: Each PostgreSQL daemon's store connections (``--connections``).
-CONNECTIONS = 8
 #: The node counts measured (``--nodes``), and whether the control runs (``--no-control``).
 NODES = (1, 2, 3)
 CONTROL = True
-
-
-@dataclass
-class Cluster:
-    """Daemons started for one configuration; :meth:`close` kills what still runs."""
-
-    root: Path
-    store: str | Path
-    nodes: list[Any] = field(default_factory=list)
-
-    def start(self, count: int, ttl: float | None = None) -> list[Any]:
-        made = []
-        for _ in range(count):
-            name = f"n{len(self.nodes)}"
-            config: dict[str, Any] = {
-                **TEST_MODELS,
-                "log_level": "WARNING",
-                "workdir_roots": [str(self.root / "work")],
-                "max_concurrent_turns": 64,
-            }
-            if isinstance(self.store, str):
-                cluster: dict[str, Any] = {"node_name": name}
-                if ttl is not None:
-                    cluster["lease_ttl_seconds"] = ttl
-                config |= {"store": self.store, "cluster": cluster, "store_connections": CONNECTIONS}
-            d = Daemon(self.root / name, config=config)
-            self.nodes.append(d)
-            made.append(d)
-        for d in made:
-            d.start(timeout=60)
-        return made
-
-    def close(self) -> None:
-        for d in self.nodes:
-            d.close()
-
-
-async def create_goals(nodes: list[Any], count: int, directive: str) -> list[str]:
-    ids = []
-    for i in range(count):
-        g = await rpc(
-            nodes[i % len(nodes)].socket_path,
-            "goal/create",
-            {"objective": f"Goal {i}. [{directive}]", "model": "test:worker", "verify": [{"cmd": "true"}]},
-        )
-        ids.append(g["goalId"])
-    return ids
-
-
-async def all_completed(db: Db, count: int, limit: float, step: float = 0.05) -> None:
-    async def done() -> bool:
-        counts = dict(db.q("SELECT status, COUNT(*) FROM goals GROUP BY status"))
-        ended = sum(v for k, v in counts.items() if k != "active")
-        if ended == count and counts.get("completed", 0) != count:
-            reasons = db.q(
-                "SELECT status, status_reason, COUNT(*) FROM goals WHERE status != 'completed' GROUP BY 1, 2"
-            )
-            raise RuntimeError(f"goals ended but not all completed: {counts}: {reasons}")
-        return bool(counts.get("completed", 0) == count)
-
-    await until(done, f"{count} goals completed", limit, step)
-
-
-def at(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
 
 
 def idle_to_continuation(db: Db, only: str | None = None, but: str | None = None) -> list[float]:
@@ -224,15 +138,6 @@ def steady(db: Db, but: str | None = None) -> float | None:
         return None
     lo, hi = len(ends) // 10, len(ends) * 9 // 10
     return (hi - lo) / (ends[hi] - ends[lo]) if ends[hi] > ends[lo] else None
-
-
-def duplicate_continuations(db: Db) -> int:
-    return len(
-        db.q(
-            "SELECT session_id, source_ref FROM inbox WHERE source_kind = 'goal' AND fate = 'admitted'"
-            " GROUP BY session_id, source_ref HAVING COUNT(*) > 1"
-        )
-    )
 
 
 @dataclass
@@ -324,106 +229,6 @@ async def measure_rounds(
         cluster.close()
 
 
-@dataclass
-class Takeover:
-    ttl: float
-    sessions: int
-    #: How long the victim's leases still ran at the kill (the database's clock), the first to
-    #: expire and the last: a lease is not taken before it expires, and is taken at the latest one
-    #: heartbeat of the other nodes after it.
-    left_min: float
-    left_max: float
-    first_leased: float
-    leased: float
-    first_turn: float | None
-    last_turn: float | None
-
-
-async def measure_takeover(root: Path, dsn: str, ttl: float, goals: int) -> Takeover:
-    db = Db(bench_role(dsn))
-    cluster = Cluster(root, dsn)
-    try:
-        nodes = cluster.start(3, ttl=ttl)
-        # Long enough per goal that the victim's goals are surely live at the kill and after it.
-        await create_goals(nodes, goals, f"rounds=8 delay={0.1 if ttl < 10 else 0.3}")
-        victim = nodes[0]
-        victim_id = (await rpc(victim.socket_path, "daemon/health"))["cluster"]["nodeId"]
-        held_sql = (
-            "SELECT l.session_id FROM leases l JOIN goals g ON g.session_id = l.session_id"
-            " WHERE l.node_id = %s AND g.status = 'active'"
-        )
-
-        async def victim_holds() -> list[str]:
-            return [r[0] for r in db.q(held_sql, victim_id)]
-
-        await until(victim_holds, "the victim holding live goals", limit=60)
-        held = await victim_holds()
-        left = db.q(
-            "SELECT EXTRACT(EPOCH FROM MIN(expires_at) - clock_timestamp()),"
-            " EXTRACT(EPOCH FROM MAX(expires_at) - clock_timestamp()) FROM leases WHERE session_id = ANY(%s)",
-            held,
-        )[0]
-        assert victim.proc is not None
-        os.kill(victim.proc.pid, signal.SIGKILL)
-        killed_wall, killed = time.time(), time.monotonic()
-        victim.proc.wait(30)
-
-        first_leased: list[float] = []
-
-        async def taken() -> bool:
-            rows = db.q(
-                "SELECT COUNT(*) FROM leases WHERE session_id = ANY(%s) AND node_id IS NOT NULL AND node_id <> %s",
-                held,
-                victim_id,
-            )
-            if rows[0][0] and not first_leased:
-                first_leased.append(time.monotonic() - killed)
-            return bool(rows[0][0] == len(held))
-
-        await until(taken, "the victim's sessions taken over", limit=ttl * 3 + 60)
-        leased = time.monotonic() - killed
-
-        def first_turns() -> dict[str, float]:
-            rows = db.q(
-                "SELECT session_id, MIN(at) FROM events WHERE session_id = ANY(%s) AND type = 'turn/start'"
-                " AND data::jsonb->>'node' <> %s GROUP BY session_id",
-                held,
-                victim_id,
-            )
-            return {sid: at(when) - killed_wall for sid, when in rows if at(when) >= killed_wall}
-
-        async def all_started() -> bool:
-            ended = db.q("SELECT COUNT(*) FROM goals WHERE session_id = ANY(%s) AND status <> 'active'", held)[0][0]
-            return bool(len(first_turns()) + ended >= len(held))
-
-        await until(all_started, "a new turn on every taken-over session", limit=60)
-        turns = first_turns()
-        await all_completed(db, goals, limit=120 + goals * 2)
-        if duplicate_continuations(db):
-            raise RuntimeError("a continuation was admitted twice after the takeover")
-        return Takeover(
-            ttl,
-            len(held),
-            float(left[0]),
-            float(left[1]),
-            first_leased[0],
-            leased,
-            min(turns.values(), default=None),
-            max(turns.values(), default=None),
-        )
-    finally:
-        db.close()
-        cluster.close()
-
-
-def sec(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def med(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: float = 0.0) -> None:
     model = f"{model_delay:g} s per model call" if model_delay else "instant"
     print(f"\n{goals} goals x {rounds} rounds, test:worker ({model}), created round-robin over the nodes")
@@ -454,25 +259,6 @@ def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: fl
             f" {statistics.median(r.latencies) * 1000:6.1f} {pct(r.latencies, 0.9) * 1000:6.1f}"
             f" {statistics.median(r.solo) * 1000:9.1f} {pct(r.solo, 0.9) * 1000:6.1f}"
             f" {stmts:>11} {trips:>11} {writes:>12} {locks:>13} {link:>7} {r.duplicates:3d} {r.load:4.1f}"
-        )
-
-
-def print_takeovers(takeovers: list[Takeover], ttls: list[float]) -> None:
-    print("\ntakeover after kill -9 of one of 3 nodes: seconds from the kill, medians over runs (heartbeat = TTL/3)")
-    head = f"{'TTL s':>6} {'runs':>5} {'sessions':>9} {'left min':>8} {'max':>5} {'1st leased':>11} {'all leased':>11}"
-    print(f"{head} {'min':>6} {'max':>6} {'after expiry':>12} {'1st turn':>9} {'last turn':>10}")
-    for ttl in ttls:
-        ts = [t for t in takeovers if t.ttl == ttl]
-        if not ts:
-            continue
-        leased = [t.leased for t in ts]
-        print(
-            f"{ttl:6g} {len(ts):5d} {statistics.median([t.sessions for t in ts]):9g}"
-            f" {statistics.median([t.left_min for t in ts]):8.2f} {statistics.median([t.left_max for t in ts]):5.2f}"
-            f" {sec(med([t.first_leased for t in ts])):>11} {sec(med(leased)):>11}"
-            f" {min(leased):6.2f} {max(leased):6.2f} {sec(med([t.leased - t.left_max for t in ts])):>12}"
-            f" {sec(med([t.first_turn for t in ts if t.first_turn is not None])):>9}"
-            f" {sec(med([t.last_turn for t in ts if t.last_turn is not None])):>10}"
         )
 
 
@@ -545,22 +331,6 @@ async def measure_control(label: str, root: Path, dbs: list[str], goals: int, ro
             c.close()
 
 
-async def all_takeovers(server: Any, root: Path, ttls: list[float], runs: int, goals: int) -> list[Takeover]:
-    takeovers = []
-    for ttl in ttls:
-        for k in range(runs):
-            t = await measure_takeover(root / f"t{ttl:g}-{k}", server.create_database(), ttl, goals)
-            takeovers.append(t)
-            print(
-                f"takeover TTL {ttl:g} s run {k + 1}: {t.sessions} sessions,"
-                f" leases left {t.left_min:.2f}-{t.left_max:.2f} s;"
-                f" leased first {t.first_leased:.2f} s,"
-                f" all {t.leased:.2f} s; new turn first {sec(t.first_turn)} s, last {sec(t.last_turn)} s",
-                flush=True,
-            )
-    return takeovers
-
-
 async def run(args: argparse.Namespace) -> None:
     server = start_server()
     print(f"PostgreSQL {server.bin_dir.parent.name} on 127.0.0.1:{server.port} (fsync off, as the tests run it)")
@@ -614,8 +384,9 @@ def main() -> None:
         "--full", action="store_true", help="300 goals per configuration; 5 takeover runs per TTL of 30 goals"
     )
     args = parser.parse_args()
-    global SHOW_STATEMENTS, CONNECTIONS, NODES, CONTROL
-    SHOW_STATEMENTS, CONNECTIONS, NODES, CONTROL = args.statements, args.connections, args.nodes, not args.no_control
+    global SHOW_STATEMENTS, NODES, CONTROL
+    SHOW_STATEMENTS, NODES, CONTROL = args.statements, args.nodes, not args.no_control
+    cluster_kit.CONNECTIONS = args.connections
     if args.full:
         args.goals, args.runs, args.takeover_goals = (
             max(args.goals, 300),

@@ -31,7 +31,8 @@ import psycopg
 
 # The tests' harness and PostgreSQL kit, loaded by path as the cluster benchmark loads them.
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cluster import TEST_MODELS, Daemon, PgServer, rpc
+from cluster_kit import TEST_MODELS, Daemon
+from pg_measures import PgServer, rpc
 
 ADMITTED = "SELECT 1 FROM inbox WHERE id = %s AND fate = 'admitted'"
 
