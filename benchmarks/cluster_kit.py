@@ -8,9 +8,7 @@ fixed time: every wait polls the database with a short step and a time limit.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +19,7 @@ from pg_measures import Db, load_test_module, rpc
 
 _harness = load_test_module("harness")
 Daemon, TEST_MODELS = _harness.Daemon, _harness.TEST_MODELS
+_clusterkit = load_test_module("clusterkit")  # after the harness, which it imports
 
 POLL = 0.02
 #: Each PostgreSQL daemon's store connections (``bench_cluster.py --connections``).
@@ -32,14 +31,8 @@ def load() -> float:
 
 
 async def until(check: Callable[[], Awaitable[Any]], what: str, limit: float, step: float = POLL) -> Any:
-    end = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit:.0f} s")
-        await asyncio.sleep(step)
+    """The tests' wait (``tests/clusterkit.py``), at the benchmark's finer step."""
+    return await _clusterkit.until(check, what, limit, step)
 
 
 @dataclass
