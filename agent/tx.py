@@ -240,11 +240,8 @@ class Tx:
         ``COMMIT`` (:meth:`agent.store.Store.transact` raises it; nothing was written)."""
         if isinstance(self.conn, PgConn):
             if one_row is not None:
-                self._checks += 1
-                token = f"goald_one_row_{self._checks}"
-                check = f"SELECT goald_one_row(count(*), '{token}') FROM goald_written"
+                check, refused = self._server_check("goald_written", one_row, refused)
                 sql = f"WITH goald_written AS ({sql} RETURNING 1) {check}"
-                refused = _one_row_refusal(token, one_row, refused)
             self.conn.defer(sql, params, refused)
             return
         try:
@@ -264,14 +261,22 @@ class Tx:
         by the server where the statement runs, sent with the next statement or the ``COMMIT`` (no
         round trip of its own), and nothing of the transaction is written."""
         if isinstance(self.conn, PgConn):
-            self._checks += 1
-            token = f"goald_one_row_{self._checks}"
-            check = f"SELECT goald_one_row(count(*), '{token}') FROM ({sql}) AS goald_found"
-            self.conn.defer(check, params, _one_row_refusal(token, error, None))
+            check, refused = self._server_check(f"({sql}) AS goald_found", error, None)
+            self.conn.defer(check, params, refused)
             return
         if len(self.conn.execute(sql, params).fetchall()) != 1:
             self._refusal = error()
             raise self._refusal
+
+    def _server_check(
+        self, rows: str, error: Callable[[], BaseException], refused: Callable[[Exception], BaseException | None] | None
+    ) -> tuple[str, Callable[[Exception], BaseException | None]]:
+        """The ``SELECT`` that fails the transaction unless ``rows`` (a table expression) has exactly
+        one row (:mod:`agent.schema`'s ``goald_one_row``, named by a token of this transaction), and
+        what its failure raises: ``error``, else what ``refused`` maps a failure to."""
+        self._checks += 1
+        token = f"goald_one_row_{self._checks}"
+        return f"SELECT goald_one_row(count(*), '{token}') FROM {rows}", _one_row_refusal(token, error, refused)
 
     def reads(self, *queries: tuple[str, Sequence[Any] | dict[str, Any]]) -> list[list[Any]]:
         """Run several reads that do not depend on each other's rows: on PostgreSQL in one round
