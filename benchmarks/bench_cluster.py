@@ -44,6 +44,16 @@ databases of their own through the same relay, the goals shared out, which shows
 and the link allow when nothing is shared. ``--model-delay 0.2`` makes each model call take 0.2 s,
 as a real model's would, so that CPU is not what limits the rounds.
 
+With ``--cpu-per-node C`` (as root) each daemon runs in a control group of its own capped at C CPUs
+(``benchmarks/cpu_caps.py``: the kernel's CFS quota), as a host with C cores would give it, and the
+table says how many cores each part kept busy over the run: the daemons together, the database
+server and the relay (those two accounted, not capped: the database's host and the network). On a
+small host this is how several nodes are measured like separate hosts: uncapped, three daemons on
+two cores take each other's CPU, and the figure is the host's, not the cluster's (the control shows
+it: three daemons on three databases, sharing nothing but the cores, gain no more). Capped, a node
+does what C cores let it, and N nodes get N times that only if nothing they share (the database,
+its locks, the link) holds them back: the control is the same daemons with nothing shared.
+
 4. **This host's floors**, for reading the above and projecting them to separate hosts: a bare
    ``SELECT 1`` round trip, a write transaction shaped like goald's (``BEGIN``, the writer lock,
    an ``INSERT``, ``COMMIT``), and ``pg_notify`` → delivery to a ``LISTEN`` on another connection.
@@ -57,7 +67,8 @@ the floors) are ``benchmarks/pg_measures.py``; the daemons and goals ``benchmark
 the takeover ``benchmarks/cluster_takeover.py``.
 
 Run: ``python benchmarks/bench_cluster.py [--goals N] [--rounds R] [--runs K] [--takeover-goals G]
-[--ttls 3,15] [--skip-takeover] [--rtt-ms 0,2,5] [--model-delay S] [--statements] [--full]``
+[--ttls 3,15] [--skip-takeover] [--rtt-ms 0,2,5] [--model-delay S] [--cpu-per-node C] [--statements]
+[--full]``
 (``--full``: 300 goals, 5 takeover runs of 30 goals).
 """
 
@@ -75,6 +86,7 @@ from pathlib import Path
 from typing import Any
 
 import cluster_kit
+import cpu_caps
 from cluster_kit import Cluster, all_completed, at, create_goals, duplicate_continuations, load
 from cluster_takeover import Takeover, all_takeovers, print_takeovers
 from pg_measures import (
@@ -102,6 +114,9 @@ SHOW_STATEMENTS = False
 #: The node counts measured (``--nodes``), and whether the control runs (``--no-control``).
 NODES = (1, 2, 3)
 CONTROL = True
+#: With ``--cpu-per-node``: the database server's and the relay's CPU (the nodes' groups are their
+#: clusters', ``Cluster.groups``).
+ACCOUNTS = cpu_caps.Accounts()
 
 
 def idle_to_continuation(db: Db, only: str | None = None, but: str | None = None) -> list[float]:
@@ -163,6 +178,9 @@ class Rounds:
     link_ms: float | None = None
     #: PostgreSQL only: writes run again on a session changed since their node last wrote it.
     reruns: int | None = None
+    #: With ``--cpu-per-node``: cores busy on average over the run: the nodes together, the
+    #: database server, the relay.
+    cores: tuple[float, float, float] | None = None
 
 
 async def measure_rounds(
@@ -181,6 +199,7 @@ async def measure_rounds(
         trips_before = await round_trips(live)
         table = statement_table(db) if SHOW_STATEMENTS else {}
         t0 = time.perf_counter()
+        ACCOUNTS.mark(cluster.groups)
         await create_goals(live, goals, f"rounds={rounds}{link.directive}")
         print(f"{label}: {goals} goals created in {time.perf_counter() - t0:.1f} s", flush=True)
         sampler = LockSampler(bench_role(store), link) if isinstance(store, str) else None
@@ -189,6 +208,7 @@ async def measure_rounds(
         finally:
             locks = sampler.stop() if sampler is not None else None
         seconds = time.perf_counter() - t0
+        cores = ACCOUNTS.cores(cluster.groups)
         after = statement_counts(db)
         trips_after, rerun = await round_trips(live), await reruns(live)
         done = sum(r[0] for r in db.q("SELECT rounds FROM goals"))
@@ -222,6 +242,7 @@ async def measure_rounds(
         out.locks = locks
         out.link_ms = sampler.link_ms() if sampler is not None else None
         out.reruns = rerun
+        out.cores = cores
         return out
     finally:
         if db is not None:
@@ -243,10 +264,15 @@ def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: fl
         " alone / held at all / the busiest session's lock was held (PostgreSQL)"
     )
     print("link ms: through the relay, the median round trip of a SELECT 1 while the run went (its load on it)")
+    if cluster_kit.CPU_PER_NODE is not None:
+        print(
+            f"cores: each daemon capped at {cluster_kit.CPU_PER_NODE:g} CPU (a cgroup of its own); cores busy on"
+            " average over the run: the daemons together / the database server / the relay (uncapped)"
+        )
     head = f"{'configuration':<20} {'rounds/s':>8} {'steady':>6} {'wall s':>6} {'p50':>6} {'p90':>6}"
     head += f" {'alone p50':>9} {'p90':>6}"
     head += f" {'stmts/round':>11} {'trips/round':>11} {'writes/round':>12}"
-    print(f"{head} {'locks %':>13} {'link ms':>7} {'dup':>3} {'load':>4}")
+    print(f"{head} {'locks %':>13} {'link ms':>7} {'dup':>3} {'load':>4} {'cores':>14}")
     for r in results:
         stmts = "-" if r.statements is None else f"{r.statements / r.rounds:.0f}"
         trips = "-" if r.trips is None else f"{r.trips / r.rounds:.0f}"
@@ -254,11 +280,13 @@ def print_rounds(results: list[Rounds], goals: int, rounds: int, model_delay: fl
         rate = "-" if r.steady is None else f"{r.steady:.1f}"
         locks = "-" if r.locks is None else "/".join(f"{share * 100:.0f}" for share in r.locks)
         link = "-" if r.link_ms is None else f"{r.link_ms:.2f}"
+        cores = "-" if r.cores is None else "/".join(f"{c:.2f}" for c in r.cores)
         print(
             f"{r.label:<20} {r.rounds / r.seconds:8.1f} {rate:>6} {r.seconds:6.1f}"
             f" {statistics.median(r.latencies) * 1000:6.1f} {pct(r.latencies, 0.9) * 1000:6.1f}"
             f" {statistics.median(r.solo) * 1000:9.1f} {pct(r.solo, 0.9) * 1000:6.1f}"
             f" {stmts:>11} {trips:>11} {writes:>12} {locks:>13} {link:>7} {r.duplicates:3d} {r.load:4.1f}"
+            f" {cores:>14}"
         )
 
 
@@ -272,6 +300,7 @@ async def all_rounds(
     for rtt in rtts or [0.0]:
         link = Link(rtt, model_delay)
         link.start(server.port, server.create_database())
+        ACCOUNTS.link(link.proc.pid if link.proc is not None else None)
         try:
             at = f", {rtt:g} ms" if rtt else ""
             configs: list[tuple[str, str | Path, int]] = [] if rtt else [("SQLite, 1 daemon", root / "sqlite", 1)]
@@ -286,6 +315,7 @@ async def all_rounds(
                 results.append(_said(r, link))
         finally:
             link.stop()
+            ACCOUNTS.link(None)
     return results
 
 
@@ -311,18 +341,21 @@ async def measure_control(label: str, root: Path, dbs: list[str], goals: int, ro
         readers = [Db(bench_role(dsn)) for dsn in dbs]
         shares = [goals // len(dbs) + (1 if i < goals % len(dbs) else 0) for i in range(len(dbs))]
         t0 = time.perf_counter()
+        ACCOUNTS.mark([g for c in clusters for g in c.groups])
         for live, share in zip(lives, shares, strict=True):
             await create_goals(live, share, f"rounds={rounds}{link.directive}")
         limit = 120 + goals * rounds * (1 + 10 * link.model_delay)
         for db, share in zip(readers, shares, strict=True):
             await all_completed(db, share, limit=limit)
         seconds = time.perf_counter() - t0
+        cores = ACCOUNTS.cores([g for c in clusters for g in c.groups])
         done = sum(r[0] for db in readers for r in db.q("SELECT rounds FROM goals"))
         latencies = [x for db in readers for x in idle_to_continuation(db)]
         duplicates = sum(duplicate_continuations(db) for db in readers)
         out = Rounds(label, seconds, done, latencies, latencies, duplicates, started_load)
         rates = [steady(db) for db in readers]
         out.steady = sum(r for r in rates if r is not None) if all(r is not None for r in rates) else None
+        out.cores = cores
         return out
     finally:
         for db in readers:
@@ -333,6 +366,8 @@ async def measure_control(label: str, root: Path, dbs: list[str], goals: int, ro
 
 async def run(args: argparse.Namespace) -> None:
     server = start_server()
+    if cluster_kit.CPU_PER_NODE is not None:
+        ACCOUNTS.server(int((server.data_dir / "postmaster.pid").read_text().splitlines()[0]))
     print(f"PostgreSQL {server.bin_dir.parent.name} on 127.0.0.1:{server.port} (fsync off, as the tests run it)")
     takeovers: list[Takeover] = []
     try:
@@ -345,6 +380,7 @@ async def run(args: argparse.Namespace) -> None:
                 takeovers = await all_takeovers(server, Path(tmp), args.ttls, args.runs, args.takeover_goals)
     finally:
         server.stop()
+        ACCOUNTS.close()
     print_probe(floors)
     print_rounds(results, args.goals, args.rounds, args.model_delay)
     if takeovers:
@@ -378,6 +414,12 @@ def main() -> None:
         "--connections", type=int, default=8, help="store connections of each PostgreSQL daemon (store_connections)"
     )
     parser.add_argument(
+        "--cpu-per-node",
+        type=float,
+        default=None,
+        help="cap each daemon at this many CPUs, as a host of its own would have (a cgroup each; root)",
+    )
+    parser.add_argument(
         "--statements", action="store_true", help="print each PostgreSQL configuration's statements per round"
     )
     parser.add_argument(
@@ -387,6 +429,11 @@ def main() -> None:
     global SHOW_STATEMENTS, NODES, CONTROL
     SHOW_STATEMENTS, NODES, CONTROL = args.statements, args.nodes, not args.no_control
     cluster_kit.CONNECTIONS = args.connections
+    if args.cpu_per_node is not None:
+        why = cpu_caps.available()
+        if why is not None:
+            parser.error(f"--cpu-per-node: CPU quotas cannot be set here: {why}")
+        cluster_kit.CPU_PER_NODE = args.cpu_per_node
     if args.full:
         args.goals, args.runs, args.takeover_goals = (
             max(args.goals, 300),

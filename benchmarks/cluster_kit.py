@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cpu_caps import Group
 from pg_measures import Db, load_test_module, rpc
 
 _harness = load_test_module("harness")
@@ -24,6 +25,9 @@ _clusterkit = load_test_module("clusterkit")  # after the harness, which it impo
 POLL = 0.02
 #: Each PostgreSQL daemon's store connections (``bench_cluster.py --connections``).
 CONNECTIONS = 8
+#: Each daemon's CPU quota in CPUs (``bench_cluster.py --cpu-per-node``; ``None``: uncapped), as a
+#: host of its own would have (``benchmarks/cpu_caps.py``).
+CPU_PER_NODE: float | None = None
 
 
 def load() -> float:
@@ -42,6 +46,8 @@ class Cluster:
     root: Path
     store: str | Path
     nodes: list[Any] = field(default_factory=list)
+    #: With ``CPU_PER_NODE``: each node's control group, in the order of ``nodes``.
+    groups: list[Group] = field(default_factory=list)
 
     def start(self, count: int, ttl: float | None = None) -> list[Any]:
         made = []
@@ -63,11 +69,17 @@ class Cluster:
             made.append(d)
         for d in made:
             d.start(timeout=60)
+            if CPU_PER_NODE is not None:
+                group = Group(f"{self.root.name}-{d.state_dir.name}", CPU_PER_NODE)
+                self.groups.append(group)
+                group.add(d.proc.pid)
         return made
 
     def close(self) -> None:
         for d in self.nodes:
             d.close()
+        for g in self.groups:
+            g.close()
 
 
 async def create_goals(nodes: list[Any], count: int, directive: str) -> list[str]:
