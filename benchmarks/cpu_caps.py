@@ -103,11 +103,15 @@ def family(pid: int) -> list[int]:
 
 
 def available() -> str | None:
-    """Why CPU quotas cannot be set here, or ``None`` if they can."""
+    """Why CPU quotas cannot be set here, or ``None`` if they can (a capped group made and removed)."""
     if os.geteuid() != 0:
         return "not root"
     if not (_v2() or (ROOT / "cpu" / "cpu.cfs_quota_us").exists()):
         return "no cgroup cpu controller"
+    try:
+        Group("probe", 0.5).close()
+    except OSError as exc:  # e.g. a container whose cgroup root may not delegate the cpu controller
+        return f"a capped cgroup cannot be made: {exc}"
     return None
 
 
