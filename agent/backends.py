@@ -50,7 +50,7 @@ from agent.db import Conn, PgConn, psycopg_module
 from agent.pgaccess import credential_password, where
 from agent.pgtx import NAMED_LOCKS, SESSION_LOCKS, STALE_STATE, WRITER_LOCK
 from agent.storage import owner_only
-from agent.tx import SessionState
+from agent.tx import Query, SessionState
 
 #: The connections a PostgreSQL store works over unless told otherwise (setting ``store_connections``).
 DEFAULT_CONNECTIONS = 8
@@ -89,9 +89,12 @@ class SqliteBackend:
         return False
 
     @staticmethod
-    def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
-        """Commit (one process writes a SQLite file: there is nobody to notify, no lease to fence)."""
+    def commit(conn: Conn, notes: list[str], first: Sequence[str] = (), reads: Sequence[Query] = ()) -> list[list[Any]]:
+        """Run ``reads`` (each one's rows returned) and commit (one process writes a SQLite file:
+        there is nobody to notify, no lease to fence)."""
+        rows = [list(conn.execute(sql, params).fetchall()) for sql, params in reads]
         conn.execute("COMMIT")
+        return rows
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn

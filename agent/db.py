@@ -195,10 +195,10 @@ class PgConn:
         #: a failure of its own statement to the caller's error, ``None`` for any other failure.
         self._refused: list[Callable[[Exception], BaseException | None]] = []
         self._failed: BaseException | None = None  # the refusal that failed the transaction
-        self._client: Any = None  # a ClientCursor, made on the first deferred statement (_literal)
+        self._client: Any = None  # a ClientCursor, made on the first deferred statement (literal)
         configure(raw)
 
-    def _literal(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> str:
+    def literal(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> str:
         """``sql`` with its parameters merged in as literals (quoted by psycopg, as the server would
         read them), so that it can travel in one text with others."""
         if self._client is None:
@@ -230,9 +230,9 @@ class PgConn:
         if insert is not None and insert[1] == EVENTS_INSERT and refused is None and isinstance(parameters, tuple):
             self._deferred.append((insert[1], parameters))  # rendered when sent (take_events, take_deferred)
         elif insert is not None:
-            self._deferred.append((insert[1], self._literal(insert[2], parameters)))
+            self._deferred.append((insert[1], self.literal(insert[2], parameters)))
         else:
-            self._deferred.append((None, self._literal(sql, parameters)))
+            self._deferred.append((None, self.literal(sql, parameters)))
 
     def open_later(self, text: str, locks: str | None = None) -> None:
         """Send ``text`` (a transaction's ``BEGIN``) and ``SELECT locks`` (its locks and checks,
@@ -315,7 +315,7 @@ class PgConn:
         out: list[str] = []
         last: str | None = None
         for head, values in self._deferred:
-            text = values if isinstance(values, str) else self._literal(_EVENT_ROW, values)
+            text = values if isinstance(values, str) else self.literal(_EVENT_ROW, values)
             if head is not None and head == last:
                 out[-1] += ", " + text
             else:
@@ -334,7 +334,7 @@ class PgConn:
         if self._ending:
             return _Rows(self._reads([(sql, parameters)])[0])  # with the COMMIT after it
         if self._has_pending():
-            cursor = self._send("; ".join([*self._pending(), self._literal(sql, parameters)]))
+            cursor = self._send("; ".join([*self._pending(), self.literal(sql, parameters)]))
             while cursor.nextset():  # to this statement's result, the last
                 pass
             return cursor
@@ -354,7 +354,7 @@ class PgConn:
     def _reads(self, queries: Sequence[tuple[str, Sequence[Any] | Mapping[str, Any]]]) -> list[list[Any]]:
         ending, self._ending = self._ending, False
         self.ended = ending
-        texts = [*self._pending(), *(self._literal(sql, parameters) for sql, parameters in queries)]
+        texts = [*self._pending(), *(self.literal(sql, parameters) for sql, parameters in queries)]
         if ending:
             texts.append("COMMIT")
         cursor = self._send("; ".join(texts))

@@ -15,7 +15,7 @@ from typing import Any
 
 from agent.db import Conn, PgConn
 from agent.pgtext import quoted
-from agent.tx import SessionState
+from agent.tx import Query, SessionState
 
 #: The advisory lock key every PostgreSQL write transaction takes (``goald`` in ASCII): exclusive,
 #: or shared by a transaction whose invariants are its sessions' own (:func:`begin`).
@@ -109,35 +109,49 @@ def lock_session(conn: Conn, session_id: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (SESSION_LOCKS, session_id))
 
 
-def commit(conn: Conn, notes: list[str], first: Sequence[str] = ()) -> None:
+def commit(conn: Conn, notes: list[str], first: Sequence[str] = (), reads: Sequence[Query] = ()) -> list[list[Any]]:
     """Check ``first`` (expressions of no parameters: a lease fence, which fails the transaction),
-    send ``notes`` on :data:`agent.relay.CHANNEL`, send the transaction's deferred inserts and
-    commit, in one round trip: the fences and the notices are one ``SELECT``, and the payloads
-    are quoted as literals (goald's own JSON of session ids and numbers), so the statements
-    need no parameters and go as one text (a statement that fails ends the text there, and the
-    transaction is rolled back; a notice is only delivered by the ``COMMIT``). A transaction
-    that sent nothing before (its opening still to send, a state check that must still run
-    even when nothing is written) goes whole as one text with no ``BEGIN`` and no ``COMMIT``:
-    its locks and checks first in the same ``SELECT``, and a session's write its events too, after
-    its check (a ``CASE``: evaluated in order), as ``goald_events``' one argument."""
+    send ``notes`` on :data:`agent.relay.CHANNEL`, send the transaction's deferred inserts, run
+    ``reads`` and commit, in one round trip; returns each read's rows. The fences and the notices
+    are one ``SELECT``, and the payloads are quoted as literals (goald's own JSON of session ids and
+    numbers), so the statements need no parameters and go as one text (a statement that fails ends
+    the text there, and the transaction is rolled back; a notice is only delivered by the
+    ``COMMIT``; the reads see what the transaction wrote). A transaction that sent nothing before
+    (its opening still to send, a state check that must still run even when nothing is written)
+    goes whole as one text with no ``BEGIN`` and no ``COMMIT``: its locks and checks first in the
+    same ``SELECT``, and a session's write its events too, after its check (a ``CASE``: evaluated
+    in order), as ``goald_events``' one argument."""
     assert isinstance(conn, PgConn)
     if conn.ended:  # committed with its last read (agent.tx.Tx.last_read): nothing was written after
         conn.ended = False
-        return
+        return [[] for _ in reads]
     locks = conn.unsent_locks()  # nothing sent yet: one text, its own transaction, no BEGIN/COMMIT
     if locks is not None and locks.startswith(CHECK) and (rows := conn.take_events()) is not None:
         # Its events inserted after its check, in the same statement (agent.schema's version 9).
         locks = f"CASE WHEN {locks} THEN goald_events({quoted(conn, rows)}) END"
     deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
     if not notes and not first and not deferred and locks is None:
+        if reads:
+            conn.end_with_next()
+            return conn.reads(reads)
         conn.execute("COMMIT")
-        return
+        return []
     from agent.relay import CHANNEL
 
     channel = quoted(conn, CHANNEL)
     checks = [*([locks] if locks else []), *first, *(f"pg_notify({channel}, {quoted(conn, n)})" for n in notes)]
     select = ["SELECT " + ", ".join(checks)] if checks else []
-    conn.script("; ".join([*select, *deferred, *([] if locks else ["COMMIT"])]))
+    texts = [*select, *deferred, *(conn.literal(sql, params) for sql, params in reads)]
+    cursor = conn.script("; ".join([*texts, *([] if locks else ["COMMIT"])]))
+    if not reads:
+        return []
+    results: list[list[Any]] = []
+    while True:  # every statement's result in turn: the reads' are the last before the COMMIT's
+        results.append(cursor.fetchall() if cursor.description is not None else [])
+        if not cursor.nextset():
+            break
+    end = len(results) - (0 if locks else 1)
+    return results[end - len(reads) : end]
 
 
 __all__ = [

@@ -32,13 +32,7 @@ from typing import Any, Literal, TypeVar
 
 from loguru import logger
 
-from agent.backends import (
-    DEFAULT_CONNECTIONS,
-    NO_SESSION,
-    Backend,
-    PgBackend,
-    SqliteBackend,
-)
+from agent.backends import DEFAULT_CONNECTIONS, NO_SESSION, Backend, PgBackend, SqliteBackend
 from agent.db import Conn, PgConn, database_errors, is_dsn
 from agent.errors import StorageUnavailable, StoreClosed
 from agent.eventlog import first_kept_seq, read_events
@@ -48,7 +42,7 @@ from agent.pgaccess import check_collation, masked, pg_failure
 from agent.relay import Listener, Marks, payloads, stored_top
 from agent.schema import MIGRATIONS, Migration
 from agent.storage import StorageHealth, StoreReserve, storage_failure
-from agent.tx import KnownStates, SessionState, Tx, load_session_state, state_of_row
+from agent.tx import IdleRead, KnownStates, SessionState, Tx, load_session_state, state_of_row
 
 T = TypeVar("T")
 Durability = Literal["normal", "full"]
@@ -81,6 +75,8 @@ class Store:
         #: and the statement that checks it with the ``COMMIT`` instead (``None``: checked at once).
         self.fence: Callable[[Conn, str], None] | None = None
         self.fence_at_commit: Callable[[Conn, str], str] | None = None
+        #: What a transaction leaving a session idle also reads with its ``COMMIT`` (the goal engine's).
+        self.at_idle: IdleRead | None = None
         self._loop = asyncio.get_running_loop()
         #: Per session, its state as this process last committed it: SQLite's own (agent.tx); on
         #: PostgreSQL what the session's next write is opened on, checked (PgBackend.begin).
@@ -139,8 +135,8 @@ class Store:
         return store
 
     def _relay_soon(self, spans: dict[str, tuple[int, int]] | None) -> None:
-        # From the listener's thread: other nodes' commits (None: catch up), read on the store thread.
-        # The states this node knows of their sessions are stale: a write reads them again (_run_tx).
+        # From the listener's thread: other nodes' commits (None: catch up), read on the store thread;
+        # what this node knew of their sessions is stale (a write reads it again, _run_tx).
         for sid in spans if spans is not None else list(self._states):
             self._states.pop(sid, None)
         with contextlib.suppress(ValueError):  # closed meanwhile
@@ -243,8 +239,8 @@ class Store:
         error: BaseException | None,
         delivery: tuple[list[Event], list[Callable[[], None]]] | None,
     ) -> None:
-        # On the loop: committed events reach listeners before the caller's ``await`` returns
-        # (and even when the caller was cancelled meanwhile: the transaction did commit).
+        # On the loop: committed events reach listeners before the caller's ``await`` returns (and
+        # even when the caller was cancelled meanwhile: the transaction did commit).
         if delivery is not None:
             self._deliver(*delivery)
         if done.done():
@@ -257,14 +253,12 @@ class Store:
     async def transact(self, fn: Callable[[Tx], T], *, session: str | None = None, named: str | None = None) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` … ``COMMIT`` on the store thread.
 
-        If ``fn`` raises, the transaction rolls back, no event is published and the cached
-        session state is unchanged. Committed events reach listeners before this returns.
-
-        ``session``: every invariant ``fn`` relies on is that session's own; ``named``: they are what
-        that name's lock guards (:data:`agent.outbox.LOCK`). On PostgreSQL either holds the writer
-        lock shared and the session's or the name's lock (:meth:`PgBackend.begin
-        <agent.backends.PgBackend.begin>`; ``docs/architecture.md``, "The writer lock").
-        """
+        If ``fn`` raises, the transaction rolls back, no event is published and the cached session
+        state is unchanged. Committed events reach listeners before this returns. ``session``: every
+        invariant ``fn`` relies on is that session's own; ``named``: they are what that name's lock
+        guards (:data:`agent.outbox.LOCK`). On PostgreSQL either holds the writer lock shared and the
+        session's or the name's lock (:meth:`agent.backends.PgBackend.begin`; ``docs/architecture.md``,
+        "The writer lock")."""
         return await self._call(lambda: self._run_tx(fn, session, named=named), session or NO_SESSION)
 
     async def timed_transact(self, fn: Callable[[Tx], T]) -> tuple[T, float]:
@@ -318,7 +312,7 @@ class Store:
                     tx.events = self._marks.fill(conn, tx.events)
                     if backend.crosses(e.session_id for e in tx.events):
                         self._marks.hold()  # until its events are queued to the loop (_work)
-                backend.commit(conn, notes, tx.at_commit)
+                tx.commit(backend, notes)
             except BaseException:
                 self._marks.drop()
                 if isinstance(conn, PgConn):
@@ -360,8 +354,7 @@ class Store:
         return self.health.report()
 
     async def wait_writable(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a write to succeed after a storage failure; ``True`` if the
-        store writes (again). Retrying writers call this between their attempts."""
+        """Wait up to ``seconds`` for a write to get through after a storage failure (``True``: it did)."""
         return await self.health.wait_writable(seconds)
 
     def _deliver(self, events: list[Event], after: list[Callable[[], None]]) -> None:
@@ -405,6 +398,10 @@ class Store:
         self._backend.trace = callback  # each connection takes it up at its next unit of work
 
     # -- session state ---------------------------------------------------------------------
+
+    def known_state(self, session_id: str) -> SessionState | None:
+        """The session's state as this process last committed it (``None``: not known here)."""
+        return self._states.get(session_id)
 
     async def session_state(self, session_id: str) -> SessionState:
         """A copy of the session's state as of the last commit."""

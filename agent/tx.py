@@ -23,7 +23,10 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from loguru import logger
 
 from agent.db import Conn, PgConn
 from agent.errors import NotFound
@@ -34,6 +37,12 @@ if TYPE_CHECKING:
     from agent.store import Store
 
 T = TypeVar("T")
+#: A read sent as a statement and its parameters (SQLite's placeholders).
+Query = tuple[str, Sequence[Any]]
+#: What a transaction that commits a session's idle also reads, with its ``COMMIT``
+#: (:attr:`agent.store.Store.at_idle`): given the session and its state at that idle, the reads and
+#: what takes their rows once committed (on the store thread); ``None``: nothing.
+IdleRead = Callable[[str, "SessionState"], tuple[list[Query], Callable[[list[list[Any]]], None]] | None]
 
 #: The SQLSTATE of a deferred write that did not change exactly one row (``goald_one_row``:
 #: :meth:`Tx.write`'s ``one_row``); the lease fence's is GD001, a stale opening's GD002.
@@ -153,6 +162,7 @@ class Tx:
         self.at_commit: list[str] = []
         self._checks = 0  # writes checked by the server (write's one_row), to name each
         self._refusal: BaseException | None = None  # a write's refusal raised here (SQLite: write)
+        self._idle: list[str] = []  # sessions made idle here, for the store's at_idle (commit)
 
     def run(self, fn: Callable[[Tx], T]) -> T:
         """``fn(self)``, failing if one of its writes was refused, even if ``fn`` caught the refusal
@@ -161,6 +171,27 @@ class Tx:
         if self._refusal is not None:
             raise self._refusal
         return result
+
+    def commit(self, backend: Any, notes: list[str]) -> None:
+        """Commit through ``backend`` (its fences and ``notes`` with the ``COMMIT``) and, in the same
+        round trip, what the store's :attr:`~agent.store.Store.at_idle` reads of each session this
+        transaction left idle; its rows go to their taker once committed (a taker that fails is
+        logged: the commit stands, and the reader reads again its own way)."""
+        takers: list[tuple[int, Callable[[list[list[Any]]], None]]] = []
+        queries: list[Query] = []
+        at_idle = self.store.at_idle
+        for sid in self._idle:
+            st = self._states[sid]
+            if at_idle is None or st.status is not AgentStatus.IDLE or st.open_turn is not None:
+                continue  # left idle again in this same transaction
+            asked = at_idle(sid, dataclasses.replace(st))
+            if asked is not None:
+                takers.append((len(asked[0]), asked[1]))
+                queries += asked[0]
+        rows: list[list[Any]] = backend.commit(self.conn, notes, self.at_commit, queries)
+        for count, take in takers:
+            self._committed.append(partial(_hand, take, rows[:count]))
+            rows = rows[count:]
 
     def forget(self, session_id: str) -> None:
         """The session is deleted: its state (its last number, its queue) is forgotten, here and by
@@ -333,6 +364,8 @@ class Tx:
         event = self.emit(session_id, EventType.STATUS, {"status": status, **extra})
         st.status = status
         st.status_seq = event.seq
+        if status is AgentStatus.IDLE and self.store.at_idle is not None and session_id not in self._idle:
+            self._idle.append(session_id)
         return event
 
     def on_commit(self, callback: Callable[[], None]) -> None:
@@ -343,6 +376,13 @@ class Tx:
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the event loop after this transaction commits."""
         self._after.append(callback)
+
+
+def _hand(take: Callable[[list[list[Any]]], None], rows: list[list[Any]]) -> None:
+    try:
+        take(rows)
+    except Exception:
+        logger.exception("what was read with an idle's commit could not be taken (it is read again)")
 
 
 def _one_row_refusal(

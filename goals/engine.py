@@ -50,7 +50,7 @@ from goals.errors import GoalError, StaleDecision
 from goals.evaluations import EvaluationRuns
 from goals.facts import interval_facts
 from goals.fingerprint_limits import FingerprintLimits, WalkStats, WalkStopped
-from goals.following import GoalFollowing
+from goals.following import GoalFollowing, Round
 from goals.measure import Fingerprinter, Measured, measure
 from goals.model import Goal, GoalStatus
 from goals.operations import log_change
@@ -128,6 +128,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
         #: The goals waiting for :attr:`hold`, with the reason (shown with their activity).
         self.held: dict[str, str] = {}
         self._sessions: dict[str, str] = {}
+        self._at_idle: dict[str, Round] = {}
         self._timers = GoalTimers(clock, timer_interval, self.kick)
         self._runs = EvaluationRuns(runtime.spawn, self._evaluate_once, self._retry_later)
         self._listeners: list[DecisionListener] = []
@@ -160,6 +161,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
         """
         await self.store.migrate("goals", MIGRATIONS)
         self._remove = self.store.hub.add_listener(self._on_event)
+        self.store.at_idle = self._idle_read  # an idle's commit reads what its evaluation needs
         self.rt.watchers.append(self.follows)
         self._timer_task = self.rt.spawn(self._timers.run())
         if not defer:
@@ -180,6 +182,8 @@ class GoalEngine(GoalRequests, GoalFollowing):
         """Stop listening and timing; evaluations in flight finish first, except a work-directory
         walk: it is stopped, and its evaluation decides nothing (the next start decides that idle)."""
         self.fingerprinter.stop()
+        if self.store.at_idle == self._idle_read:
+            self.store.at_idle = None
         if self._remove is not None:
             self._remove()
             self._remove = None
@@ -232,11 +236,14 @@ class GoalEngine(GoalRequests, GoalFollowing):
 
     async def evaluate(self, goal_id: str) -> Decision | str | None:
         """Decide for one goal at its session's current idle; returns the decision, "stale" or ``None``."""
-        # The goal, its session's state and the round's events in one hop to the store thread and
-        # one snapshot (a transaction that writes nothing: the session's state is read as a
-        # transaction sees it); only the events after the last evaluation are read.
+        # The goal, its session's state and the round's events: as read with the commit of the idle
+        # (GoalFollowing._idle_read) when that idle is still the last, else in one hop to the store
+        # thread and one snapshot; only the events after the last evaluation are read.
         sid = self._session_of(goal_id)
-        goal, st, events = await self.store.transact(lambda tx: round_of(tx, goal_id, sid), session=sid)
+        got = self._read_at_idle(goal_id, sid) if sid is not None else None
+        if got is None:
+            got = await self.store.transact(lambda tx: round_of(tx, goal_id, sid), session=sid)
+        goal, st, events = got
         if not goal.status.live or (self.owns is not None and not self.owns(goal.session_id)):
             self._forget(goal)
             return None

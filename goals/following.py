@@ -16,14 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from agent import Agent, Event, Runtime, Store, is_idle
+from agent import Agent, Event, Runtime, SessionState, Store, is_idle
+from agent.tx import Query
 from goals.errors import StaleDecision
+from goals.known import known_goal
 from goals.model import Goal, GoalStatus
 from goals.operations import log_change
 from goals.payloads import Caller
+from goals.queries import round_of_rows, round_queries
 from goals.questions import QuestionClosed, question_due, remind
 from goals.store import GOAL_CHANGED, live_goal_of_session
 from goals.timers import GoalTimers, Reminders, due_of
+
+#: What an evaluation decides from: the goal, its session's state at the idle, the interval's events.
+Round = tuple[Goal, SessionState, list[Event]]
 
 
 class GoalFollowing:
@@ -34,6 +40,8 @@ class GoalFollowing:
     owns: Callable[[str], bool] | None
     held: dict[str, str]
     _sessions: dict[str, str]
+    #: Per session, what its goal's evaluation read with the commit of its last idle (_idle_read).
+    _at_idle: dict[str, Round]
     _timers: GoalTimers
     reminders: Reminders | None
     clock: Callable[[], datetime]
@@ -80,6 +88,7 @@ class GoalFollowing:
     def drop(self, session_id: str) -> None:
         """Stop following the goal of a session this node no longer holds."""
         goal_id = self._sessions.pop(session_id, None)
+        self._at_idle.pop(session_id, None)
         if goal_id is not None:
             self._timers.drop(goal_id)
 
@@ -94,6 +103,35 @@ class GoalFollowing:
             return
         self._timers.set(goal.id, due_of(goal, self.reminders))
 
+    def _idle_read(self, session_id: str, state: SessionState) -> tuple[list[Query], Callable[[Any], None]] | None:
+        """On the store thread, in the transaction that commits ``session_id``'s idle (the store's
+        ``at_idle``): what its goal's evaluation reads, sent with that ``COMMIT`` (no round trip of
+        its own: :meth:`agent.tx.Tx.commit`) and kept for the evaluation of that idle (:meth:`_read_at_idle`)."""
+        goal_id = self._sessions.get(session_id)
+        if goal_id is None:
+            return None
+
+        def take(rows: Any) -> None:
+            self._at_idle[session_id] = round_of_rows(goal_id, session_id, state, rows)
+
+        return round_queries(goal_id, session_id, state.last_seq), take
+
+    def _read_at_idle(self, goal_id: str, session_id: str) -> Round | None:
+        """What was read with the commit of ``session_id``'s last idle, if that idle is still the
+        session's state as this process last committed it and the goal is as this process last
+        wrote it (else ``None``: the evaluation reads). Taken once."""
+        got = self._at_idle.pop(session_id, None)
+        if got is None:
+            return None
+        goal, st, _ = got
+        known = self.store.known_state(session_id)
+        if goal.id != goal_id or known is None or (known.status_seq, known.last_seq) != (st.status_seq, st.last_seq):
+            return None
+        written = known_goal(self.store, session_id)
+        if written is not None and written.id == goal.id and written.revision != goal.revision:
+            return None
+        return got
+
     def _session_of(self, goal_id: str) -> str | None:
         """The session of a goal this engine follows (``None``: not followed)."""
         return next((sid for sid, gid in self._sessions.items() if gid == goal_id), None)
@@ -102,6 +140,7 @@ class GoalFollowing:
         self.held.pop(goal.id, None)
         if self._sessions.get(goal.session_id) == goal.id:
             del self._sessions[goal.session_id]
+            self._at_idle.pop(goal.session_id, None)
         self._timers.drop(goal.id)
 
     def _on_event(self, event: Event) -> None:

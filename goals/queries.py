@@ -298,6 +298,25 @@ def goal_facts(conn: Conn) -> list[GoalFact]:
     return [GoalFact(str(r[0]), str(r[1]), _schedule_of(r[2]), int(r[3])) for r in rows]
 
 
+def round_queries(goal_id: str, session_id: str, last_seq: int) -> list[tuple[str, Sequence[Any]]]:
+    """The reads of an evaluation at its session's idle whose last event is ``last_seq``: the goal,
+    and the session's events after the goal's last evaluation up to that idle (read together)."""
+    since = ("SELECT evaluated_seq FROM goals WHERE id=?", (goal_id,))
+    return [("SELECT * FROM goals WHERE id=?", (goal_id,)), events_after_query(session_id, since, last_seq)]
+
+
+def round_of_rows(
+    goal_id: str, session_id: str, st: SessionState, rows: Sequence[Sequence[Any]]
+) -> tuple[Goal, SessionState, list[Event]]:
+    """What :func:`round_queries` read, at the session's idle whose state is ``st``: the goal, ``st``,
+    and the interval's events (none unless the goal is live)."""
+    goal_rows, event_rows = rows
+    goal = _found(goal_rows[0] if goal_rows else None, goal_id)
+    if goal.session_id != session_id:  # a goal's session never changes: the engine's map is wrong
+        raise GoalError(f"goal {goal_id} is not session {session_id}'s")
+    return goal, st, events_of_rows(session_id, event_rows) if goal.status.live else []
+
+
 def round_of(tx: Tx, goal_id: str, session_id: str | None) -> tuple[Goal, SessionState, list[Event]]:
     """What an evaluation reads: the goal, its session's state, and (when the session is idle)
     the events after the goal's last evaluation up to that idle. With the goal's session known and
@@ -305,15 +324,8 @@ def round_of(tx: Tx, goal_id: str, session_id: str | None) -> tuple[Goal, Sessio
     together, in one round trip with the transaction's opening and its ``COMMIT``."""
     if session_id is not None and (st := tx.state(session_id)).status is AgentStatus.IDLE and st.open_turn is None:
         tx.last_read()  # the COMMIT goes with the reads: nothing is written here
-        # The events after the goal's last evaluation, up to the idle it is taken at.
-        since = ("SELECT evaluated_seq FROM goals WHERE id=?", (goal_id,))
-        goal_rows, event_rows = tx.reads(
-            ("SELECT * FROM goals WHERE id=?", (goal_id,)), events_after_query(session_id, since, st.last_seq)
-        )
-        goal = _found(goal_rows[0] if goal_rows else None, goal_id)
-        if goal.session_id != session_id:  # a goal's session never changes: the engine's map is wrong
-            raise GoalError(f"goal {goal_id} is not session {session_id}'s")
-        return goal, dataclasses.replace(st), events_of_rows(session_id, event_rows) if goal.status.live else []
+        rows = tx.reads(*round_queries(goal_id, session_id, st.last_seq))
+        return round_of_rows(goal_id, session_id, dataclasses.replace(st), rows)
     goal = load_goal(tx, goal_id)
     st = tx.state(goal.session_id)
     live_idle = goal.status.live and st.status is AgentStatus.IDLE and st.open_turn is None
