@@ -184,7 +184,11 @@ class Tx:
             st = self._states[sid]
             if at_idle is None or st.status is not AgentStatus.IDLE or st.open_turn is not None:
                 continue  # left idle again in this same transaction
-            asked = at_idle(sid, dataclasses.replace(st))
+            try:
+                asked = at_idle(sid, dataclasses.replace(st))
+            except Exception:  # the reader's fault must not fail the write that made the idle
+                logger.exception("what an idle's commit reads could not be asked for (it is read again)")
+                continue
             if asked is not None:
                 takers.append((len(asked[0]), asked[1]))
                 queries += asked[0]

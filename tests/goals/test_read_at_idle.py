@@ -11,7 +11,8 @@ stores:
 * what was read with the idle is what a read of its own finds; it is used once, and not at all
   once this process wrote the session (an event after the idle) or the goal (a new revision)
   since: the evaluation then reads;
-* a reader whose rows cannot be taken leaves the idle committed (logged; the evaluation reads);
+* a reader that fails, or whose rows cannot be taken, leaves the idle committed (logged; the
+  evaluation reads);
 * on PostgreSQL the reads cost the idle's transaction no round trip.
 """
 
@@ -162,6 +163,14 @@ async def test_a_reader_that_fails_leaves_the_idle_committed(store: Store) -> No
     state = await store.session_state(sid)
     assert state.status is AgentStatus.IDLE
     assert [[r["seq"] for r in rows] for rows in taken[0]] == [list(range(1, state.last_seq + 1))]
+
+    def broken(session_id: str, state: SessionState) -> Any:
+        raise RuntimeError("cannot say what to read")
+
+    store.at_idle = broken  # the reader itself fails: the idle is committed all the same
+    await store.transact(_idle_again(sid), session=sid)
+    after = await store.session_state(sid)
+    assert after.status is AgentStatus.IDLE and after.status_seq > state.status_seq
 
 
 async def test_the_idle_reads_cost_no_round_trip(store: Store) -> None:
