@@ -128,6 +128,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
         #: The goals waiting for :attr:`hold`, with the reason (shown with their activity).
         self.held: dict[str, str] = {}
         self._sessions: dict[str, str] = {}
+        self._followed: dict[str, str] = {}
         self._at_idle: dict[str, Round] = {}
         self._timers = GoalTimers(clock, timer_interval, self.kick)
         self._runs = EvaluationRuns(runtime.spawn, self._evaluate_once, self._retry_later)
@@ -230,7 +231,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
             await self.store.transact(run)
         except Exception as exc:  # the store cannot write (or the goal is gone): the timer below
             logger.debug("goal {}: the retry's timer is in memory only ({})", goal_id, exc)
-        if goal_id in self._sessions.values():
+        if goal_id in self._followed:
             self._timers.no_later_than(goal_id, due)
         logger.info("goal {}: evaluation failed {} time(s) in a row; retrying in {:.0f}s", goal_id, failures, delay)
 

@@ -40,6 +40,8 @@ class GoalFollowing:
     owns: Callable[[str], bool] | None
     held: dict[str, str]
     _sessions: dict[str, str]
+    #: The other way round: each followed goal's session.
+    _followed: dict[str, str]
     #: Per session, what its goal's evaluation read with the commit of its last idle (_idle_read).
     _at_idle: dict[str, Round]
     _timers: GoalTimers
@@ -90,6 +92,7 @@ class GoalFollowing:
         goal_id = self._sessions.pop(session_id, None)
         self._at_idle.pop(session_id, None)
         if goal_id is not None:
+            self._followed.pop(goal_id, None)
             self._timers.drop(goal_id)
 
     def _track(self, goal: Goal) -> None:
@@ -97,7 +100,11 @@ class GoalFollowing:
             self._forget(goal)  # another node follows it
             return
         if goal.status.live:
+            before = self._sessions.get(goal.session_id)
+            if before is not None and before != goal.id:
+                self._followed.pop(before, None)  # one live goal per session: the one before has ended
             self._sessions[goal.session_id] = goal.id
+            self._followed[goal.id] = goal.session_id
         else:
             self._forget(goal)
             return
@@ -134,13 +141,15 @@ class GoalFollowing:
 
     def _session_of(self, goal_id: str) -> str | None:
         """The session of a goal this engine follows (``None``: not followed)."""
-        return next((sid for sid, gid in self._sessions.items() if gid == goal_id), None)
+        return self._followed.get(goal_id)
 
     def _forget(self, goal: Goal) -> None:
         self.held.pop(goal.id, None)
         if self._sessions.get(goal.session_id) == goal.id:
             del self._sessions[goal.session_id]
             self._at_idle.pop(goal.session_id, None)
+        if self._followed.get(goal.id) == goal.session_id:
+            del self._followed[goal.id]
         self._timers.drop(goal.id)
 
     def _on_event(self, event: Event) -> None:
