@@ -181,9 +181,9 @@ class Tx:
         queries: list[Query] = []
         at_idle = self.store.at_idle
         for sid in self._idle:
-            st = self._states[sid]
-            if at_idle is None or st.status is not AgentStatus.IDLE or st.open_turn is not None:
-                continue  # left idle again in this same transaction
+            st = self._states.get(sid)  # None: forgotten (deleted) in this same transaction
+            if at_idle is None or st is None or st.status is not AgentStatus.IDLE or st.open_turn is not None:
+                continue  # or left idle again in this same transaction
             try:
                 asked = at_idle(sid, dataclasses.replace(st))
             except Exception:  # the reader's fault must not fail the write that made the idle

@@ -192,3 +192,41 @@ async def test_the_idle_reads_cost_no_round_trip(store: Store) -> None:
     await store.transact(_idle_again(sid), session=sid)
     assert store.round_trips - before == alone == 1
     assert got and got[0][0][0]["n"] == (await store.session_state(sid)).last_seq
+
+
+async def test_the_idle_reads_come_back_whichever_way_the_write_commits(store: Store) -> None:
+    """A write opened on the state its node knows goes as one text (no ``BEGIN``, no ``COMMIT``); one
+    on a state read first (unknown here) ends with its ``COMMIT``: the reads' rows come back from
+    either, and those of two sessions made idle in one transaction each to its own reader."""
+    from agent import create_session
+
+    first = await store.transact(lambda tx: create_session(tx))
+    second = await store.transact(lambda tx: create_session(tx))
+    got: dict[str, Any] = {}
+
+    def reader(session_id: str, state: SessionState) -> Any:
+        def take(rows: Any) -> None:
+            got[session_id] = [[r["seq"] for r in rows[0]], rows[1][0]["n"]]
+
+        return [
+            ("SELECT seq FROM events WHERE session_id=? AND seq<=? ORDER BY seq", (session_id, state.last_seq)),
+            ("SELECT COUNT(*) AS n FROM sessions WHERE id=?", (session_id,)),
+        ], take
+
+    store.at_idle = reader
+    for known in (True, False):
+        if not known:
+            store._states.pop(first, None)  # the next write reads the state first (its BEGIN sent then)
+        got.clear()
+        await store.transact(_idle_again(first), session=first)
+        top = (await store.session_state(first)).last_seq
+        assert got == {first: [list(range(1, top + 1)), 1]}, f"known={known}"
+
+    def both(tx: Tx) -> None:
+        _idle_again(first)(tx)
+        _idle_again(second)(tx)
+
+    got.clear()
+    await store.transact(both)
+    tops = [(await store.session_state(sid)).last_seq for sid in (first, second)]
+    assert got == {first: [list(range(1, tops[0] + 1)), 1], second: [list(range(1, tops[1] + 1)), 1]}
