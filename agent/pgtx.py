@@ -132,8 +132,10 @@ def commit(conn: Conn, notes: list[str], first: Sequence[str] = (), reads: Seque
     deferred = conn.take_deferred()  # the transaction's trailing inserts: after the fences
     if not notes and not first and not deferred and locks is None:
         if reads:
-            conn.end_with_next()
-            return conn.reads(reads)
+            conn.end_with_next()  # the COMMIT goes after the reads, in their round trip
+            got = conn.reads(reads)
+            conn.ended = False  # ended here, by its commit
+            return got
         conn.execute("COMMIT")
         return []
     from agent.relay import CHANNEL

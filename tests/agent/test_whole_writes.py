@@ -163,3 +163,23 @@ async def test_a_write_sent_after_a_read_is_its_own_transaction(one_lane: Store,
     assert "test/lost" not in await types_of(store, sid), "the write's statements were one transaction"
     await store.transact(lambda tx: tx.emit(sid, "test/next", {}), session=sid)
     assert (await types_of(store, sid))[-2:] == ["test/first", "test/next"]
+
+
+async def test_a_commit_that_only_reads_ends_its_transaction_with_them(one_lane: Store) -> None:
+    """What a transaction reads with its ``COMMIT`` (``agent.pgtx.commit``'s reads, an idle's
+    evaluation: ``tests/goals/test_read_at_idle.py``) when it has nothing else to send: the reads
+    and the ``COMMIT`` in one round trip, and the connection ready for its next transaction."""
+    from agent import pgtx
+
+    def run(conn: PgConn) -> tuple[list[list[int]], bool, int, int]:
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+        trips = conn.trips
+        got = pgtx.commit(conn, [], (), [("SELECT ? AS n", (2,)), ("SELECT ? AS n UNION ALL SELECT ?", (3, 4))])
+        trips = conn.trips - trips
+        ended = conn.in_transaction
+        return [[r["n"] for r in rows] for rows in got], ended, trips, conn.execute("SELECT 5 AS k").fetchone()["k"]
+
+    (got, in_transaction, trips, after), _ = await one_lane.maintain(run)
+    assert got == [[2], [3, 4]]
+    assert (in_transaction, trips, after) == (False, 1, 5)
