@@ -357,15 +357,10 @@ class PgConn:
         texts = [*self._pending(), *(self.literal(sql, parameters) for sql, parameters in queries)]
         if ending:
             texts.append("COMMIT")
-        cursor = self._send("; ".join(texts))
-        results: list[list[Any] | None] = []
-        while True:  # every statement's result in turn: the reads' are the last before the COMMIT's
-            results.append(cursor.fetchall() if cursor.description is not None else None)
-            if not cursor.nextset():
-                break
+        results = result_sets(self._send("; ".join(texts)))
         if ending:
             results.pop()
-        return [rows or [] for rows in results[len(results) - len(queries) :]]
+        return results[len(results) - len(queries) :]
 
     def _sendable(self) -> None:
         """Raise if nothing more may be sent in this transaction: it was committed with its last
@@ -413,6 +408,15 @@ class PgConn:
         self.raw.close()
 
 
+def result_sets(cursor: Any) -> list[list[Any]]:
+    """Each statement's rows of a text of several, in order (none for a statement without rows)."""
+    results: list[list[Any]] = []
+    while True:
+        results.append(cursor.fetchall() if cursor.description is not None else [])
+        if not cursor.nextset():
+            return results
+
+
 __all__ = [
     "PSYCOPG_INSTALL",
     "Conn",
@@ -427,5 +431,6 @@ __all__ = [
     "pg_errors",
     "pg_sql",
     "psycopg_module",
+    "result_sets",
     "savepoint",
 ]

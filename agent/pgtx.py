@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agent.db import Conn, PgConn
+from agent.db import Conn, PgConn, result_sets
 from agent.pgtext import quoted
 from agent.tx import Query, SessionState
 
@@ -147,11 +147,7 @@ def commit(conn: Conn, notes: list[str], first: Sequence[str] = (), reads: Seque
     cursor = conn.script("; ".join([*texts, *([] if locks else ["COMMIT"])]))
     if not reads:
         return []
-    results: list[list[Any]] = []
-    while True:  # every statement's result in turn: the reads' are the last before the COMMIT's
-        results.append(cursor.fetchall() if cursor.description is not None else [])
-        if not cursor.nextset():
-            break
+    results = result_sets(cursor)  # the reads' are the last before the COMMIT's
     end = len(results) - (0 if locks else 1)
     return results[end - len(reads) : end]
 
