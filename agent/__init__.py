@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         InvalidTransition,
         NotFound,
         SchemaTooNew,
+        StaleOpening,
         StorageUnavailable,
         StoreClosed,
     )
@@ -212,6 +213,7 @@ _HOMES: dict[str, str] = {
     "SpendGuard": "agent.spend",
     "StatusChanged": "agent.payloads",
     "StatusSnapshot": "agent.driver",
+    "StaleOpening": "agent.errors",
     "StorageUnavailable": "agent.errors",
     "Store": "agent.store",
     "StoreClosed": "agent.errors",
@@ -346,6 +348,7 @@ __all__ = [
     "Source",
     "SourceKind",
     "SpendGuard",
+    "StaleOpening",
     "StatusChanged",
     "StatusSnapshot",
     "StorageUnavailable",

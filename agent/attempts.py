@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from loguru import logger
 
 from agent.calls import ESTIMATED_NOTE, CallId, OutOfTime, commit_assistant, failed_usage, reserve_call, settle_call
+from agent.errors import StaleOpening
 from agent.events import EventType
 from agent.history import History
 from agent.messages import Content
@@ -84,20 +85,23 @@ class Attempts:
         )
         if isinstance(held, Refusal):
             return TurnEnd(reason=EndReason.BUDGET, error=held.reason)
-        await self.write(
-            partial(
-                reserve_call,
-                call_id=call_id,
-                session_id=self.agent.session_id,
-                turn_id=turn.turn_id,
-                guard_id=self.agent.guard.id,
-                provider=model.provider,
-                model=model.name,
-                attempt=attempt,
-                tokens=held.tokens,
-                cost=held.cost,
-            )
+        reservation = partial(
+            reserve_call,
+            call_id=call_id,
+            session_id=self.agent.session_id,
+            turn_id=turn.turn_id,
+            guard_id=self.agent.guard.id,
+            provider=model.provider,
+            model=model.name,
+            attempt=attempt,
+            tokens=held.tokens,
+            cost=held.cost,
         )
+        try:
+            await self.write(reservation)  # with the turn's opening, when the driver planned it
+        except StaleOpening:
+            self.agent.guard.release(call_id)  # rolled back with the opening: the call is never made
+            raise
         return held
 
     async def complete_in_time(
@@ -110,6 +114,10 @@ class Attempts:
         next call. ``quiet``: the text is not streamed to listeners (a summary is no answer of the
         agent's). Raises :class:`OutOfTime` after the cancellation.
         """
+        if self.writer.opening_pending:
+            # Never expected (a call's reservation carries the opening): no model sees an admitted
+            # message before its admission is durable.
+            await self.write(nothing)
         min_seconds = self.agent.config.min_call_seconds
         left = self.agent.guard.time_left()
         if left is not None and left < min_seconds:
@@ -264,3 +272,8 @@ class Attempts:
 
         await asyncio.shield(self.write(run))
         self.history.invalidate()  # reload: the cleanup wrote history the loop did not build
+
+
+def nothing(tx: Tx) -> None:
+    """A write of nothing of its own: what the driver deferred (a step's tool result, a planned
+    opening) commits with it."""

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from loguru import logger
 
-from agent.attempts import Attempts
+from agent.attempts import Attempts, nothing
 from agent.calls import CallId, OutOfTime, settle_call
 from agent.context import (
     COMPACTED,
@@ -63,10 +63,6 @@ from agent.tx import Tx
 _T = TypeVar("_T")
 
 
-def _nothing(tx: Tx) -> None:
-    """A write that commits only what the driver deferred (a step's tool result)."""
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Summary:
     """A summary call's outcome."""
@@ -92,7 +88,7 @@ async def compact_view(host: Attempts, turn: OpenedTurn, request: ModelRequest, 
     ran out); otherwise the view is replaced (or left as it is when nothing can shrink it).
     """
     # A step's tool result is committed with the next write: flush it, the view is read from the store.
-    await host.write(_nothing)
+    await host.write(nothing)
     previous, view = await load_view(host.agent.store, host.agent.session_id)
     before = host.history.meter.estimate(request.prompt_bytes)
     sizes = _sizes(host, request, view, max_tokens)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -49,13 +49,14 @@ from loguru import logger
 
 from agent.attempts import Attempts, DeltaListener
 from agent.config import AgentConfig, SlotFactory
-from agent.errors import LeaseLost, StorageUnavailable
+from agent.errors import LeaseLost, StaleOpening, StorageUnavailable
 from agent.events import Event, EventType
 from agent.history import History
 from agent.inbox import admit, cancel_all
 from agent.intake import MessageIntake
 from agent.messages import CancelReason, Delivery, ToolUseBlock
 from agent.models.base import ConvMessage, FinishReason, Model, WireCache
+from agent.opening import Openings
 from agent.payloads import AgentStatus, EndReason, MessageQueued, StatusChanged
 from agent.spend import SpendGuard
 from agent.step import ModelStep
@@ -63,7 +64,7 @@ from agent.store import Store
 from agent.toolcalls import ToolCalls
 from agent.tools.base import ToolRegistry
 from agent.turns import CANCELLED_TOOL_TEXT, OpenedTurn, TurnEnd, end_turn, take_or_idle
-from agent.tx import SessionState
+from agent.tx import SessionState, Tx
 from agent.writer import DriverWriter
 
 
@@ -120,6 +121,7 @@ class Agent(MessageIntake):
         self._waiting_slot = False
         self._writer = DriverWriter(store, session_id, self.is_stopping)
         self._view = History(store, session_id, model)
+        self._openings = Openings(store, session_id, self._writer)
         self._attempts = Attempts(self, self._writer, self._view)
         self._step = ModelStep(self._attempts)
         self._tools = ToolCalls(self, self._writer, self._view)
@@ -166,6 +168,26 @@ class Agent(MessageIntake):
             task.cancel()
         if finished is not None:
             await asyncio.shield(finished)
+
+    def open_after(self, write: Callable[[Tx], Any], rows: Sequence[Mapping[str, Any]]) -> asyncio.Future[Any] | None:
+        """Hand the driver ``write`` — one that queues ``rows`` (waking messages, as
+        :func:`agent.inbox.queued` reads them) on this idle session — to commit first in the write
+        that opens the turn admitting them and reserves its first call (:mod:`agent.opening`): the
+        future gets ``write``'s result once committed, or its error, or
+        :class:`~agent.errors.StaleOpening` when the turn could not be opened so (then nothing of
+        ``write`` was committed: commit it yourself). ``None``: the driver cannot take it now (it is
+        not idle and waiting, it has no view in hand, or no turn slot is free)."""
+        driver, slot = self._driver, self._slot() if self._slot is not None else None
+        if driver is None or driver.done() or self._stopping or self._turn_task is not None:
+            return None
+        if self._status is not AgentStatus.IDLE or self._steer_hint or not self._view.loaded:
+            return None
+        if isinstance(slot, asyncio.Semaphore) and slot.locked():
+            return None  # the decision would wait in memory for a turn to end elsewhere
+        future = self._openings.hand(write, rows)
+        if future is not None:
+            self._wake.set()
+        return future
 
     async def when_idle(self) -> StatusSnapshot:
         """Resolve at the next whole-agent idle (at once if the agent is idle now)."""
@@ -287,7 +309,13 @@ class Agent(MessageIntake):
             async with self._slot_cm():
                 if self.is_stopping():
                     break
-                turn = await self._writer.write(partial(take_or_idle, session_id=self.session_id))
+                turn = self._openings.planned(not self._steer_hint and self._view.loaded)
+                if turn is None and self._openings.nothing_to_open():
+                    has_work = False
+                    continue
+                if turn is None:
+                    self._openings.opened_on_read()
+                    turn = await self._writer.write(partial(take_or_idle, session_id=self.session_id))
                 if turn is None:
                     has_work = False
                     continue
@@ -304,7 +332,16 @@ class Agent(MessageIntake):
             end = await self._execute_turn(turn)
             ending = partial(end_turn, session_id=self.session_id, turn_id=turn.turn_id, end=end)
             return await asyncio.shield(self._writer.write(ending))
+        except StaleOpening as exc:
+            # The planned opening found the session changed: nothing of the turn was written and no
+            # model was called. What the driver holds of it (the view, the guard's hold) is undone;
+            # the turn is opened again on the state read (agent.opening).
+            logger.debug("{}; opening it again", exc)
+            self._view.invalidate()
+            self._openings.stale(exc)
+            return True
         finally:
+            self._openings.settled()
             if not finished.done():
                 finished.set_result(None)
             self._turn_finished = None
@@ -368,8 +405,10 @@ class Agent(MessageIntake):
             task.uncancel()
             await self._attempts.cleanup(turn, CANCELLED_TOOL_TEXT)
             return self._cancelled_end(reason, steps)
-        except LeaseLost:
-            raise  # nothing more is written here, not even a cleanup: the new holder repairs the turn
+        except (LeaseLost, StaleOpening):
+            # Nothing more is written here, not even a cleanup: the new holder repairs the turn; or
+            # the turn was never opened (the driver opens it again: _drive).
+            raise
         except Exception as exc:
             if isinstance(exc, StorageUnavailable):  # the store logs the outage itself (once)
                 logger.info("turn {} of session {} ends: {}", turn.turn_id, self.session_id, exc.message)

@@ -46,6 +46,13 @@ class LeaseLost(StoreClosed):
     after this one stopped renewing): the write was refused and nothing was written."""
 
 
+class StaleOpening(AgentError, RuntimeError):
+    """A turn's opening planned on the session's state as this node last committed it found the
+    session changed (a message queued or cancelled meanwhile, another node's write): the write that
+    carried it was rolled back whole, and the driver opens the turn again on the state it reads
+    (:func:`agent.turns.open_planned`). A control-flow signal that never leaves the driver."""
+
+
 class SchemaTooNew(AgentError, RuntimeError):
     """The database was written by a newer goald than this one."""
 

@@ -130,15 +130,7 @@ def _insert(
             return Conflict(f"a message with pending key {pending_key!r} is already queued")
         return None
 
-    row: dict[str, Any] = {
-        "id": mid,
-        "delivery": delivery.value,
-        "source_kind": source.kind.value,
-        "source_ref": source.ref,
-        "content": content_json(content),
-        "fate": Fate.QUEUED.value,
-        "yields_to_followup": int(yields_to_followup),
-    }
+    row = queued_row(mid, content, delivery, source, yields_to_followup)
     tx.write(
         "INSERT INTO inbox(id, session_id, delivery, source_kind, source_ref, content, pending_key,"
         " yields_to_followup, queued_seq, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -154,6 +146,21 @@ def _insert(
         refused=refused,
     )
     return row
+
+
+def queued_row(
+    mid: MessageId, content: Content, delivery: Delivery, source: Source, yields_to_followup: bool
+) -> dict[str, Any]:
+    """A queued message's row as :func:`queued` reads it (what a session's known queue holds)."""
+    return {
+        "id": mid,
+        "delivery": delivery.value,
+        "source_kind": source.kind.value,
+        "source_ref": source.ref,
+        "content": content_json(content),
+        "fate": Fate.QUEUED.value,
+        "yields_to_followup": int(yields_to_followup),
+    }
 
 
 def _receipt(tx: Tx, session_id: str, message_id: MessageId) -> Enqueued | None:
@@ -372,8 +379,7 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool, rows: list[Any
     admitted: list[Admitted] = []
     for row in rows:
         transition_fate(Fate(row["fate"]), Fate.ADMITTED)
-        source = Source(kind=row["source_kind"], ref=row["source_ref"])
-        content = content_from_json(row["content"])
+        planned = admitted_of(row, 0)
         event = tx.emit(
             session_id,
             EventType.MESSAGE_ADMITTED,
@@ -381,19 +387,11 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool, rows: list[Any
                 "messageId": row["id"],
                 "turnId": turn_id,
                 "delivery": row["delivery"],
-                "source": source.model_dump(mode="json", exclude_none=True),
-                "content": [b.model_dump(mode="json") for b in content],
+                "source": planned.source.model_dump(mode="json", exclude_none=True),
+                "content": [b.model_dump(mode="json") for b in planned.content],
             },
         )
-        admitted.append(
-            Admitted(
-                message_id=MessageId(row["id"]),
-                delivery=Delivery(row["delivery"]),
-                source=source,
-                content=content,
-                seq=event.seq,
-            )
-        )
+        admitted.append(planned.model_copy(update={"seq": event.seq}))
     if waking:
         tx.state(session_id).queue = ()  # every queued message is admitted
     else:
@@ -406,6 +404,17 @@ def admit(tx: Tx, session_id: str, turn_id: str, *, waking: bool, rows: list[Any
             (turn_id, tx.now, *(a.message_id for a in admitted)),
         )
     return admitted
+
+
+def admitted_of(row: Mapping[str, Any], seq: int) -> Admitted:
+    """A queued message's row (:func:`queued`) as a turn admits it, its event numbered ``seq``."""
+    return Admitted(
+        message_id=MessageId(row["id"]),
+        delivery=Delivery(row["delivery"]),
+        source=Source(kind=row["source_kind"], ref=row["source_ref"]),
+        content=content_from_json(row["content"]),
+        seq=seq,
+    )
 
 
 def get_message(tx_or_conn: Tx | Conn, message_id: str) -> dict[str, Any] | None:

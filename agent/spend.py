@@ -276,6 +276,10 @@ class SpendGuard:
         self.spent_tokens += tokens
         self.spent_cost += cost
 
+    def release(self, call_id: str) -> None:
+        """Drop a reservation whose write was rolled back (the call was never made): nothing spent."""
+        self._reserved.pop(call_id, None)
+
     def settle_in_full(self, call_id: str) -> None:
         """Charge a reservation as it stands (the call's real usage is unknown)."""
         res = self._reserved.pop(call_id, None)

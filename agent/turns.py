@@ -14,12 +14,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from agent.errors import StaleOpening
 from agent.events import EventType
 from agent.ids import TurnId
-from agent.inbox import Admitted, admit, queued, settle_idle, wakes
+from agent.inbox import Admitted, admit, admitted_of, queued, settle_idle, wakes
 from agent.messages import ToolUseBlock
 from agent.payloads import AgentStatus, AssistantMessage, EndReason, ToolResult, parse_payload
-from agent.tx import Tx
+from agent.tx import SessionState, Tx
 from agent.usage import ENDED_COLUMNS, add_ended_call
 
 OUTCOME_UNKNOWN = "interrupted: outcome unknown — verify before retrying"
@@ -43,17 +44,18 @@ class TurnEnd(BaseModel):
 
 
 class OpenedTurn(BaseModel):
-    """A turn the driver just opened, with its admitted batch."""
-
-    model_config = ConfigDict(frozen=True)
+    """A turn the driver opened, with its admitted batch. A turn the driver planned
+    (:func:`plan_opening`) gets its numbers and the admitted messages' ids when its opening runs
+    (:func:`open_planned`), in the transaction that opens it, before anything else of the turn."""
 
     turn_id: TurnId
     start_seq: int
     admitted: list[Admitted]
 
 
-def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
-    """Open a turn admitting every queued message if one of them wakes; else commit idle."""
+def take_or_idle(tx: Tx, session_id: str, turn_id: TurnId | None = None) -> OpenedTurn | None:
+    """Open a turn (``turn_id``, else a new id) admitting every queued message if one of them wakes;
+    else commit idle."""
     st = tx.state(session_id)
     if st.open_turn is not None:
         raise RuntimeError(f"session {session_id} already has an open turn {st.open_turn}")
@@ -61,7 +63,7 @@ def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
     if not wakes(rows):
         settle_idle(tx, session_id, none_waking=True)
         return None
-    turn_id = TurnId.new()
+    turn_id = turn_id or TurnId.new()
     tx.set_status(session_id, AgentStatus.RUNNING)
     data: dict[str, Any] = {"turnId": turn_id}
     if tx.store.kind == "postgresql":
@@ -74,6 +76,42 @@ def take_or_idle(tx: Tx, session_id: str) -> OpenedTurn | None:
     st.open_turn = turn_id
     admitted = admit(tx, session_id, turn_id, waking=True, rows=rows)
     return OpenedTurn(turn_id=turn_id, start_seq=start.seq, admitted=admitted)
+
+
+def plan_opening(state: SessionState | None, then: Sequence[Mapping[str, Any]] = ()) -> OpenedTurn | None:
+    """The turn :func:`take_or_idle` would open on ``state`` (the session's as this node last
+    committed it: :meth:`agent.store.Store.known_state`) once the messages ``then`` are queued (rows
+    as :func:`agent.inbox.queued` reads them, their ids still to be given: a write handed to the
+    driver queues them first, :meth:`agent.driver.Agent.open_after`); ``None`` when ``state`` does not
+    tell (no state or queue known, a turn open, nothing waking).
+
+    The driver builds the turn's first request on the plan and opens it in its next write, the one
+    that reserves the first call (:func:`open_planned`): one round trip less per turn, and the
+    admission is still durable before any model sees it."""
+    if state is None or state.queue is None or state.open_turn is not None:
+        return None
+    rows = [*state.queue, *then]
+    if not wakes(rows):
+        return None
+    return OpenedTurn(turn_id=TurnId.new(), start_seq=0, admitted=[admitted_of(row, 0) for row in rows])
+
+
+def open_planned(tx: Tx, session_id: str, plan: OpenedTurn) -> None:
+    """Open the turn :func:`plan_opening` planned: the messages it admits must be the plan's (the
+    same deliveries, sources and contents, in the same order: what the request built on the plan
+    holds), and the plan then gets the opening's numbers and ids. Anything else (a message queued or
+    cancelled since, another node's write) raises :class:`~agent.errors.StaleOpening`, which rolls
+    back the whole transaction: the turn is not open, and nothing the driver decided on the plan
+    (the call's reservation) is written."""
+    opened = take_or_idle(tx, session_id, turn_id=plan.turn_id)
+    if opened is None or [_seen(a) for a in opened.admitted] != [_seen(a) for a in plan.admitted]:
+        raise StaleOpening(f"session {session_id} changed since its turn {plan.turn_id} was planned")
+    plan.start_seq, plan.admitted = opened.start_seq, opened.admitted
+
+
+def _seen(a: Admitted) -> tuple[Any, ...]:
+    """What of an admitted message a request holds."""
+    return a.delivery, a.source, a.content
 
 
 def end_turn(tx: Tx, session_id: str, turn_id: str, end: TurnEnd) -> bool:

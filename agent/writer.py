@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from loguru import logger
 
-from agent.errors import StorageUnavailable
+from agent.errors import StaleOpening, StorageUnavailable
 from agent.store import Store
 from agent.tx import Tx
 
@@ -75,6 +75,22 @@ class DriverWriter:
         self.session_id = session_id
         self._stopping = stopping
         self._deferred: list[_Deferred] = []
+        #: A planned opening is the first deferred write, not yet committed (:meth:`open_with_next`).
+        self._opening = False
+
+    def open_with_next(self, opening: Callable[[Tx], None]) -> None:
+        """Open the turn the driver planned (:func:`agent.turns.open_planned`) first in the next
+        :meth:`write`. If the opening finds the session changed it raises
+        :class:`~agent.errors.StaleOpening` there: that write is rolled back whole, the opening
+        dropped, and the error raised to the writer's caller (the driver opens the turn again)."""
+        assert not self._deferred, "a turn opens before anything of it is deferred"
+        self._deferred.append(_Deferred(opening))
+        self._opening = True
+
+    @property
+    def opening_pending(self) -> bool:
+        """Whether a planned opening waits for the next write (no model may be called meanwhile)."""
+        return self._opening
 
     def defer(self, write: Callable[[Tx], None]) -> None:
         """Commit ``write`` with the next :meth:`write` (a step's only tool result; the turn's last
@@ -96,7 +112,12 @@ class DriverWriter:
                 )
                 if deferred:
                     self._deferred = [d for d in self._deferred if not d.committed]
+                    self._opening = False  # first of them: committed with this write
                 return result
+            except StaleOpening:
+                # Rolled back whole: nothing deferred was written (the opening went first).
+                self._deferred, self._opening = [], False
+                raise
             except StorageUnavailable as exc:
                 if self._stopping():
                     raise

@@ -45,27 +45,22 @@ from loguru import logger
 
 from agent import AgentStatus, InvalidInput, Runtime, Tx
 from goals.budgets import time_ends
+from goals.committing import commit_decision
 from goals.decision import Decision, DecisionKind, PolicyInput
 from goals.errors import GoalError, StaleDecision
 from goals.evaluations import EvaluationRuns
 from goals.facts import interval_facts
-from goals.fingerprint_limits import FingerprintLimits, WalkStats, WalkStopped
+from goals.fingerprint_limits import FingerprintLimits, WalkStopped
 from goals.following import GoalFollowing, Round
-from goals.measure import Fingerprinter, Measured, measure
+from goals.measure import Fingerprinter, measure
 from goals.model import Goal, GoalStatus
 from goals.operations import log_change
 from goals.policy import decide, disk_over
 from goals.queries import round_of
-from goals.questions import insert_question
 from goals.requests import GoalRequests
 from goals.snapshots import Snapshots
 from goals.store import (
-    GOAL_FINGERPRINT,
-    GOAL_VERIFIED,
     MIGRATIONS,
-    emit_changed,
-    emit_counted,
-    issue_continuation,
     live_goals,
     load_goal,
     save_goal,
@@ -292,9 +287,7 @@ class GoalEngine(GoalRequests, GoalFollowing):
             return decision
         await self._checkpoint(goal, decision.goal.rounds, final=decision.kind is DecisionKind.COMPLETE)
         try:
-            saved = await self.store.transact(
-                lambda tx: _fenced_commit(tx, goal, st.status_seq, decision, measured), session=goal.session_id
-            )
+            saved = await commit_decision(self.rt, goal, st.status_seq, decision, measured)
         except StaleDecision:
             return "stale" if (await self.store.session_state(goal.session_id)).status is AgentStatus.IDLE else None
         log_change(goal.status, saved)
@@ -375,65 +368,6 @@ class GoalEngine(GoalRequests, GoalFollowing):
             return goal
         logger.error("goal {} failed: {}", goal.id, fault)
         return await self._change(goal.id, GoalStatus.FAILED, fault, "goal failed")
-
-
-def _fenced_commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: Measured) -> Goal:
-    # A decision drives the session: only the node holding its lease makes it (agent.store.Tx.fence).
-    tx.fence(goal.session_id)
-    return _commit(tx, goal, status_seq, decision, measured)
-
-
-def _commit(tx: Tx, goal: Goal, status_seq: int, decision: Decision, measured: Measured) -> Goal:
-    """Write ``decision`` for ``goal`` (with the verification's record and any continuation) if its
-    session is still at the idle it was taken at (``status_seq``).
-
-    Raises:
-        StaleDecision: the session has moved on since; nothing is written.
-    """
-    cur = tx.state(goal.session_id)
-    if cur.status is not AgentStatus.IDLE or cur.status_seq != status_seq or cur.open_turn is not None:
-        raise StaleDecision("the session is no longer at that idle")
-    new = decision.goal
-    verification = measured.verification
-    if verification is not None:
-        tx.emit(
-            goal.session_id,
-            GOAL_VERIFIED,
-            {
-                "goalId": goal.id,
-                "passed": all(r.passed for r in verification),
-                "reused": measured.verification_reused,
-                "results": [r.model_dump(mode="json") for r in verification],
-            },
-        )
-    if measured.walk is not None and measured.walk.bounded:
-        tx.emit(goal.session_id, GOAL_FINGERPRINT, _walk_data(goal, measured.walk))
-    if decision.continuation is not None and decision.round is not None:
-        new = issue_continuation(tx, new, decision.round, decision.continuation)
-    if decision.question is not None:
-        insert_question(tx, new, decision.question, datetime.fromisoformat(tx.now))
-    saved = save_goal(tx, new, goal.revision)
-    emit_changed(tx, goal.status, saved)
-    if decision.kind is DecisionKind.BOOKKEEP:
-        emit_counted(tx, goal, saved)
-    return saved
-
-
-def _walk_data(goal: Goal, walk: WalkStats) -> dict[str, Any]:
-    """A ``goal/fingerprint`` event's data: the bounds the work directory's walk met, in words and figures."""
-    return {
-        "goalId": goal.id,
-        "text": walk.summary(),
-        "filesByTime": walk.files_by_time,
-        "files": walk.files,
-        "bytesRead": walk.bytes_read,
-        "contentBytes": walk.content_bytes,
-        "fileBytes": walk.file_bytes,
-        "diskBytes": walk.disk_bytes,
-        "cut": walk.cut,
-        "truncated": walk.truncated,
-        "seconds": round(walk.seconds, 3),
-    }
 
 
 __all__ = ["GoalEngine"]

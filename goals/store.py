@@ -14,9 +14,11 @@ functions from.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from agent import Source, SourceKind, Tx, cancel_pending, enqueue, is_pending, parse_content
+from agent import Delivery, MessageId, Source, SourceKind, Tx, cancel_pending, enqueue, is_pending, parse_content
 from agent.db import Conn, integrity_errors
+from agent.inbox import queued_row
 from goals.budgets import with_status
 from goals.errors import GoalConflict, InvalidGoal, StaleDecision
 from goals.known import remember
@@ -226,11 +228,22 @@ def issue_continuation(tx: Tx, goal: Goal, round_no: int, text: str) -> Goal:
         tx,
         goal.session_id,
         parse_content(text),
-        source=Source(kind=SourceKind.GOAL, ref=continuation_ref(goal, round_no)),
+        source=_continuation_source(goal, round_no),
         pending_key=pending_key(goal.id),
         yields_to_followup=True,
     )
     return goal.model_copy(update={"continuation_id": receipt.message_id, "continuation_round": round_no})
+
+
+def continuation_row(goal: Goal, round_no: int, text: str) -> dict[str, Any]:
+    """The inbox row :func:`issue_continuation` queues, as the session's queue holds it (its id a
+    stand-in: the commit gives it one)."""
+    source = _continuation_source(goal, round_no)
+    return queued_row(MessageId.new(), parse_content(text), Delivery.FOLLOWUP, source, True)
+
+
+def _continuation_source(goal: Goal, round_no: int) -> Source:
+    return Source(kind=SourceKind.GOAL, ref=continuation_ref(goal, round_no))
 
 
 def cancel_continuation(tx: Tx, goal: Goal, reason: str) -> None:

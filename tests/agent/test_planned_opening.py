@@ -1,0 +1,215 @@
+"""A turn opened in the write that reserves its first call (issue 30: fewer round trips per round), on
+both stores.
+
+The driver plans a turn on the session's state as this node last committed it (the queued messages
+its own writes left) and opens it in the write that reserves the turn's first call, checked there:
+the same messages, the same numbers. Pins:
+
+* a planned turn costs one transaction fewer than one opened on its own, with the same events in the
+  same order, and the model sees an admitted message only once its admission is durable (read
+  through another connection);
+* a follow-up queued between the plan and that write — by this node, or on PostgreSQL by another —
+  rolls the write back whole: no reservation made, nothing held by the guard; the turn opens again on
+  the queue read and admits both messages, which the model's first request holds;
+* a message cancelled between the plan and that write: the same rollback, then nothing wakes — no
+  turn, no call, and the model never sees it;
+* an interrupt that lands before that write still ends the turn it planned ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from contextlib import closing
+from typing import Any
+
+import pytest
+import storekit
+from storekit import Location
+
+from agent import EventType, Reply, ScriptedModel
+from agent import opening as opening_module
+from agent.ids import MessageId
+from agent.inbox import enqueue
+from agent.messages import TextBlock, parse_content
+from agent.models.base import ModelRequest
+from agent.store import Store
+
+pytestmark = pytest.mark.both_stores
+
+WAIT = 10.0
+
+
+class Racing(ScriptedModel):
+    """A scripted model that runs :attr:`race` once, when the next step begins: after the driver
+    planned the turn, before the write that opens it (the step asks for the window first)."""
+
+    race: Callable[[], Awaitable[None]] | None = None
+
+    async def discover_window(self) -> None:
+        race, self.race = self.race, None
+        if race is not None:
+            await race()
+
+
+def user_texts(request: ModelRequest) -> list[str]:
+    return [
+        b.text for m in request.messages if m.role == "user" for b in m.content if isinstance(b, TextBlock) and b.text
+    ]
+
+
+def admitted_texts(location: Location) -> set[str]:
+    """The text of every admitted message, read through a connection of its own (what is durable)."""
+    with closing(storekit.connect(location)) as conn:
+        rows = conn.execute("SELECT data FROM events WHERE type=?", (EventType.MESSAGE_ADMITTED.value,)).fetchall()
+    return {b["text"] for (data,) in rows for b in json.loads(data)["content"] if b.get("type") == "text"}
+
+
+async def idle(agent: Any) -> None:
+    async with asyncio.timeout(WAIT):
+        await agent.when_idle()
+
+
+async def warmed(rt: Any) -> tuple[str, Any]:
+    """A session whose first turn ran (it loads the view: opened on its own). Its message is queued
+    before the driver starts, so no wake of it is left over to open the next turn unplanned."""
+    sid = await rt.create_session()
+    await rt.store.transact(lambda tx: enqueue(tx, sid, parse_content("first")), session=sid)
+    agent = await rt.agent(sid)
+    await idle(agent)
+    assert agent.view() is not None
+    return sid, agent
+
+
+async def counted(store: Store, sid: str, work: Callable[[], Awaitable[None]]) -> int:
+    """How many transactions on ``sid`` the store runs while ``work`` runs."""
+    count = 0
+    transact = store.transact
+
+    async def counting(fn: Any, session: str | None = None, **kw: Any) -> Any:
+        nonlocal count
+        count += session == sid
+        return await transact(fn, session=session, **kw)
+
+    store.transact = counting  # type: ignore[method-assign]
+    try:
+        await work()
+    finally:
+        store.transact = transact  # type: ignore[method-assign]
+    return count
+
+
+def turn_kinds(events: list[Any], start: int) -> list[str]:
+    return [e.type for e in events if e.seq >= start]
+
+
+async def test_a_planned_turn_costs_a_transaction_less_and_the_model_sees_only_what_is_durable(
+    open_runtime, db_path, monkeypatch
+) -> None:
+    durable: list[bool] = []
+
+    def answer(request: ModelRequest) -> Reply:
+        durable.append(set(user_texts(request)) <= admitted_texts(db_path))
+        return Reply.say("done")
+
+    async with open_runtime(ScriptedModel(answer)) as rt:
+        sid, agent = await warmed(rt)
+        counts, kinds = [], []
+        for planned in (True, False):
+            if not planned:
+                monkeypatch.setattr(opening_module, "plan_opening", lambda state, then=(): None)
+            start = (await rt.store.session_state(sid)).last_seq + 1
+
+            async def turn(text: str = f"planned {planned}") -> None:
+                await agent.followup(text)
+                await idle(agent)
+
+            counts.append(await counted(rt.store, sid, turn))
+            kinds.append(turn_kinds(await rt.store.events_after(sid, 0), start))
+    assert durable == [True, True, True]
+    assert counts[0] == counts[1] - 1
+    assert kinds[0] == kinds[1]
+    assert kinds[0][kinds[0].index("turn/start") :][:2] == ["turn/start", "message/admitted"]
+
+
+async def test_a_follow_up_queued_after_the_plan_reopens_the_turn_with_both(open_runtime, db_path) -> None:
+    model = Racing([Reply.say("one"), Reply.say("both")])
+    async with open_runtime(model) as rt:
+        sid, agent = await warmed(rt)
+        other = await Store.open(db_path, connections=1) if storekit.is_postgres(db_path) else None
+
+        async def race() -> None:
+            writer = other or rt.store  # PostgreSQL: another node's write, unknown to this one
+            await writer.transact(lambda tx: enqueue(tx, sid, parse_content("second")), session=sid)
+
+        model.race = race
+        try:
+            await agent.followup("A")
+            async with asyncio.timeout(WAIT):
+                while len(model.calls) < 2 or agent.status.value != "idle":
+                    await agent.when_idle()
+        finally:
+            if other is not None:
+                await other.close()
+        events = await rt.store.events_after(sid, 0)
+        calls = await rt.store.read(
+            lambda conn: conn.execute("SELECT COUNT(*) FROM model_calls WHERE session_id=?", (sid,)).fetchone()[0]
+        )
+        reserved = agent.guard.reserved_tokens
+    model.assert_done()
+    assert user_texts(model.calls[1].request)[-2:] == ["A", "second"]
+    assert [e.type for e in events].count("turn/start") == 2
+    second = [e for e in events if e.type == "message/admitted"][1:]
+    assert [e.data["content"][0]["text"] for e in second] == ["A", "second"]
+    assert int(calls) == 2  # one reservation per turn: the rolled-back one left nothing
+    assert reserved == 0
+
+
+async def test_a_message_cancelled_after_the_plan_is_never_seen(open_runtime) -> None:
+    model = Racing([Reply.say("one"), Reply.say("two")])
+    async with open_runtime(model) as rt:
+        sid, agent = await warmed(rt)
+        queued = [MessageId.new()]
+
+        async def race() -> None:
+            await agent.cancel_message(queued[0])
+
+        model.race = race
+        await agent.followup("never", message_id=queued[0])
+        await idle(agent)
+        await agent.followup("then this")  # a turn after: the driver is done with the rolled-back one
+        await idle(agent)
+        events = await rt.store.events_after(sid, 0)
+        reserved = agent.guard.reserved_tokens
+    model.assert_done()
+    assert [user_texts(c.request) for c in model.calls] == [["first"], ["first", "then this"]]
+    assert [e.type for e in events].count("turn/start") == 2
+    assert [e.data["messageId"] for e in events if e.type == "message/cancelled"] == queued
+    assert reserved == 0
+
+
+async def test_an_interrupt_before_the_opening_write_ends_the_planned_turn_cancelled(open_runtime) -> None:
+    model = Racing([Reply.say("one")])
+    async with open_runtime(model) as rt:
+        sid, agent = await warmed(rt)
+        interrupts: list[asyncio.Task[None]] = []
+
+        async def race() -> None:
+            interrupts.append(asyncio.ensure_future(agent.interrupt()))
+            await asyncio.Event().wait()  # the step waits here until the interrupt cancels it
+
+        model.race = race
+        await agent.followup("stop me")
+        await idle(agent)
+        async with asyncio.timeout(WAIT):
+            await interrupts[0]
+        events = await rt.store.events_after(sid, 0)
+        reserved = agent.guard.reserved_tokens
+    model.assert_done()
+    assert model.call_count == 1
+    ends = [e.data for e in events if e.type == "turn/end"]
+    assert [e["reason"] for e in ends] == ["end_turn", "cancelled"]
+    admitted = [e.data["content"][0]["text"] for e in events if e.type == "message/admitted"]
+    assert admitted == ["first", "stop me"]
+    assert reserved == 0
