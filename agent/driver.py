@@ -297,6 +297,8 @@ class Agent(MessageIntake):
             logger.info("{}; the session is let go", exc)
         except StorageUnavailable as exc:
             logger.info("session {} stopped while the store could not write: {}", self.session_id, exc.message)
+        finally:
+            self._openings.close()  # a write handed and never taken hears so (agent.opening)
 
     async def _take_turns(self) -> None:
         has_work = True
@@ -330,6 +332,10 @@ class Agent(MessageIntake):
         self._turn_finished = finished
         try:
             end = await self._execute_turn(turn)
+            if end.reason is EndReason.INTERRUPTED and self._writer.opening_pending:
+                # Stopped before the planned turn wrote anything: it is not opened at all (what it
+                # would have admitted stays queued for the next start).
+                raise StaleOpening(f"session {self.session_id}: stopping before its turn was opened")
             ending = partial(end_turn, session_id=self.session_id, turn_id=turn.turn_id, end=end)
             return await asyncio.shield(self._writer.write(ending))
         except StaleOpening as exc:
@@ -337,6 +343,7 @@ class Agent(MessageIntake):
             # model was called. What the driver holds of it (the view, the guard's hold) is undone;
             # the turn is opened again on the state read (agent.opening).
             logger.debug("{}; opening it again", exc)
+            self._writer.drop_opening()
             self._view.invalidate()
             self._openings.stale(exc)
             return True
@@ -403,6 +410,8 @@ class Agent(MessageIntake):
             if reason is None or task is None:
                 raise
             task.uncancel()
+            if reason is EndReason.INTERRUPTED and self._writer.opening_pending:
+                return self._cancelled_end(reason, steps)  # nothing written: not opened at all (_drive)
             await self._attempts.cleanup(turn, CANCELLED_TOOL_TEXT)
             return self._cancelled_end(reason, steps)
         except (LeaseLost, StaleOpening):

@@ -126,6 +126,13 @@ class Openings:
             cause = exc.__cause__
             pending.fail(cause if isinstance(cause, Exception) else exc)
 
+    def close(self) -> None:
+        """The driver ends: a handed write not taken, or taken and never written, hears so."""
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            handed.fail(StaleOpening(f"session {self.session_id}: the driver stopped before taking the handed write"))
+        self.settled()
+
     def settled(self) -> None:
         """The turn is over: a handed write whose turn never wrote anything hears that it was not
         committed (the driver stopped, or lost the session, before its first write)."""

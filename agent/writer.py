@@ -92,6 +92,12 @@ class DriverWriter:
         """Whether a planned opening waits for the next write (no model may be called meanwhile)."""
         return self._opening
 
+    def drop_opening(self) -> None:
+        """Forget a planned opening not yet written (and what was deferred after it): the turn is
+        not opened (:mod:`agent.opening`)."""
+        if self._opening:
+            self._deferred, self._opening = [], False
+
     def defer(self, write: Callable[[Tx], None]) -> None:
         """Commit ``write`` with the next :meth:`write` (a step's only tool result; the turn's last
         answer, committed with the turn's end, and an answer whose calls change nothing but through

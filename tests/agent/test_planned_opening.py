@@ -13,7 +13,12 @@ the same messages, the same numbers. Pins:
   the queue read and admits both messages, which the model's first request holds;
 * a message cancelled between the plan and that write: the same rollback, then nothing wakes — no
   turn, no call, and the model never sees it;
-* an interrupt that lands before that write still ends the turn it planned ``cancelled``.
+* an interrupt that lands before that write still ends the turn it planned ``cancelled``; a stop
+  that lands there opens nothing (the message stays queued for the next start);
+* a write handed to the driver (:meth:`agent.driver.Agent.open_after`: a goal's decision) commits
+  first in that same write, and its caller gets its result; one that raises writes nothing and its
+  caller gets its error; one the driver never takes (it stopped) gets
+  :class:`~agent.errors.StaleOpening`, so that its caller commits it itself.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ import pytest
 import storekit
 from storekit import Location
 
-from agent import EventType, Reply, ScriptedModel
+from agent import Conflict, Delivery, EventType, Reply, ScriptedModel, Source, StaleOpening
 from agent import opening as opening_module
 from agent.ids import MessageId
-from agent.inbox import enqueue
+from agent.inbox import enqueue, queued_row
 from agent.messages import TextBlock, parse_content
 from agent.models.base import ModelRequest
 from agent.store import Store
@@ -213,3 +218,96 @@ async def test_an_interrupt_before_the_opening_write_ends_the_planned_turn_cance
     admitted = [e.data["content"][0]["text"] for e in events if e.type == "message/admitted"]
     assert admitted == ["first", "stop me"]
     assert reserved == 0
+
+
+async def test_a_stop_before_the_opening_write_opens_nothing(open_runtime, db_path) -> None:
+    model = Racing([Reply.say("one")])
+    async with open_runtime(model) as rt:
+        sid, agent = await warmed(rt)
+        stops: list[asyncio.Task[None]] = []
+        stopping = asyncio.Event()
+
+        async def race() -> None:
+            stops.append(asyncio.ensure_future(agent.stop(grace=0.1)))
+            stopping.set()
+            await asyncio.Event().wait()  # the step waits here until the stop cancels it
+
+        model.race = race
+        mid = MessageId.new()
+        await agent.followup("after the restart", message_id=mid)
+        async with asyncio.timeout(WAIT):
+            await stopping.wait()
+            await stops[0]
+        events = await rt.store.events_after(sid, 0)
+    model.assert_done()
+    assert [e.type for e in events].count("turn/start") == 1  # the first turn's only
+    with closing(storekit.connect(db_path)) as conn:
+        fate = conn.execute("SELECT fate FROM inbox WHERE id=?", (mid,)).fetchone()[0]
+    assert fate == "queued"  # for the next start, as a message queued while stopping
+
+
+def handed_write(sid: str, text: str, fail: bool = False) -> tuple[Any, list[dict[str, Any]]]:
+    """A write that queues ``text`` (and raises after, if ``fail``), and the row it queues."""
+
+    def write(tx: Any) -> str:
+        enqueue(tx, sid, parse_content(text))
+        if fail:
+            raise Conflict("refused by the write's own check")
+        return "written"
+
+    return write, [queued_row(MessageId.new(), parse_content(text), Delivery.FOLLOWUP, Source(), False)]
+
+
+async def test_a_handed_write_commits_with_the_opening_and_first_reservation(open_runtime) -> None:
+    model = ScriptedModel([Reply.say("one"), Reply.say("two")])
+    async with open_runtime(model) as rt:
+        sid, agent = await warmed(rt)
+        write, rows = handed_write(sid, "handed")
+        handed = agent.open_after(write, rows)
+        assert handed is not None
+        async with asyncio.timeout(WAIT):
+            assert await handed == "written"
+        await idle(agent)
+        events = await rt.store.events_after(sid, 0)
+        started = await rt.store.read(
+            lambda conn: [r[0] for r in conn.execute("SELECT started_at FROM model_calls WHERE session_id=?", (sid,))]
+        )
+    model.assert_done()
+    assert user_texts(model.calls[1].request) == ["first", "handed"]
+    opening = next(e for e in events if e.type == "turn/start" and e.seq > 5)
+    together = [e.type for e in events if e.at == opening.at]
+    assert together[:4] == ["message/queued", "status", "turn/start", "message/admitted"] and opening.at in started
+
+
+async def test_a_handed_write_that_raises_writes_nothing_and_hears_its_error(open_runtime) -> None:
+    model = ScriptedModel([Reply.say("one"), Reply.say("two")])
+    async with open_runtime(model) as rt:
+        sid, agent = await warmed(rt)
+        write, rows = handed_write(sid, "refused", fail=True)
+        handed = agent.open_after(write, rows)
+        assert handed is not None
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(Conflict, match="own check"):
+                await handed
+        await agent.followup("then this")
+        await idle(agent)
+        events = await rt.store.events_after(sid, 0)
+        reserved = agent.guard.reserved_tokens
+    model.assert_done()
+    assert [user_texts(c.request) for c in model.calls] == [["first"], ["first", "then this"]]
+    assert [e.type for e in events].count("message/queued") == 2 and reserved == 0
+
+
+async def test_a_handed_write_the_driver_never_takes_hears_so(open_runtime) -> None:
+    async with open_runtime(ScriptedModel([Reply.say("one")])) as rt:
+        sid, agent = await warmed(rt)
+        write, rows = handed_write(sid, "too late")
+        handed = agent.open_after(write, rows)
+        assert handed is not None
+        await agent.stop(grace=1.0)
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(StaleOpening):
+                await handed
+        assert agent.open_after(write, rows) is None  # a stopped driver takes nothing
+        events = await rt.store.events_after(sid, 0)
+    assert [e.type for e in events].count("message/queued") == 1
