@@ -3,8 +3,10 @@
 ``followup``/``steer``/``inject`` only make a message durable as queued and return ``None``; the
 committed ``message/queued`` event wakes the driver. The driver loop opens a turn in the same
 transaction that admits the waking batch, or commits ``idle`` in a transaction that finds nothing
-waking (see :mod:`agent.inbox` for why no input is stranded). ``when_idle()`` and ``status``
-observe the whole agent, never one message.
+waking (see :mod:`agent.inbox` for why no input is stranded). A turn planned on the queue this node
+knows opens in the write that reserves its first call, checked there (:mod:`agent.opening`), and a
+goal's continuing decision may be handed to go first in that write (:meth:`Agent.open_after`).
+``when_idle()`` and ``status`` observe the whole agent, never one message.
 
 Cancellation, in one place:
 

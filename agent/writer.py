@@ -17,7 +17,9 @@ parallel and each result is committed as it comes. The turn's last answer (no to
 same way, with the turn's end, and so does an answer whose calls change nothing but through the
 driver, with the first write after it: a result, the next reservation, or what one of its calls
 records (:meth:`agent.tools.base.ToolContext.transact`) — a step of such calls costs one commit
-(:mod:`agent.step`).
+(:mod:`agent.step`). A turn the driver planned opens first in its next write (:meth:`DriverWriter.
+open_with_next`, :mod:`agent.opening`); an opening that finds the session changed rolls that write
+back whole and is dropped.
 """
 
 from __future__ import annotations
