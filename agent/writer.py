@@ -79,6 +79,8 @@ class DriverWriter:
         self._deferred: list[_Deferred] = []
         #: A planned opening is the first deferred write, not yet committed (:meth:`open_with_next`).
         self._opening = False
+        #: A write that carried deferred writes was cancelled while on the store's thread.
+        self._unsettled = False
 
     def open_with_next(self, opening: Callable[[Tx], None]) -> None:
         """Open the turn the driver planned (:func:`agent.turns.open_planned`) first in the next
@@ -91,13 +93,17 @@ class DriverWriter:
 
     @property
     def opening_pending(self) -> bool:
-        """Whether a planned opening waits for the next write (no model may be called meanwhile)."""
-        return self._opening
+        """Whether a planned opening waits for the next write (no model may be called meanwhile). An
+        opening whose write committed after its caller was cancelled (an interrupt while it was on
+        the store's thread) is not pending: the turn is open."""
+        if self._unsettled:
+            return False  # a cancelled write carried it: whether it committed, only a write tells
+        return self._opening and bool(self._deferred) and not self._deferred[0].committed
 
     def drop_opening(self) -> None:
         """Forget a planned opening not yet written (and what was deferred after it): the turn is
         not opened (:mod:`agent.opening`)."""
-        if self._opening:
+        if self.opening_pending:
             self._deferred, self._opening = [], False
 
     def defer(self, write: Callable[[Tx], None]) -> None:
@@ -121,10 +127,16 @@ class DriverWriter:
                 if deferred:
                     self._deferred = [d for d in self._deferred if not d.committed]
                     self._opening = False  # first of them: committed with this write
+                self._unsettled = False
                 return result
             except StaleOpening:
                 # Rolled back whole: nothing deferred was written (the opening went first).
                 self._deferred, self._opening = [], False
+                raise
+            except asyncio.CancelledError:
+                # The transaction may still commit on the store's thread: what it carried is marked
+                # there, and the next write (after it, on the session's lane) tells.
+                self._unsettled = bool(deferred)
                 raise
             except StorageUnavailable as exc:
                 if self._stopping():

@@ -311,3 +311,35 @@ async def test_a_handed_write_the_driver_never_takes_hears_so(open_runtime) -> N
         assert agent.open_after(write, rows) is None  # a stopped driver takes nothing
         events = await rt.store.events_after(sid, 0)
     assert [e.type for e in events].count("message/queued") == 1
+
+
+async def test_a_stop_while_the_opening_write_is_in_flight_ends_the_turn_it_opened(open_runtime, db_path) -> None:
+    # The write goes on on the store's thread whatever becomes of its caller: the driver cannot tell
+    # whether the turn opened, so it writes the turn's end as for any turn (a write after it, on the
+    # same lane, finds what it committed) and leaves no turn open.
+    async with open_runtime(Racing([Reply.say("one")])) as rt:
+        sid, agent = await warmed(rt)
+        transact = rt.store.transact
+        stops: list[asyncio.Task[None]] = []
+        stopping = asyncio.Event()
+
+        async def racing(fn: Any, session: str | None = None, **kw: Any) -> Any:
+            if session == sid and agent._writer.opening_pending and not stops:
+                call = asyncio.ensure_future(transact(fn, session=session, **kw))
+                stops.append(asyncio.ensure_future(agent.stop(grace=0)))
+                stopping.set()
+                return await call
+            return await transact(fn, session=session, **kw)
+
+        rt.store.transact = racing  # type: ignore[method-assign]
+        await agent.followup("stopped in flight")
+        async with asyncio.timeout(WAIT):
+            await stopping.wait()
+            await stops[0]
+        rt.store.transact = transact  # type: ignore[method-assign]
+    with closing(storekit.connect(db_path)) as conn:
+        open_turns = conn.execute("SELECT COUNT(*) FROM turns WHERE end_reason IS NULL").fetchone()[0]
+        reserved = conn.execute("SELECT COUNT(*) FROM model_calls WHERE state='reserved'").fetchone()[0]
+        fate = conn.execute("SELECT fate FROM inbox ORDER BY queued_seq DESC LIMIT 1").fetchone()[0]
+    assert (open_turns, reserved) == (0, 0)
+    assert fate in ("admitted", "queued")  # in the turn it opened and ended, or still queued
