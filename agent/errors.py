@@ -50,7 +50,9 @@ class StaleOpening(AgentError, RuntimeError):
     """A turn's opening planned on the session's state as this node last committed it found the
     session changed (a message queued or cancelled meanwhile, another node's write): the write that
     carried it was rolled back whole, and the driver opens the turn again on the state it reads
-    (:func:`agent.turns.open_planned`). A control-flow signal that never leaves the driver."""
+    (:func:`agent.turns.open_planned`). A control-flow signal of the driver's, which reaches nobody
+    else but the caller of :meth:`agent.driver.Agent.open_after` whose write was not committed (it
+    commits it itself)."""
 
 
 class SchemaTooNew(AgentError, RuntimeError):

@@ -77,8 +77,8 @@ class DriverWriter:
         self.session_id = session_id
         self._stopping = stopping
         self._deferred: list[_Deferred] = []
-        #: A planned opening is the first deferred write, not yet committed (:meth:`open_with_next`).
-        self._opening = False
+        #: A planned opening: the first deferred write (:meth:`open_with_next`).
+        self._opening: _Deferred | None = None
         #: A write that carried deferred writes was cancelled while on the store's thread.
         self._unsettled = False
 
@@ -88,8 +88,8 @@ class DriverWriter:
         :class:`~agent.errors.StaleOpening` there: that write is rolled back whole, the opening
         dropped, and the error raised to the writer's caller (the driver opens the turn again)."""
         assert not self._deferred, "a turn opens before anything of it is deferred"
-        self._deferred.append(_Deferred(opening))
-        self._opening = True
+        self._opening = _Deferred(opening)
+        self._deferred.append(self._opening)
 
     @property
     def opening_pending(self) -> bool:
@@ -98,13 +98,13 @@ class DriverWriter:
         the store's thread) is not pending: the turn is open."""
         if self._unsettled:
             return False  # a cancelled write carried it: whether it committed, only a write tells
-        return self._opening and bool(self._deferred) and not self._deferred[0].committed
+        return self._opening is not None and not self._opening.committed
 
     def drop_opening(self) -> None:
         """Forget a planned opening not yet written (and what was deferred after it): the turn is
         not opened (:mod:`agent.opening`)."""
         if self.opening_pending:
-            self._deferred, self._opening = [], False
+            self._deferred, self._opening = [], None
 
     def defer(self, write: Callable[[Tx], None]) -> None:
         """Commit ``write`` with the next :meth:`write` (a step's only tool result; the turn's last
@@ -126,12 +126,12 @@ class DriverWriter:
                 )
                 if deferred:
                     self._deferred = [d for d in self._deferred if not d.committed]
-                    self._opening = False  # first of them: committed with this write
+                    self._opening = None  # first of them: committed with this write
                 self._unsettled = False
                 return result
             except StaleOpening:
                 # Rolled back whole: nothing deferred was written (the opening went first).
-                self._deferred, self._opening = [], False
+                self._deferred, self._opening = [], None
                 raise
             except asyncio.CancelledError:
                 # The transaction may still commit on the store's thread: what it carried is marked
